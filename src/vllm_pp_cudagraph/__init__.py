@@ -1,0 +1,32 @@
+"""Pipeline-parallel CUDA graphs for vLLM's Model Runner V2, as a vLLM plugin.
+
+Enable it in a vLLM deployment with ``VLLM_PLUGINS=pp_cudagraph``; or import
+:class:`PPCudaGraphModelRunner` / :class:`PPCudaGraphManager` directly. Those
+two names are loaded on first access, so importing this package stays cheap
+(the plugin entry point must not pull in vLLM's worker code when inactive).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["PPCudaGraphManager", "PPCudaGraphModelRunner", "__version__"]
+
+if TYPE_CHECKING:
+    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+
+_LAZY = {
+    "PPCudaGraphModelRunner": "vllm_pp_cudagraph.model_runner",
+    "PPCudaGraphManager": "vllm_pp_cudagraph.cudagraph_manager",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vllm_pp_cudagraph' has no attribute {name!r}")

@@ -1,0 +1,66 @@
+"""Everything that depends on which vLLM release is installed.
+
+The rest of the package asks this module, never ``vllm.__version__``
+directly, so widening the supported range means editing one file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import metadata
+
+#: Releases this plugin is tested against: lower bound inclusive, upper exclusive.
+SUPPORTED_MIN = (0, 26, 0)
+SUPPORTED_BELOW = (0, 27, 0)
+SUPPORTED_RANGE = ">=0.26.0,<0.27"
+
+#: Module whose ``GPUModelRunner`` attribute the worker imports at construction time.
+V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+#: Module holding MRV2's CUDA-graph manager.
+V2_CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
+#: Modules whose attention ops are decorated for breakable graphs at import time.
+BREAKABLE_DECORATED_MODULES = ("vllm.model_executor.layers.attention.attention",)
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """The installed vLLM (and torch) version and whether the plugin supports it."""
+
+    vllm: str | None
+    torch: str | None
+
+    @property
+    def installed(self) -> bool:
+        return self.vllm is not None
+
+    @property
+    def supported(self) -> bool:
+        release = parse_release(self.vllm) if self.vllm else None
+        return release is not None and SUPPORTED_MIN <= release < SUPPORTED_BELOW
+
+
+def parse_release(version: str) -> tuple[int, int, int] | None:
+    """``'0.26.0'``, ``'0.26.1.dev3+gabc'`` -> ``(0, 26, 0)`` / ``(0, 26, 1)``.
+
+    Pre-releases of the lower bound (``0.26.0rc1``) count as that release:
+    the plugin is tested against the final one, and users who run a
+    release candidate opt in with the override setting if this is wrong.
+    """
+    match = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def installed_versions() -> VersionInfo:
+    """Read versions from package metadata, without importing vLLM or torch."""
+    return VersionInfo(vllm=_dist_version("vllm"), torch=_dist_version("torch"))

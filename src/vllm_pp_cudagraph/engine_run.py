@@ -1,0 +1,227 @@
+"""Run one vLLM engine configuration in a fresh process and report on it.
+
+Each runner / graph-mode pair needs its own process: vLLM loads plugins once
+per process and the breakable-graph switch is read when attention modules are
+imported. :func:`run_in_subprocess` starts ``python -m
+vllm_pp_cudagraph.engine_run`` with the right environment; the child builds
+an offline ``LLM`` on a dummy-weight model, generates greedily, and prints one
+JSON report (timings, token digests, the plugin's log lines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_pp_cudagraph.dummy_model import write_model_dir
+
+#: Graph modes: engine keyword arguments and environment for each.
+MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "eager": ({"enforce_eager": True}, {}),
+    "piecewise": ({"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, {}),
+    "full_and_piecewise": (
+        {"compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}},
+        {},
+    ),
+    "full_decode_only": ({"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}),
+    "breakable": (
+        {"compilation_config": {"cudagraph_mode": "PIECEWISE"}},
+        {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"},
+    ),
+}
+
+#: Runners: environment that selects each.
+RUNNERS: dict[str, dict[str, str]] = {
+    "plugin": {"VLLM_PLUGINS": "pp_cudagraph"},
+    "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
+    "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
+}
+
+#: Greedy outputs agree within a family: compiled graphs share one numeric
+#: path, eager and breakable (no torch.compile) another.
+TOKEN_FAMILY = {
+    "eager": "eager",
+    "breakable": "eager",
+    "piecewise": "compiled",
+    "full_and_piecewise": "compiled",
+    "full_decode_only": "compiled",
+}
+
+LOG_MARKERS = ("pp_cudagraph", "PPCudaGraph", "Graph capturing finished", "CUDA graph")
+
+
+@dataclass
+class RunSpec:
+    """One engine configuration and workload."""
+
+    runner: str
+    mode: str
+    pp: int = 2
+    prompts: int = 128
+    input_len: int = 2
+    output_len: int = 512
+    max_num_seqs: int = 128
+    repeat: int = 1
+    shape: str = "qwen3-0.6b"
+    model: str | None = None
+    attention_backend: str | None = "TRITON_ATTN"
+    gpu_memory_utilization: float = 0.5
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.runner}:{self.mode}"
+
+
+def make_prompts(count: int, length: int, vocab: int = 151936, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(count)]
+
+
+def token_digest(token_lists: list[list[int]]) -> str:
+    h = hashlib.sha256()
+    for tokens in token_lists:
+        h.update(json.dumps(tokens).encode())
+    return h.hexdigest()[:16]
+
+
+def _child(spec: RunSpec) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine_kwargs, _ = MODES[spec.mode]
+    model = spec.model
+    if model is None:
+        model = str(write_model_dir(tempfile.mkdtemp(prefix="pp-model-"), spec.shape))
+    start = time.perf_counter()
+    llm = LLM(
+        model=model,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        pipeline_parallel_size=spec.pp,
+        max_num_seqs=spec.max_num_seqs,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        attention_backend=spec.attention_backend,
+        seed=0,
+        **engine_kwargs,
+    )
+    init_s = time.perf_counter() - start
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
+    params = SamplingParams(temperature=0.0, max_tokens=spec.output_len, ignore_eos=True)
+
+    def generate() -> tuple[float, list]:
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t0, outs
+
+    warmup_s, outputs = generate()
+    times = [generate()[0] for _ in range(spec.repeat)]
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    elapsed = statistics.median(times) if times else warmup_s
+    return {
+        "spec": asdict(spec),
+        "init_s": round(init_s, 2),
+        "warmup_s": round(warmup_s, 3),
+        "times_s": [round(t, 3) for t in times],
+        "req_per_s": round(spec.prompts / elapsed, 2),
+        "output_tok_per_s": round(sum(map(len, tokens)) / elapsed, 1),
+        "digest": token_digest(tokens),
+        "request_digests": [token_digest([t]) for t in tokens],
+        "num_output_tokens": sum(map(len, tokens)),
+    }
+
+
+def run_in_subprocess(spec: RunSpec, log_path: Path | None = None) -> dict[str, Any]:
+    """Run ``spec`` in a fresh interpreter; return its report plus log highlights."""
+    _, mode_env = MODES[spec.mode]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
+    env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
+    env.update(RUNNERS[spec.runner])
+    env.update(mode_env)
+    env.update(spec.extra_env)
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_pp_cudagraph.engine_run", "--child", json.dumps(asdict(spec))],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    log = proc.stdout + proc.stderr
+    if log_path is not None:
+        log_path.write_text(log)
+    report: dict[str, Any] = {"spec": asdict(spec), "returncode": proc.returncode}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{") and '"digest"' in line:
+            report.update(json.loads(line))
+            break
+    else:
+        report["error_tail"] = log[-3000:]
+    report["log_highlights"] = [
+        line for line in log.splitlines() if any(m in line for m in LOG_MARKERS)
+    ][:40]
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", default="plugin:piecewise", help="comma list of RUNNER:MODE")
+    parser.add_argument("--out", type=Path, required=False)
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--shape", default="qwen3-0.6b")
+    parser.add_argument("--attention-backend", default="TRITON_ATTN")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        print(json.dumps(_child(RunSpec(**json.loads(args.child)))), flush=True)
+        return 0
+
+    out = args.out or Path(tempfile.mkdtemp(prefix="pp-runs-"))
+    out.mkdir(parents=True, exist_ok=True)
+    reports = []
+    for item in args.runs.split(","):
+        runner, mode = item.split(":")
+        spec = RunSpec(
+            runner=runner,
+            mode=mode,
+            pp=args.pp,
+            prompts=args.prompts,
+            output_len=args.output_len,
+            repeat=args.repeat,
+            shape=args.shape,
+            attention_backend=args.attention_backend or None,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+        print(f"== {spec.name} ...", flush=True)
+        report = run_in_subprocess(spec, out / f"{runner}-{mode}.log")
+        reports.append(report)
+        print(
+            f"   rc={report['returncode']} digest={report.get('digest')} "
+            f"req/s={report.get('req_per_s')} init={report.get('init_s')}s",
+            flush=True,
+        )
+        for line in report["log_highlights"][:12]:
+            print("   |", line[:220], flush=True)
+        if "error_tail" in report:
+            print(report["error_tail"][-1500:], flush=True)
+    (out / "runs.json").write_text(json.dumps(reports, indent=1))
+    return 0 if all(r["returncode"] == 0 for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

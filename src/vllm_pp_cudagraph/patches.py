@@ -1,0 +1,159 @@
+"""Every change this plugin makes to vLLM, in one place.
+
+Each :class:`Patch` names its target, why it is needed, and the vLLM change
+that would let it go. ``apply_all`` is re-entrant (vLLM calls plugins once per
+process, but tests and embedding applications may call ``register`` again) and
+``undo_all`` restores vLLM exactly as it was.
+
+Everything else the plugin does happens in its own subclasses
+(:class:`~vllm_pp_cudagraph.model_runner.PPCudaGraphModelRunner`,
+:class:`~vllm_pp_cudagraph.cudagraph_manager.PPCudaGraphManager`), which vLLM
+only reaches through the patches listed here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+Undo = Callable[[], None]
+
+
+class PluginConfigError(ValueError):
+    """The plugin was enabled together with a setting that contradicts it."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One documented modification of vLLM, with a way to undo it."""
+
+    name: str
+    target: str
+    why: str
+    drop_when: str
+    apply: Callable[[PPCudaGraphSettings], Undo | None]
+    """Apply the patch; return how to undo it, or None when nothing changed."""
+
+
+def _swap_module_attr(module_name: str, attr: str, value: object) -> Undo:
+    module = importlib.import_module(module_name)
+    original = getattr(module, attr)
+    setattr(module, attr, value)
+
+    def undo() -> None:
+        setattr(module, attr, original)
+
+    return undo
+
+
+def _set_env(name: str, value: str) -> Undo:
+    previous = os.environ.get(name)
+    os.environ[name] = value
+
+    def undo() -> None:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+    return undo
+
+
+def _patch_v2_runner_class(settings: PPCudaGraphSettings) -> Undo:
+    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+
+    return _swap_module_attr(
+        compat.V2_RUNNER_MODULE, "GPUModelRunner", PPCudaGraphModelRunner
+    )
+
+
+def _patch_v2_runner_default(settings: PPCudaGraphSettings) -> Undo | None:
+    current = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if current is None:
+        return _set_env("VLLM_USE_V2_MODEL_RUNNER", "1")
+    # vLLM parses this variable with bool(int(value)): "0" is its only "off".
+    if current.strip() == "0":
+        raise PluginConfigError(
+            "VLLM_PLUGINS enables pp_cudagraph, which runs on vLLM's Model Runner "
+            f"V2, but VLLM_USE_V2_MODEL_RUNNER={current!r} selects the V1 runner. "
+            "Unset VLLM_USE_V2_MODEL_RUNNER (or set it to 1), or remove "
+            "pp_cudagraph from VLLM_PLUGINS to run stock vLLM."
+        )
+    return None
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        name="v2-runner-default",
+        target="environment: VLLM_USE_V2_MODEL_RUNNER=1 (only when unset)",
+        why=(
+            "vLLM picks Model Runner V2 per model and falls back to V1 for some "
+            "(MoE outside its list, hybrid). The scheduler and every worker read "
+            "VllmConfig.use_v2_model_runner, which reads this variable first, so "
+            "setting it here (inherited by child processes, re-set in Ray "
+            "workers by their own plugin call) keeps them in agreement. With it "
+            "set, vLLM raises on features V2 lacks instead of silently using V1."
+        ),
+        drop_when="vLLM uses Model Runner V2 for every model by default.",
+        apply=_patch_v2_runner_default,
+    ),
+    Patch(
+        name="v2-runner-class",
+        target=f"{compat.V2_RUNNER_MODULE}.GPUModelRunner",
+        why=(
+            "Worker.init_device builds MRV2 through a function-local import of "
+            "this module attribute; vLLM has no setting that selects the V2 "
+            "runner class, so the attribute is pointed at PPCudaGraphModelRunner."
+        ),
+        drop_when=(
+            "vLLM offers a runner-class setting, or upstream MRV2 has the PP "
+            "graph handling this plugin adds (not the case up to 0.26)."
+        ),
+        apply=_patch_v2_runner_class,
+    ),
+)
+
+_undo_stack: list[tuple[str, Undo]] = []
+_applied = False
+
+
+def is_applied() -> bool:
+    return _applied
+
+
+def apply_all(settings: PPCudaGraphSettings) -> list[str]:
+    """Apply every patch once per process; return the names applied now.
+
+    A second call returns an empty list and changes nothing. If a patch
+    fails, the ones already applied are undone before the error propagates,
+    so vLLM is never left half-patched.
+    """
+    global _applied
+    if _applied:
+        return []
+    applied: list[str] = []
+    try:
+        for patch in PATCHES:
+            undo = patch.apply(settings)
+            if undo is not None:
+                _undo_stack.append((patch.name, undo))
+                applied.append(patch.name)
+    except BaseException:
+        undo_all()
+        raise
+    _applied = True
+    return applied
+
+
+def undo_all() -> None:
+    """Restore vLLM as it was before ``apply_all`` (used by tests)."""
+    global _applied
+    while _undo_stack:
+        _, undo = _undo_stack.pop()
+        undo()
+    _applied = False

@@ -1,0 +1,80 @@
+"""vLLM general-plugin entry point (``vllm.general_plugins``: ``pp_cudagraph``).
+
+vLLM calls :func:`register` in every process it starts (API server, engine
+core, each worker, Ray workers), possibly more than once. It does nothing
+unless ``VLLM_PLUGINS`` names the plugin, and imports vLLM internals only
+once it knows it is active.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from vllm_pp_cudagraph import compat
+
+PLUGIN_NAME = "pp_cudagraph"
+
+# A child of vLLM's logger, so lines carry vLLM's format and level settings.
+logger = logging.getLogger("vllm.pp_cudagraph")
+
+_inactive_logged = False
+
+
+class UnsupportedVLLMError(RuntimeError):
+    """The installed vLLM is outside the range this plugin is tested with."""
+
+
+def is_enabled(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """Whether ``VLLM_PLUGINS`` names this plugin, parsed exactly as vLLM does."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("VLLM_PLUGINS")
+    return value is not None and PLUGIN_NAME in value.split(",")
+
+
+def check_version(allow_unsupported: bool) -> compat.VersionInfo:
+    versions = compat.installed_versions()
+    if versions.supported:
+        return versions
+    if allow_unsupported:
+        logger.warning(
+            "vllm-pp-cudagraph is tested with vLLM %s but vLLM %s is installed; "
+            "continuing because VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM is set.",
+            compat.SUPPORTED_RANGE,
+            versions.vllm,
+        )
+        return versions
+    raise UnsupportedVLLMError(
+        f"vllm-pp-cudagraph supports vLLM {compat.SUPPORTED_RANGE}, but vLLM "
+        f"{versions.vllm or '(not installed)'} is installed. Install a supported "
+        "vLLM, remove pp_cudagraph from VLLM_PLUGINS, or set "
+        "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try it anyway."
+    )
+
+
+def register() -> None:
+    """Entry point vLLM calls; re-entrant and inert unless enabled."""
+    global _inactive_logged
+    if not is_enabled():
+        if not _inactive_logged:
+            _inactive_logged = True
+            logger.info(
+                "vllm-pp-cudagraph is installed but inactive; set "
+                "VLLM_PLUGINS=%s to use its pipeline-parallel CUDA graphs.",
+                PLUGIN_NAME,
+            )
+        return
+
+    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    if patches.is_applied():
+        return
+    settings = PPCudaGraphSettings.from_env()
+    check_version(settings.allow_unsupported_vllm)
+    applied = patches.apply_all(settings)
+    logger.info(
+        "vllm-pp-cudagraph active in process %d: patched %s",
+        os.getpid(),
+        ", ".join(applied) if applied else "nothing (already in place)",
+    )

@@ -1,0 +1,90 @@
+"""Plugin settings, read from ``VLLM_PP_CUDAGRAPH_*`` environment variables.
+
+Environment variables are the only channel that reaches every process vLLM
+starts (API server, engine core, each worker, Ray workers) before the
+plugin runs there, so that is where settings live.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+ENV_PREFIX = "VLLM_PP_CUDAGRAPH_"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+BOOL_VALUES = "1/0, true/false, yes/no, on/off"
+
+
+class SettingsError(ValueError):
+    """A ``VLLM_PP_CUDAGRAPH_*`` variable holds a value the plugin cannot use."""
+
+
+def _parse_bool(value: Any) -> Any:
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ValueError(f"expected one of {BOOL_VALUES}")
+    return value
+
+
+EnvBool = Annotated[bool, BeforeValidator(_parse_bool)]
+
+
+class PPCudaGraphSettings(BaseModel):
+    """Validated plugin settings; build with :meth:`from_env`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_unsupported_vllm: EnvBool = Field(
+        default=False,
+        description=(
+            "Activate even when the installed vLLM is outside the tested range "
+            "(the plugin's overrides may not match that vLLM's internals)."
+        ),
+    )
+
+    @staticmethod
+    def env_name(field: str) -> str:
+        return ENV_PREFIX + field.upper()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PPCudaGraphSettings:
+        """Read every ``VLLM_PP_CUDAGRAPH_*`` variable; unknown names are errors."""
+        environ = os.environ if environ is None else environ
+        known = {cls.env_name(name): name for name in cls.model_fields}
+        values: dict[str, str] = {}
+        for key, raw in environ.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            if key not in known:
+                raise SettingsError(
+                    f"Unknown setting {key}. Known settings: {', '.join(sorted(known))}."
+                )
+            values[known[key]] = raw
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                field = str(err["loc"][0])
+                problems.append(
+                    f"{cls.env_name(field)}={values.get(field)!r}: "
+                    f"{err['msg'].removeprefix('Value error, ')}"
+                )
+            raise SettingsError("Invalid plugin setting: " + "; ".join(problems)) from None
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, str]]:
+        """(variable, default, description) rows, for the CLI and README."""
+        rows = []
+        for name, field in cls.model_fields.items():
+            rows.append((cls.env_name(name), str(field.default), field.description or ""))
+        return rows

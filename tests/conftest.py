@@ -1,0 +1,60 @@
+"""Shared fixtures. Tests run against the installed vLLM, on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+PLUGIN_ENV_PREFIXES = ("VLLM_PP_CUDAGRAPH_",)
+PLUGIN_ENV_NAMES = ("VLLM_PLUGINS", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH")
+
+
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key in PLUGIN_ENV_NAMES or key.startswith(PLUGIN_ENV_PREFIXES):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No plugin-related variables set; patches undone afterwards."""
+    from vllm_pp_cudagraph import patches
+
+    _clean_env(monkeypatch)
+    yield monkeypatch
+    patches.undo_all()
+
+
+def run_python(script: str, env_overrides: dict[str, str | None]) -> tuple[dict, str]:
+    """Run ``script`` in a fresh interpreter (vLLM loads plugins once per process).
+
+    The script prints one JSON object on its last stdout line; returns it and
+    everything else the process printed (vLLM logs to stdout).
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in PLUGIN_ENV_NAMES and not k.startswith(PLUGIN_ENV_PREFIXES)
+    }
+    for key, value in env_overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
+    *log, report = proc.stdout.strip().splitlines()
+    return json.loads(report), "\n".join(log) + "\n" + proc.stderr

@@ -1,0 +1,109 @@
+"""register(): re-entrancy, version gate, contradictory settings, clean undo."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import vllm.v1.worker.gpu.model_runner as mr
+
+from vllm_pp_cudagraph import compat, patches, plugin
+from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+
+STOCK_RUNNER = mr.GPUModelRunner
+
+
+def test_register_is_inert_without_vllm_plugins(clean_env):
+    plugin.register()
+    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    assert not patches.is_applied()
+
+
+def test_register_twice_patches_once_and_undo_restores(clean_env):
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    plugin.register()
+    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+    assert issubclass(PPCudaGraphModelRunner, STOCK_RUNNER)
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+
+    plugin.register()
+    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+    assert PPCudaGraphModelRunner.__mro__[1] is STOCK_RUNNER  # not re-subclassed
+    assert patches.apply_all(patches_settings()) == []
+
+    patches.undo_all()
+    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+
+
+def test_explicit_v2_setting_is_kept(clean_env):
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    clean_env.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    plugin.register()
+    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+    patches.undo_all()
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+
+
+def test_v1_runner_requested_together_with_plugin_is_refused(clean_env):
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    clean_env.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    with pytest.raises(patches.PluginConfigError, match="VLLM_USE_V2_MODEL_RUNNER"):
+        plugin.register()
+    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert not patches.is_applied()
+
+
+def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env):
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.25.1", "2.11.0"))
+    with pytest.raises(plugin.UnsupportedVLLMError) as err:
+        plugin.register()
+    message = str(err.value)
+    assert "0.25.1" in message
+    assert compat.SUPPORTED_RANGE in message
+    assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1" in message
+    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert not patches.is_applied()
+
+
+def test_unsupported_version_override_activates(clean_env):
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    clean_env.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM", "1")
+    clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.27.0", "2.11.0"))
+    plugin.register()
+    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+
+
+def test_bad_setting_is_refused_before_anything_is_patched(clean_env):
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    clean_env.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM", "maybe")
+    with pytest.raises(ValueError, match="VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM"):
+        plugin.register()
+    assert mr.GPUModelRunner is STOCK_RUNNER
+
+
+def test_failing_patch_leaves_nothing_half_applied(clean_env):
+    def broken(settings):
+        raise RuntimeError("boom")
+
+    failing = patches.Patch("broken", "nothing", "test", "never", broken)
+    clean_env.setattr(patches, "PATCHES", (*patches.PATCHES, failing))
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    with pytest.raises(RuntimeError, match="boom"):
+        plugin.register()
+    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+    assert not patches.is_applied()
+
+
+def test_every_patch_documents_why_and_when_to_drop():
+    for patch in patches.PATCHES:
+        assert patch.target and len(patch.why) > 40 and len(patch.drop_when) > 20, patch.name
+
+
+def patches_settings():
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    return PPCudaGraphSettings.from_env()

@@ -1,0 +1,51 @@
+"""Settings read from VLLM_PP_CUDAGRAPH_* variables."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_pp_cudagraph.compat import parse_release
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings, SettingsError
+
+
+def test_defaults_when_nothing_is_set():
+    assert PPCudaGraphSettings.from_env({}).allow_unsupported_vllm is False
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "YES", " on "])
+def test_true_spellings(raw):
+    env = {"VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM": raw}
+    assert PPCudaGraphSettings.from_env(env).allow_unsupported_vllm is True
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "No", "off", ""])
+def test_false_spellings(raw):
+    env = {"VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM": raw}
+    assert PPCudaGraphSettings.from_env(env).allow_unsupported_vllm is False
+
+
+def test_invalid_value_names_variable_value_and_allowed_values():
+    with pytest.raises(SettingsError) as err:
+        PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM": "2"})
+    message = str(err.value)
+    assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM='2'" in message
+    assert "1/0, true/false, yes/no, on/off" in message
+
+
+def test_unknown_variable_is_an_error_listing_known_ones():
+    with pytest.raises(SettingsError) as err:
+        PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_ALLOW_UNSUPORTED_VLLM": "1"})
+    assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPORTED_VLLM" in str(err.value)
+    assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM" in str(err.value).split("Known")[1]
+
+
+def test_unrelated_variables_are_ignored():
+    assert PPCudaGraphSettings.from_env({"VLLM_PLUGINS": "x", "PATH": "/"})
+
+
+@pytest.mark.parametrize(
+    "version, release",
+    [("0.26.0", (0, 26, 0)), ("0.26.1.dev3+gabc", (0, 26, 1)), ("1.2", (1, 2, 0)), ("x", None)],
+)
+def test_parse_release(version, release):
+    assert parse_release(version) == release
