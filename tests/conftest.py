@@ -58,3 +58,15 @@ def run_python(script: str, env_overrides: dict[str, str | None]) -> tuple[dict,
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout}\n{proc.stderr}"
     *log, report = proc.stdout.strip().splitlines()
     return json.loads(report), "\n".join(log) + "\n" + proc.stderr
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip themselves where no CUDA device is visible."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

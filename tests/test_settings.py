@@ -49,3 +49,11 @@ def test_unrelated_variables_are_ignored():
 )
 def test_parse_release(version, release):
     assert parse_release(version) == release
+
+
+def test_readme_documents_every_setting():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for variable, _, _ in PPCudaGraphSettings.describe():
+        assert f"| `{variable}` |" in readme, variable

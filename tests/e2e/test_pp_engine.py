@@ -1,0 +1,30 @@
+"""End-to-end checks on GPUs: the plugin inside a real PP=2 vLLM engine.
+
+Skipped where no CUDA device is visible; results of runs on 2x H200 are in
+benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_pp_cudagraph.engine_run import RunSpec, run_in_subprocess
+
+pytestmark = pytest.mark.gpu
+
+
+def _need_gpus(n: int) -> None:
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs")
+
+
+def test_plugin_runner_on_every_pp_rank_and_tokens_match_stock(tmp_path):
+    _need_gpus(2)
+    plugin = run_in_subprocess(RunSpec("plugin", "piecewise", output_len=64), tmp_path / "p.log")
+    stock = run_in_subprocess(RunSpec("stock", "piecewise", output_len=64), tmp_path / "s.log")
+    assert plugin["returncode"] == 0, plugin.get("error_tail")
+    log = (tmp_path / "p.log").read_text()
+    for stage in (0, 1):
+        assert f"PPCudaGraphModelRunner on pipeline stage {stage} of 2" in log
+    assert plugin["digest"] == stock["digest"]
