@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import torch
 import torch.nn as nn
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+from vllm_pp_cudagraph import descriptors
+from vllm_pp_cudagraph.capture_guard import (
+    CapturedCommunicationError,
+    forbid_pipeline_communication,
+)
+from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree, exchange
 
 logger = init_logger("vllm.pp_cudagraph.manager")
 
@@ -15,10 +25,21 @@ logger = init_logger("vllm.pp_cudagraph.manager")
 class PPCudaGraphManager(ModelCudaGraphManager):
     """MRV2's model CUDA-graph manager with the plugin's PP handling.
 
-    Owns the piecewise entry point (:meth:`run_pw_graph`), which runs either
-    the torch.compile piecewise graphs or the breakable graph runner, and
-    builds that runner lazily on the manager's own graph pool.
+    On top of vLLM's capture and replay it:
+
+    - captures only FULL shapes whose dummy batch has uniform query lengths
+      (see :mod:`vllm_pp_cudagraph.descriptors`);
+    - captures with pipeline communication forbidden
+      (:mod:`vllm_pp_cudagraph.capture_guard`);
+    - after capture, agrees with the other stages on one set of graphs, or on
+      running eagerly together (:mod:`vllm_pp_cudagraph.graph_agreement`);
+    - owns the piecewise entry point (:meth:`run_pw_graph`), running either
+      torch.compile's piecewise graphs or the breakable runner, which
+      :meth:`init_breakable_cg_runner` builds lazily on this manager's pool.
     """
+
+    stage: int = 0
+    estimated_bytes: int | None = None
 
     @classmethod
     def replacing(cls, stock: ModelCudaGraphManager) -> PPCudaGraphManager:
@@ -31,13 +52,84 @@ class PPCudaGraphManager(ModelCudaGraphManager):
             lora_capture_cases=stock.lora_capture_cases,
         )
 
+    def _init_candidates(self) -> None:
+        super()._init_candidates()
+        dropped = descriptors.prune_invalid(
+            self._capture_descs, self._candidates, self.max_num_reqs
+        )
+        if dropped:
+            logger.info(
+                "Not capturing %d FULL graph shape(s) whose dummy batch would have "
+                "unequal query lengths (num_tokens %% num_reqs != 0): %s; their "
+                "batches replay the next larger uniform FULL graph.",
+                len(dropped),
+                sorted(d.num_tokens for d in dropped),
+            )
+
+    def graph_counts(self) -> dict[str, int]:
+        counts = {mode.name: len(descs) for mode, descs in self._capture_descs.items()}
+        if self.use_breakable_cg and "PIECEWISE" in counts:
+            counts["PIECEWISE(breakable)"] = counts.pop("PIECEWISE")
+        return counts
+
+    def capture(self, *args: Any, **kwargs: Any) -> None:
+        """Capture with PP communication forbidden, then agree across stages."""
+        self.stage = get_pp_group().rank_in_group
+        start = time.perf_counter()
+        free_before = torch.accelerator.get_memory_info()[0]
+        error = None
+        try:
+            with forbid_pipeline_communication((get_pp_group(),)):
+                super().capture(*args, **kwargs)
+        except CapturedCommunicationError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to every stage below
+            error = f"{type(exc).__name__}: {exc}"
+            logger.exception("CUDA-graph capture failed on pipeline stage %d", self.stage)
+        captured = frozenset(d for descs in self._capture_descs.values() for d in descs)
+        outcome = CaptureOutcome(self.stage, captured if error is None else frozenset(), error)
+        self.apply_agreement(agree(exchange(outcome), self.stage))
+
+        used = free_before - torch.accelerator.get_memory_info()[0]
+        estimate = (
+            f", estimated {self.estimated_bytes / (1 << 30):.2f} GiB before KV-cache sizing"
+            if self.estimated_bytes is not None
+            else ""
+        )
+        logger.info(
+            "PPCudaGraphManager captured on pipeline stage %d: %s in %.1f s, "
+            "%.2f GiB%s",
+            self.stage,
+            self.graph_counts() or "no graphs (eager)",
+            time.perf_counter() - start,
+            used / (1 << 30),
+            estimate,
+        )
+
+    def apply_agreement(self, agreement) -> None:
+        """Keep only the graphs every stage has; all-eager if none."""
+        if agreement.reason:
+            logger.warning("Pipeline stage %d: %s", self.stage, agreement.reason)
+        if agreement.all_eager:
+            self._graphs_captured = False
+            self._capture_descs.clear()
+            self._candidates.clear()
+            self.graphs.clear()
+            if self.breakable_cg_runner is not None:
+                self.breakable_cg_runner.clear_graphs()
+            return
+        descriptors.keep_only(self._capture_descs, self._candidates, agreement.keep)
+        for desc in list(self.graphs):
+            if desc not in agreement.keep:
+                del self.graphs[desc]
+
     def init_breakable_cg_runner(self, model: nn.Module) -> None:
         """Wrap ``model`` for breakable capture, once, sharing this manager's pool."""
         if self.breakable_cg_runner is not None:
             return
         runner = BreakableCUDAGraphWrapper(model, self.vllm_config)
-        # Graph segments must come from the same pool as this manager's FULL
-        # graphs so their memory is shared instead of reserved twice.
+        # Graph segments come from the same pool as this manager's FULL graphs
+        # so their memory is shared instead of reserved twice.
         if self.pool is not None:
             runner.graph_pool = self.pool
         self.breakable_cg_runner = runner
@@ -47,11 +139,9 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         if not self.use_breakable_cg:
             return model(**model_inputs)
         if self.breakable_cg_runner is None:
-            # Capture normally builds the runner; a PIECEWISE dispatch without
-            # it means capture was skipped, which would be a plugin bug.
             raise RuntimeError(
                 "Breakable CUDA graphs are enabled but were never captured on this "
-                "rank; PIECEWISE steps cannot run. Disable breakable mode "
-                "(unset VLLM_USE_BREAKABLE_CUDAGRAPH) and report this."
+                "rank, so PIECEWISE steps cannot run. Disable breakable mode "
+                "(unset VLLM_PP_CUDAGRAPH_BREAKABLE and VLLM_USE_BREAKABLE_CUDAGRAPH)."
             )
         return self.breakable_cg_runner(**model_inputs)

@@ -3,14 +3,45 @@
 from __future__ import annotations
 
 import torch
+from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.config import VllmConfig
+from vllm.config.compilation import CUDAGraphMode
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
+from vllm.sequence import IntermediateTensors
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
+from vllm_pp_cudagraph import graph_memory
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+from vllm_pp_cudagraph.stage_inputs import check_padding_agreement, check_stage_inputs
 
 logger = init_logger("vllm.pp_cudagraph.runner")
+
+
+class GraphConfigError(ValueError):
+    """A CUDA-graph setting combination the plugin cannot run."""
+
+
+def check_graph_settings(vllm_config: VllmConfig) -> None:
+    """Refuse breakable graphs together with a setting that turns graphs off."""
+    if not is_breakable_cudagraph_enabled():
+        return
+    compilation = vllm_config.compilation_config
+    if vllm_config.model_config is not None and vllm_config.model_config.enforce_eager:
+        culprit = "enforce_eager=True (--enforce-eager)"
+    elif compilation.cudagraph_mode == CUDAGraphMode.NONE:
+        culprit = "compilation_config.cudagraph_mode=NONE"
+    else:
+        return
+    raise GraphConfigError(
+        f"Breakable CUDA graphs were requested (VLLM_PP_CUDAGRAPH_BREAKABLE or "
+        f"VLLM_USE_BREAKABLE_CUDAGRAPH), but {culprit} disables CUDA graphs. "
+        "Drop one of the two settings."
+    )
 
 
 class PPCudaGraphModelRunner(GPUModelRunner):
@@ -18,25 +49,41 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     vLLM's worker builds it in place of ``GPUModelRunner`` when the plugin is
     enabled; it can also be constructed directly with the same arguments.
+    Beyond vLLM's runner it checks every stage hand-off against the persistent
+    input buffers, measures graph memory before the KV cache is sized, and
+    runs :class:`PPCudaGraphManager`.
     """
 
     cudagraph_manager: PPCudaGraphManager | None
+    _graph_memory_estimate: int | None = None
+    _received_tokens: int | None = None
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
+        check_graph_settings(vllm_config)
         super().__init__(vllm_config, device)
-        pp = self.parallel_config.pipeline_parallel_size
+        self.pp_stage = get_pp_group().rank_in_group
         logger.info(
-            "PPCudaGraphModelRunner on pipeline stage %s of %d (first=%s, last=%s)",
-            self._pp_rank(),
-            pp,
+            "PPCudaGraphModelRunner on pipeline stage %d of %d (first=%s, last=%s, "
+            "breakable=%s)",
+            self.pp_stage,
+            self.parallel_config.pipeline_parallel_size,
             self.is_first_pp_rank,
             self.is_last_pp_rank,
+            is_breakable_cudagraph_enabled(),
         )
 
-    def _pp_rank(self) -> int:
-        from vllm.distributed.parallel_state import get_pp_group
-
-        return get_pp_group().rank_in_group
+    def profile_cudagraph_memory(self) -> int:
+        estimate, samples, num_graphs = graph_memory.measure(self)
+        self._graph_memory_estimate = estimate
+        logger.info(
+            "CUDA-graph memory on pipeline stage %d: estimated %.2f GiB for %d graphs "
+            "(samples %s MiB), reserved before sizing the KV cache",
+            self.pp_stage,
+            estimate / (1 << 30),
+            num_graphs,
+            [round(s / (1 << 20), 1) for s in samples],
+        )
+        return estimate
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         super().initialize_kv_cache(kv_cache_config)
@@ -44,3 +91,36 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         # and continue with the plugin's manager instead.
         assert self.cudagraph_manager is not None
         self.cudagraph_manager = PPCudaGraphManager.replacing(self.cudagraph_manager)
+        self.cudagraph_manager.estimated_bytes = self._graph_memory_estimate
+
+    def execute_model(
+        self,
+        scheduler_output: SchedulerOutput,
+        intermediate_tensors: IntermediateTensors | None = None,
+        dummy_run: bool = False,
+        *args,
+        **kwargs,
+    ):
+        if intermediate_tensors is not None and not dummy_run:
+            assert self.intermediate_tensors is not None
+            self._received_tokens = check_stage_inputs(
+                self.intermediate_tensors.tensors,
+                intermediate_tensors,
+                scheduler_output.total_num_scheduled_tokens,
+                self.pp_stage,
+            )
+        try:
+            return super().execute_model(
+                scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs
+            )
+        finally:
+            self._received_tokens = None
+
+    def prepare_inputs(
+        self, scheduler_output: SchedulerOutput, batch_desc: BatchExecutionDescriptor
+    ) -> InputBatch:
+        # Runs after this step's graph dispatch and before the received tensors
+        # are copied into the persistent buffers.
+        if self._received_tokens is not None:
+            check_padding_agreement(self._received_tokens, batch_desc.num_tokens, self.pp_stage)
+        return super().prepare_inputs(scheduler_output, batch_desc)

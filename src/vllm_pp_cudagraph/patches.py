@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,6 +88,28 @@ def _patch_v2_runner_default(settings: PPCudaGraphSettings) -> Undo | None:
     return None
 
 
+def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo | None:
+    if not settings.breakable:
+        return None
+    current = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH")
+    if current == "1":
+        return None
+    if current is not None:
+        raise PluginConfigError(
+            "VLLM_PP_CUDAGRAPH_BREAKABLE=1 asks for breakable CUDA graphs but "
+            f"VLLM_USE_BREAKABLE_CUDAGRAPH={current!r} turns them off; drop one of the two."
+        )
+    already = [m for m in compat.BREAKABLE_DECORATED_MODULES if m in sys.modules]
+    if already:
+        raise PluginConfigError(
+            "VLLM_PP_CUDAGRAPH_BREAKABLE=1 came too late in this process: vLLM already "
+            f"imported {already[0]} without breakable graph breaks. Set the variable "
+            "in the environment of the process that starts vLLM, or set "
+            "VLLM_USE_BREAKABLE_CUDAGRAPH=1 there."
+        )
+    return _set_env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="v2-runner-default",
@@ -101,6 +124,19 @@ PATCHES: tuple[Patch, ...] = (
         ),
         drop_when="vLLM uses Model Runner V2 for every model by default.",
         apply=_patch_v2_runner_default,
+    ),
+    Patch(
+        name="breakable-env",
+        target="environment: VLLM_USE_BREAKABLE_CUDAGRAPH=1 (with VLLM_PP_CUDAGRAPH_BREAKABLE=1)",
+        why=(
+            "vLLM decides at import time whether attention ops break breakable "
+            "captures, and at config time that breakable mode turns torch.compile "
+            "off, both from this variable. The plugin setting is translated into it "
+            "before anything imports the attention layers (the next patch does), "
+            "so both switches behave the same in every process."
+        ),
+        drop_when="vLLM reads breakable mode from its config instead of the environment.",
+        apply=_patch_breakable_env,
     ),
     Patch(
         name="v2-runner-class",

@@ -51,6 +51,15 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
+    breakable: EnvBool = Field(
+        default=False,
+        description=(
+            "Use breakable CUDA graphs (no torch.compile: capture stops at each "
+            "attention / KV-cache op, runs it eagerly, and resumes). Same effect as "
+            "vLLM's VLLM_USE_BREAKABLE_CUDAGRAPH=1."
+        ),
+    )
+
     @staticmethod
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()

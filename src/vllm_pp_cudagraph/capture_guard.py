@@ -1,0 +1,119 @@
+"""Refuse pipeline communication while CUDA graphs are being captured.
+
+Capture is local to each rank. A send, receive, broadcast or barrier recorded
+into a graph is replayed later without its peer (vLLM issue #51887: a captured
+gloo receive hangs the first decode), so any such call during capture is a bug
+and must fail at capture time, loudly, instead of hanging in production.
+
+Collectives that are graph-safe and required inside the model (tensor-parallel
+all-reduce and all-gather through vLLM's device communicators) are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+#: torch.distributed functions that pipeline stages and their helpers use
+#: (point-to-point, broadcast, object exchange, barriers).
+GUARDED_TORCH_FUNCTIONS = (
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "broadcast",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "barrier",
+    "monitored_barrier",
+)
+
+#: Methods of vLLM's GroupCoordinator that move data between pipeline stages.
+GUARDED_GROUP_METHODS = (
+    "send",
+    "recv",
+    "send_object",
+    "recv_object",
+    "send_tensor_dict",
+    "recv_tensor_dict",
+    "isend_tensor_dict",
+    "irecv_tensor_dict",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_object_list",
+    "broadcast_tensor_dict",
+    "barrier",
+)
+
+
+class CapturedCommunicationError(RuntimeError):
+    """A pipeline communication call happened while CUDA graphs were captured."""
+
+
+_state = threading.local()
+
+
+def capture_guard_active() -> bool:
+    return getattr(_state, "active", False)
+
+
+def _guarded(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if capture_guard_active():
+            raise CapturedCommunicationError(
+                f"{name} was called during CUDA-graph capture. Pipeline "
+                "communication must never be recorded into a graph (its peer is "
+                "not replayed with it, so the step hangs). Move the call out of "
+                "the captured forward, or run this model with enforce_eager=True."
+            )
+        return fn(*args, **kwargs)
+
+    wrapper.__pp_cudagraph_guarded__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+@contextlib.contextmanager
+def forbid_pipeline_communication(groups: tuple[object, ...] = ()) -> Iterator[None]:
+    """While active (on this thread), the guarded calls raise.
+
+    ``groups`` are GroupCoordinator instances (the pipeline group) whose
+    methods are wrapped for the duration; torch.distributed's functions are
+    wrapped too. Everything is restored on exit.
+    """
+    restore: list[tuple[object, str, Any, bool]] = []
+
+    def wrap(owner: object, attr: str, label: str) -> None:
+        fn = getattr(owner, attr, None)
+        if fn is None or getattr(fn, "__pp_cudagraph_guarded__", False):
+            return
+        had_instance_attr = attr in getattr(owner, "__dict__", {})
+        restore.append((owner, attr, owner.__dict__.get(attr), had_instance_attr))
+        setattr(owner, attr, _guarded(label, fn))
+
+    for name in GUARDED_TORCH_FUNCTIONS:
+        wrap(dist, name, f"torch.distributed.{name}")
+    for group in groups:
+        label = getattr(group, "unique_name", type(group).__name__)
+        for name in GUARDED_GROUP_METHODS:
+            wrap(group, name, f"{label}.{name}")
+
+    previous = capture_guard_active()
+    _state.active = True
+    try:
+        yield
+    finally:
+        _state.active = previous
+        for owner, attr, value, had_instance_attr in reversed(restore):
+            if owner is dist or had_instance_attr:
+                setattr(owner, attr, value)
+            else:
+                delattr(owner, attr)

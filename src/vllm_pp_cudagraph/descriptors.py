@@ -1,0 +1,115 @@
+"""Which (num_tokens, num_reqs) shapes FULL graphs may be captured and replayed at.
+
+A FULL graph records attention for the batch it was captured with. vLLM
+builds the capture batch by giving each of ``num_reqs`` dummy requests
+``num_tokens // num_reqs`` tokens and the remainder to the last one, so a
+shape where ``num_tokens % num_reqs != 0`` captures a batch with unequal
+query lengths, which attention backends that need uniform query lengths
+(TRT-LLM decode, FlashInfer) reject. Upstream PR #35162 worked around this
+by shrinking ``num_reqs`` at capture time until it divided, which makes the
+captured graph serve fewer requests than its descriptor promises. Here such
+shapes are simply never captured: every FULL descriptor this plugin keeps
+captures a uniform batch, and dispatch sends the batches it would have
+served to the next larger valid FULL graph of the same kind, or to the
+piecewise/eager path when there is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from vllm.config.compilation import CUDAGraphMode
+from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+
+def capture_num_reqs(desc: BatchExecutionDescriptor, max_num_reqs: int) -> int:
+    """How many dummy requests vLLM's capture builds for ``desc``."""
+    return desc.num_reqs or min(desc.num_tokens, max_num_reqs)
+
+
+def captures_uniform_batch(desc: BatchExecutionDescriptor, max_num_reqs: int) -> bool:
+    """Whether capturing ``desc`` gives every dummy request the same query length."""
+    num_reqs = capture_num_reqs(desc, max_num_reqs)
+    if desc.num_tokens % num_reqs:
+        return False
+    if desc.uniform_token_count is not None:
+        return desc.num_tokens == num_reqs * desc.uniform_token_count
+    return True
+
+
+def is_valid(desc: BatchExecutionDescriptor, max_num_reqs: int) -> bool:
+    """FULL graphs must capture uniform batches; piecewise graphs hold no attention."""
+    if desc.cg_mode != CUDAGraphMode.FULL:
+        return True
+    return captures_uniform_batch(desc, max_num_reqs)
+
+
+def _same_kind(a: BatchExecutionDescriptor, b: BatchExecutionDescriptor) -> bool:
+    return (
+        a.cg_mode == b.cg_mode
+        and a.uniform_token_count == b.uniform_token_count
+        and a.num_active_loras == b.num_active_loras
+        and (a.num_reqs is None) == (b.num_reqs is None)
+    )
+
+
+def replacement(
+    desc: BatchExecutionDescriptor, valid: Iterable[BatchExecutionDescriptor]
+) -> BatchExecutionDescriptor | None:
+    """The smallest valid descriptor of the same kind that covers ``desc``."""
+    covering = [
+        d
+        for d in valid
+        if _same_kind(d, desc)
+        and d.num_tokens >= desc.num_tokens
+        and (d.num_reqs is None or d.num_reqs >= (desc.num_reqs or 0))
+    ]
+    return min(covering, key=lambda d: (d.num_tokens, d.num_reqs or 0), default=None)
+
+
+def prune_invalid(
+    capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescriptor]],
+    candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
+    max_num_reqs: int,
+) -> list[BatchExecutionDescriptor]:
+    """Drop invalid descriptors in place from both tables; return those dropped.
+
+    In ``candidates`` an invalid descriptor is replaced by its smallest valid
+    covering one (order kept, duplicates removed); keys left empty are removed.
+    """
+    dropped = [d for descs in capture_descs.values() for d in descs if not is_valid(d, max_num_reqs)]
+    if not dropped:
+        return []
+    for mode in list(capture_descs):
+        capture_descs[mode] = [d for d in capture_descs[mode] if is_valid(d, max_num_reqs)]
+        if not capture_descs[mode]:
+            del capture_descs[mode]
+    valid = [d for descs in capture_descs.values() for d in descs]
+    for key in list(candidates):
+        new: list[BatchExecutionDescriptor] = []
+        for desc in candidates[key]:
+            if not is_valid(desc, max_num_reqs):
+                desc = replacement(desc, valid)
+            if desc is not None and desc not in new:
+                new.append(desc)
+        if new:
+            candidates[key] = new
+        else:
+            del candidates[key]
+    return dropped
+
+
+def keep_only(
+    capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescriptor]],
+    candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
+    keep: frozenset[BatchExecutionDescriptor],
+) -> None:
+    """Restrict both tables to ``keep`` (after cross-stage agreement)."""
+    for mode in list(capture_descs):
+        capture_descs[mode] = [d for d in capture_descs[mode] if d in keep]
+        if not capture_descs[mode]:
+            del capture_descs[mode]
+    for key in list(candidates):
+        candidates[key] = [d for d in candidates[key] if d in keep]
+        if not candidates[key]:
+            del candidates[key]

@@ -1,0 +1,102 @@
+"""Checking what a pipeline stage receives against its persistent input buffers.
+
+Non-first stages replay graphs that read their inputs from persistent buffers
+(``runner.intermediate_tensors``); each step the received tensors are copied
+in. Stock vLLM copies by the buffer's keys, so a missing key is a bare
+``KeyError`` and an extra key is silently dropped. This module names the
+problem instead. It reads only tensor metadata (keys, shapes, dtypes), which is
+known on the host as soon as the receive is posted, so it costs a few dict
+operations per step and never waits on the transfer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+
+class StageInputMismatchError(RuntimeError):
+    """The tensors a pipeline stage received do not match what it expects."""
+
+
+def _received_tensors(received: object) -> Mapping[str, torch.Tensor]:
+    # vLLM's AsyncIntermediateTensors waits for the transfer when `.tensors`
+    # is read; metadata is already final, so look without waiting.
+    return object.__getattribute__(received, "tensors")
+
+
+def check_stage_inputs(
+    expected: Mapping[str, torch.Tensor],
+    received: object,
+    min_tokens: int,
+    stage: int | None = None,
+) -> int:
+    """Validate ``received`` against the persistent buffers ``expected``.
+
+    ``expected`` maps keys to buffers shaped ``[max_tokens, *dims]``; every
+    received tensor must have the same key set, dtype and trailing dims, one
+    common leading (token) dim, at least ``min_tokens`` and at most the buffer
+    size. Returns that token count.
+    """
+    tensors = _received_tensors(received)
+    where = f"pipeline stage {stage}" if stage is not None else "this pipeline stage"
+    problems: list[str] = []
+    missing = sorted(expected.keys() - tensors.keys())
+    extra = sorted(tensors.keys() - expected.keys())
+    if missing:
+        problems.append(f"missing keys {missing}")
+    if extra:
+        problems.append(f"unexpected keys {extra}")
+
+    token_counts = set()
+    for key in expected.keys() & tensors.keys():
+        want, got = expected[key], tensors[key]
+        if got.dtype != want.dtype:
+            problems.append(f"{key!r} has dtype {got.dtype}, expected {want.dtype}")
+        if got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
+            problems.append(
+                f"{key!r} has shape {tuple(got.shape)}, expected (tokens, "
+                f"{', '.join(map(str, want.shape[1:]))})"
+            )
+            continue
+        token_counts.add(got.shape[0])
+        if got.shape[0] > want.shape[0]:
+            problems.append(
+                f"{key!r} carries {got.shape[0]} tokens, more than the buffer's "
+                f"{want.shape[0]} (max_num_batched_tokens)"
+            )
+    if len(token_counts) > 1:
+        problems.append(f"keys disagree on the token count: {sorted(token_counts)}")
+    num_tokens = min(token_counts) if token_counts else 0
+    if token_counts and num_tokens < min_tokens:
+        problems.append(f"received {num_tokens} tokens but this step schedules {min_tokens}")
+
+    if problems:
+        raise StageInputMismatchError(
+            f"{where} received intermediate tensors that do not match its input "
+            f"buffers: {'; '.join(problems)}. The previous stage's model produces "
+            "different tensors than this stage's make_empty_intermediate_tensors() "
+            "declares; check that every stage runs the same model code and "
+            "configuration (model, dtype, --pipeline-parallel-size)."
+        )
+    return num_tokens
+
+
+def check_padding_agreement(received_tokens: int, padded_tokens: int, stage: int) -> None:
+    """The previous stage pads the batch exactly as this stage does.
+
+    Every stage dispatches the same scheduler output against the same agreed
+    set of CUDA graphs, so the token count a stage sends equals the padded
+    count the next stage computes. A difference means the stages picked
+    different graphs for the step, which in tensor-parallel stages ends in a
+    hang; stop here with the numbers instead.
+    """
+    if received_tokens != padded_tokens:
+        raise StageInputMismatchError(
+            f"pipeline stage {stage} expected {padded_tokens} tokens (after CUDA-graph "
+            f"padding) but the previous stage sent {received_tokens}: the stages "
+            "chose different CUDA graphs for this step. Set the same "
+            "compilation_config.cudagraph_mode and cudagraph_capture_sizes for all "
+            "stages, or run with enforce_eager=True."
+        )
