@@ -70,3 +70,65 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def pp_group():
+    """vLLM's real distributed state for one CPU process (gloo), PP size 1."""
+    import socket
+
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized,
+        get_pp_group,
+        init_distributed_environment,
+    )
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+            local_rank=0,
+            backend="gloo",
+        )
+        ensure_model_parallel_initialized(1, 1)
+    return get_pp_group()
+
+
+class _NoGraphPoolPlatform:
+    """CPU stand-in for the CUDA platform's graph-pool lookup (no GPU here)."""
+
+    @staticmethod
+    def get_global_graph_pool():
+        return None
+
+
+@pytest.fixture
+def make_manager(pp_group, monkeypatch):
+    """Build the plugin's real PPCudaGraphManager on CPU for a given shape config."""
+    import vllm.v1.worker.gpu.cudagraph_utils as cgu
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+
+    monkeypatch.setattr(cgu, "current_platform", _NoGraphPoolPlatform())
+
+    def build(mode, capture_sizes, max_num_seqs, decode_query_len=1, cls=PPCudaGraphManager):
+        config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+        config.scheduler_config.max_num_seqs = max_num_seqs
+        config.compilation_config.cudagraph_capture_sizes = sorted(capture_sizes)
+        config.compilation_config.max_cudagraph_capture_size = max(capture_sizes)
+        return cls(config, torch_device_cpu(), CUDAGraphMode[mode], decode_query_len)
+
+    return build
+
+
+def torch_device_cpu():
+    import torch
+
+    return torch.device("cpu")

@@ -73,7 +73,18 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         )
 
     def profile_cudagraph_memory(self) -> int:
-        estimate, samples, num_graphs = graph_memory.measure(self)
+        try:
+            estimate, samples, num_graphs = graph_memory.measure(self)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - fall back to vLLM's behaviour, loudly
+            logger.exception(
+                "Could not measure CUDA-graph memory on pipeline stage %d; the KV "
+                "cache is sized without it, as stock vLLM does. Lower "
+                "gpu_memory_utilization if capture then runs out of memory.",
+                self.pp_stage,
+            )
+            return 0
         self._graph_memory_estimate = estimate
         logger.info(
             "CUDA-graph memory on pipeline stage %d: estimated %.2f GiB for %d graphs "

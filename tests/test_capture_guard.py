@@ -1,0 +1,84 @@
+"""No pipeline communication may run while CUDA graphs are captured."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from vllm_pp_cudagraph.capture_guard import (
+    CapturedCommunicationError,
+    capture_guard_active,
+    forbid_pipeline_communication,
+)
+
+
+def test_torch_point_to_point_raises_during_capture_and_is_restored_after():
+    original = dist.irecv
+    with forbid_pipeline_communication():
+        assert capture_guard_active()
+        with pytest.raises(CapturedCommunicationError, match="torch.distributed.irecv"):
+            dist.irecv(torch.zeros(1), src=0)
+        with pytest.raises(CapturedCommunicationError, match="torch.distributed.broadcast"):
+            dist.broadcast(torch.zeros(1), src=0)
+    assert not capture_guard_active()
+    assert dist.irecv is original
+
+
+def test_pp_group_transfers_raise_during_capture(pp_group):
+    with forbid_pipeline_communication((pp_group,)):
+        with pytest.raises(CapturedCommunicationError, match=r"pp.*send_tensor_dict"):
+            pp_group.send_tensor_dict({"hidden_states": torch.zeros(2, 4)})
+        with pytest.raises(CapturedCommunicationError, match=r"pp.*irecv_tensor_dict"):
+            pp_group.irecv_tensor_dict()
+        with pytest.raises(CapturedCommunicationError, match=r"pp.*barrier"):
+            pp_group.barrier()
+    assert "send_tensor_dict" not in vars(pp_group)  # class method visible again
+
+
+def test_pp_group_works_again_after_capture(pp_group):
+    with forbid_pipeline_communication((pp_group,)):
+        pass
+    pp_group.barrier()  # real gloo barrier, world size 1
+
+
+def test_tensor_parallel_collectives_stay_allowed():
+    with forbid_pipeline_communication():
+        assert not hasattr(dist.all_reduce, "__pp_cudagraph_guarded__")
+
+
+def test_guard_is_per_thread():
+    errors = []
+
+    def other_thread():
+        try:
+            dist.is_initialized()  # unguarded API
+            assert not capture_guard_active()
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    with forbid_pipeline_communication():
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert not errors
+
+
+def test_nested_guards_restore_cleanly(pp_group):
+    original = type(pp_group).send_tensor_dict
+    with forbid_pipeline_communication((pp_group,)):
+        with forbid_pipeline_communication((pp_group,)):
+            assert capture_guard_active()
+        assert capture_guard_active()
+    assert not capture_guard_active()
+    assert pp_group.send_tensor_dict.__func__ is original
+
+
+def test_error_inside_capture_still_restores(pp_group):
+    with pytest.raises(ValueError):
+        with forbid_pipeline_communication((pp_group,)):
+            raise ValueError("capture failed")
+    assert not capture_guard_active()
+    assert "send_tensor_dict" not in vars(pp_group)

@@ -1,0 +1,102 @@
+"""The check of what a pipeline stage receives against its persistent buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm.sequence import IntermediateTensors
+from vllm.v1.worker.gpu_worker import AsyncIntermediateTensors
+
+from vllm_pp_cudagraph.stage_inputs import (
+    StageInputMismatchError,
+    check_padding_agreement,
+    check_stage_inputs,
+)
+
+HIDDEN = 16
+BUFFERS = {
+    "hidden_states": torch.zeros(64, HIDDEN, dtype=torch.bfloat16),
+    "residual": torch.zeros(64, HIDDEN, dtype=torch.bfloat16),
+}
+
+
+def received(n: int, **overrides) -> IntermediateTensors:
+    tensors = {k: torch.ones(n, HIDDEN, dtype=torch.bfloat16) for k in BUFFERS}
+    tensors.update(overrides)
+    return IntermediateTensors({k: v for k, v in tensors.items() if v is not None})
+
+
+def test_matching_tensors_pass_and_report_token_count():
+    assert check_stage_inputs(BUFFERS, received(8), min_tokens=5, stage=1) == 8
+
+
+def test_missing_key_is_named():
+    with pytest.raises(StageInputMismatchError, match=r"missing keys \['residual'\]"):
+        check_stage_inputs(BUFFERS, received(8, residual=None), 8, stage=1)
+
+
+def test_extra_key_is_named_instead_of_silently_dropped():
+    extra = torch.ones(8, HIDDEN, dtype=torch.bfloat16)
+    with pytest.raises(StageInputMismatchError, match=r"unexpected keys \['aux'\]"):
+        check_stage_inputs(BUFFERS, received(8, aux=extra), 8, stage=1)
+
+
+def test_dtype_mismatch_is_named():
+    bad = torch.ones(8, HIDDEN, dtype=torch.float32)
+    with pytest.raises(StageInputMismatchError, match="'residual' has dtype torch.float32"):
+        check_stage_inputs(BUFFERS, received(8, residual=bad), 8, stage=1)
+
+
+def test_hidden_size_mismatch_is_named():
+    bad = torch.ones(8, HIDDEN * 2, dtype=torch.bfloat16)
+    with pytest.raises(StageInputMismatchError, match=r"'hidden_states' has shape \(8, 32\)"):
+        check_stage_inputs(BUFFERS, received(8, hidden_states=bad), 8, stage=1)
+
+
+def test_every_problem_is_reported_at_once():
+    bad = torch.ones(8, HIDDEN, dtype=torch.float16)
+    extra = torch.ones(8, HIDDEN, dtype=torch.bfloat16)
+    with pytest.raises(StageInputMismatchError) as err:
+        check_stage_inputs(BUFFERS, received(8, residual=None, hidden_states=bad, x=extra), 8)
+    message = str(err.value)
+    assert "missing keys ['residual']" in message
+    assert "unexpected keys ['x']" in message
+    assert "'hidden_states' has dtype torch.float16" in message
+
+
+def test_fewer_tokens_than_scheduled_is_an_error():
+    with pytest.raises(StageInputMismatchError, match="received 4 tokens but this step schedules 6"):
+        check_stage_inputs(BUFFERS, received(4), min_tokens=6)
+
+
+def test_more_tokens_than_buffer_is_an_error():
+    with pytest.raises(StageInputMismatchError, match="more than the buffer's 64"):
+        check_stage_inputs(BUFFERS, received(65), min_tokens=1)
+
+
+def test_keys_disagreeing_on_token_count_is_an_error():
+    short = torch.ones(4, HIDDEN, dtype=torch.bfloat16)
+    with pytest.raises(StageInputMismatchError, match=r"disagree on the token count: \[4, 8\]"):
+        check_stage_inputs(BUFFERS, received(8, residual=short), 4)
+
+
+class _Handle:
+    waited = False
+
+    def wait(self):
+        type(self).waited = True
+
+
+def test_async_received_tensors_are_checked_without_waiting_for_the_transfer():
+    tensors = dict(received(8).tensors)
+    async_tensors = AsyncIntermediateTensors(tensors, comm_handles=[_Handle()])
+    assert check_stage_inputs(BUFFERS, async_tensors, 8) == 8
+    assert _Handle.waited is False
+    async_tensors.tensors  # vLLM's own access waits, as before
+    assert _Handle.waited is True
+
+
+def test_padding_disagreement_names_both_counts():
+    check_padding_agreement(16, 16, stage=1)
+    with pytest.raises(StageInputMismatchError, match="expected 16 tokens .* sent 12"):
+        check_padding_agreement(12, 16, stage=1)
