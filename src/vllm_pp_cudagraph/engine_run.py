@@ -96,6 +96,31 @@ def token_digest(token_lists: list[list[int]]) -> str:
     return h.hexdigest()[:16]
 
 
+def equality_report(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Compare each plugin run's tokens with stock V2 in the same token family.
+
+    The reference for the compiled family is stock PIECEWISE (or the stock run
+    of the same mode when present), for the eager family stock eager.
+    """
+    stock = {r["spec"]["mode"]: r for r in reports if r["spec"]["runner"] == "stock" and "digest" in r}
+    rows = []
+    for r in reports:
+        if r["spec"]["runner"] != "plugin":
+            continue
+        mode = r["spec"]["mode"]
+        family = TOKEN_FAMILY[mode]
+        ref = stock.get(mode) if mode != "breakable" else None
+        ref = ref or stock.get("piecewise" if family == "compiled" else "eager")
+        row = {"plugin_mode": mode, "reference": ref and f"stock:{ref['spec']['mode']}"}
+        if ref is None or "digest" not in r:
+            row["equal"] = None
+        else:
+            diff = sum(a != b for a, b in zip(r["request_digests"], ref["request_digests"]))
+            row.update(equal=r["digest"] == ref["digest"], requests_differing=diff)
+        rows.append(row)
+    return rows
+
+
 def _child(spec: RunSpec) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -181,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=512)
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs after the warm-up (0: warm-up only)")
     parser.add_argument("--shape", default="qwen3-0.6b")
     parser.add_argument("--attention-backend", default="TRITON_ATTN")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
@@ -219,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
             print("   |", line[:220], flush=True)
         if "error_tail" in report:
             print(report["error_tail"][-1500:], flush=True)
-    (out / "runs.json").write_text(json.dumps(reports, indent=1))
+    equality = equality_report(reports)
+    for row in equality:
+        print(f"== tokens plugin:{row['plugin_mode']} vs {row['reference']}: equal={row['equal']}"
+              f" (requests differing: {row.get('requests_differing')})", flush=True)
+    (out / "runs.json").write_text(json.dumps({"runs": reports, "equality": equality}, indent=1))
     return 0 if all(r["returncode"] == 0 for r in reports) else 1
 
 
