@@ -15,16 +15,31 @@ from vllm_pp_cudagraph.capture_guard import (
 )
 
 
-def test_torch_point_to_point_raises_during_capture_and_is_restored_after():
+def test_torch_calls_on_the_pp_groups_raise_during_capture_and_are_restored_after(pp_group):
     original = dist.irecv
-    with forbid_pipeline_communication():
+    with forbid_pipeline_communication((pp_group,)):
         assert capture_guard_active()
         with pytest.raises(CapturedCommunicationError, match="torch.distributed.irecv"):
-            dist.irecv(torch.zeros(1), src=0)
+            dist.irecv(torch.zeros(1), src=0, group=pp_group.device_group)
         with pytest.raises(CapturedCommunicationError, match="torch.distributed.broadcast"):
-            dist.broadcast(torch.zeros(1), src=0)
+            dist.broadcast(torch.zeros(1), 0, pp_group.cpu_group)
+        with pytest.raises(CapturedCommunicationError, match="broadcast_object_list"):
+            dist.broadcast_object_list([1], src=0, group=pp_group.cpu_group)
     assert not capture_guard_active()
     assert dist.irecv is original
+
+
+def test_tensor_parallel_traffic_outside_stream_capture_passes(pp_group):
+    # Custom all-reduce registers graph buffers with a TP-group broadcast when
+    # capture ends; that must keep working under the guard.
+    from vllm.distributed.parallel_state import get_tp_group
+
+    tp_cpu_group = get_tp_group().cpu_group
+    assert tp_cpu_group is not pp_group.cpu_group
+    box = ["registered"]
+    with forbid_pipeline_communication((pp_group,)):
+        dist.broadcast_object_list(box, src=0, group=tp_cpu_group)
+    assert box == ["registered"]
 
 
 def test_pp_group_transfers_raise_during_capture(pp_group):

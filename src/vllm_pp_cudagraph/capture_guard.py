@@ -5,8 +5,12 @@ into a graph is replayed later without its peer (vLLM issue #51887: a captured
 gloo receive hangs the first decode), so any such call during capture is a bug
 and must fail at capture time, loudly, instead of hanging in production.
 
-Collectives that are graph-safe and required inside the model (tensor-parallel
-all-reduce and all-gather through vLLM's device communicators) are left alone.
+While the guard is active, the pipeline group's own transfer methods always
+raise, and torch.distributed's point-to-point / broadcast / object functions
+raise when they target a pipeline process group or when a CUDA stream is
+being captured. Tensor-parallel traffic outside stream capture (custom
+all-reduce registers its graph buffers with a broadcast when capture ends)
+and graph-safe collectives inside the model (all-reduce, all-gather) pass.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 #: torch.distributed functions that pipeline stages and their helpers use
@@ -65,10 +70,28 @@ def capture_guard_active() -> bool:
     return getattr(_state, "active", False)
 
 
-def _guarded(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _stream_capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _targets(args: tuple, kwargs: dict, process_groups: tuple[object, ...]) -> bool:
+    candidates = [kwargs.get("group"), *args]
+    return any(c is not None and any(c is g for g in process_groups) for c in candidates)
+
+
+def _guarded(
+    name: str, fn: Callable[..., Any], process_groups: tuple[object, ...] | None
+) -> Callable[..., Any]:
+    """``process_groups`` None: always refuse while active; else only for those
+    groups or while a stream is capturing."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if capture_guard_active():
+        if capture_guard_active() and (
+            process_groups is None
+            or _stream_capturing()
+            or _targets(args, kwargs, process_groups)
+        ):
             raise CapturedCommunicationError(
                 f"{name} was called during CUDA-graph capture. Pipeline "
                 "communication must never be recorded into a graph (its peer is "
@@ -91,20 +114,26 @@ def forbid_pipeline_communication(groups: tuple[object, ...] = ()) -> Iterator[N
     """
     restore: list[tuple[object, str, Any, bool]] = []
 
-    def wrap(owner: object, attr: str, label: str) -> None:
+    def wrap(owner: object, attr: str, label: str, process_groups) -> None:
         fn = getattr(owner, attr, None)
         if fn is None or getattr(fn, "__pp_cudagraph_guarded__", False):
             return
         had_instance_attr = attr in getattr(owner, "__dict__", {})
         restore.append((owner, attr, owner.__dict__.get(attr), had_instance_attr))
-        setattr(owner, attr, _guarded(label, fn))
+        setattr(owner, attr, _guarded(label, fn, process_groups))
 
+    process_groups = tuple(
+        pg
+        for group in groups
+        for pg in (getattr(group, "cpu_group", None), getattr(group, "device_group", None))
+        if pg is not None
+    )
     for name in GUARDED_TORCH_FUNCTIONS:
-        wrap(dist, name, f"torch.distributed.{name}")
+        wrap(dist, name, f"torch.distributed.{name}", process_groups)
     for group in groups:
         label = getattr(group, "unique_name", type(group).__name__)
         for name in GUARDED_GROUP_METHODS:
-            wrap(group, name, f"{label}.{name}")
+            wrap(group, name, f"{label}.{name}", None)
 
     previous = capture_guard_active()
     _state.active = True

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,14 @@ TOKEN_FAMILY = {
     "full_decode_only": "compiled",
 }
 
-LOG_MARKERS = ("pp_cudagraph", "PPCudaGraph", "Graph capturing finished", "CUDA graph")
+LOG_MARKERS = (
+    "pp_cudagraph",
+    "PPCudaGraph",
+    "Graph capturing finished",
+    "CUDA-graph",
+    "Error",
+    "Traceback",
+)
 
 
 @dataclass
@@ -167,8 +175,16 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def run_in_subprocess(spec: RunSpec, log_path: Path | None = None) -> dict[str, Any]:
-    """Run ``spec`` in a fresh interpreter; return its report plus log highlights."""
+def run_in_subprocess(
+    spec: RunSpec, log_path: Path, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Run ``spec`` in a fresh interpreter; return its report plus log highlights.
+
+    The child's output streams to ``log_path``. If it outlives ``timeout_s``,
+    every process it started gets SIGABRT first, so that Python's fault
+    handler writes each one's stack to the log (that is where a hang shows),
+    then SIGKILL.
+    """
     _, mode_env = MODES[spec.mode]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
     env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
@@ -176,17 +192,29 @@ def run_in_subprocess(spec: RunSpec, log_path: Path | None = None) -> dict[str, 
     env.update(mode_env)
     env.update(spec.extra_env)
     env["PYTHONUNBUFFERED"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "vllm_pp_cudagraph.engine_run", "--child", json.dumps(asdict(spec))],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    log = proc.stdout + proc.stderr
-    if log_path is not None:
-        log_path.write_text(log)
+    env["PYTHONFAULTHANDLER"] = "1"
+    cmd = [sys.executable, "-m", "vllm_pp_cudagraph.engine_run", "--child", json.dumps(asdict(spec))]
+    timed_out = False
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for sig, grace in ((signal.SIGABRT, 10), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                time.sleep(grace)
+            proc.wait()
+    log = log_path.read_text(errors="replace")
     report: dict[str, Any] = {"spec": asdict(spec), "returncode": proc.returncode}
-    for line in reversed(proc.stdout.splitlines()):
+    if timed_out:
+        report["timed_out_after_s"] = timeout_s
+    for line in reversed(log.splitlines()):
         if line.startswith("{") and '"digest"' in line:
             report.update(json.loads(line))
             break
@@ -210,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="qwen3-0.6b")
     parser.add_argument("--attention-backend", default="TRITON_ATTN")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per engine run")
+    parser.add_argument(
+        "--deadline", type=float, default=None, help="seconds for all runs; later runs are skipped"
+    )
     args = parser.parse_args(argv)
 
     if args.child:
@@ -219,8 +251,20 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="pp-runs-"))
     out.mkdir(parents=True, exist_ok=True)
     reports = []
+    started = time.monotonic()
     for item in args.runs.split(","):
         runner, mode = item.split(":")
+        utilization = args.gpu_memory_utilization
+        if "@" in mode:
+            mode, util_text = mode.split("@")
+            utilization = float(util_text)
+        timeout = args.timeout
+        if args.deadline is not None:
+            left = args.deadline - (time.monotonic() - started)
+            if left < 60:
+                print(f"== {item}: skipped, deadline reached", flush=True)
+                continue
+            timeout = min(timeout or left, left)
         spec = RunSpec(
             runner=runner,
             mode=mode,
@@ -230,10 +274,11 @@ def main(argv: list[str] | None = None) -> int:
             repeat=args.repeat,
             shape=args.shape,
             attention_backend=args.attention_backend or None,
-            gpu_memory_utilization=args.gpu_memory_utilization,
+            gpu_memory_utilization=utilization,
         )
         print(f"== {spec.name} ...", flush=True)
-        report = run_in_subprocess(spec, out / f"{runner}-{mode}.log")
+        log_name = f"{runner}-{mode}" + ("" if utilization == args.gpu_memory_utilization else f"-{utilization}")
+        report = run_in_subprocess(spec, out / f"{log_name}.log", timeout)
         reports.append(report)
         print(
             f"   rc={report['returncode']} digest={report.get('digest')} "

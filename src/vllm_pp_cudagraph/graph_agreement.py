@@ -61,13 +61,20 @@ def agree(outcomes: Sequence[CaptureOutcome], local_stage: int) -> Agreement:
 
 
 def exchange(outcome: CaptureOutcome) -> list[CaptureOutcome]:
-    """All-gather every stage's outcome over the pipeline group's CPU group."""
+    """Share every stage's outcome over the pipeline group's CPU (gloo) group.
+
+    One object broadcast per stage rather than all_gather_object, which does
+    not work on gloo under inference mode (pytorch#126032); capture runs
+    under inference mode.
+    """
     import torch.distributed as dist
     from vllm.distributed.parallel_state import get_pp_group
 
     group = get_pp_group()
-    if group.world_size == 1:
-        return [outcome]
-    gathered: list[CaptureOutcome | None] = [None] * group.world_size
-    dist.all_gather_object(gathered, outcome, group=group.cpu_group)
-    return [o for o in gathered if o is not None]
+    outcomes = []
+    for src in range(group.world_size):
+        box = [outcome if src == group.rank_in_group else None]
+        if group.world_size > 1:
+            dist.broadcast_object_list(box, src=group.ranks[src], group=group.cpu_group)
+        outcomes.append(box[0])
+    return outcomes
