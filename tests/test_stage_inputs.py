@@ -100,3 +100,33 @@ def test_padding_disagreement_names_both_counts():
     check_padding_agreement(16, 16, stage=1)
     with pytest.raises(StageInputMismatchError, match="expected 16 tokens .* sent 12"):
         check_padding_agreement(12, 16, stage=1)
+
+
+def pending_receive(n: int, hidden: int = HIDDEN) -> AsyncIntermediateTensors:
+    """What vLLM's irecv_tensor_dict hands over before the wait: flat slices
+    that a post-process step reshapes (here with a tensor-parallel size of 1)."""
+    flat = {k: torch.ones(n * hidden, dtype=torch.bfloat16) for k in BUFFERS}
+
+    def reshape_all():
+        for k in flat:
+            flat[k] = flat[k].reshape(n, hidden)
+
+    return AsyncIntermediateTensors(flat, comm_handles=[], comm_postprocess=[reshape_all])
+
+
+def test_pending_flat_receive_is_read_by_element_count():
+    pending = pending_receive(256)
+    big = {k: torch.zeros(512, HIDDEN, dtype=torch.bfloat16) for k in BUFFERS}
+    assert check_stage_inputs(big, pending, min_tokens=200, stage=1) == 256
+    assert pending.tensors["hidden_states"].shape == (256, HIDDEN)  # vLLM's wait reshapes
+
+
+def test_pending_flat_receive_with_wrong_hidden_size_is_caught():
+    big = {k: torch.zeros(512, HIDDEN, dtype=torch.bfloat16) for k in BUFFERS}
+    # 10 rows of hidden 20 are 200 elements: not whole rows of 16.
+    with pytest.raises(StageInputMismatchError, match="not a whole number of"):
+        check_stage_inputs(big, pending_receive(10, hidden=20), min_tokens=1)
+    # 8 rows of 32 read as 16 rows of 16: caught by the padding agreement.
+    tokens = check_stage_inputs(big, pending_receive(8, hidden=32), min_tokens=1)
+    with pytest.raises(StageInputMismatchError, match="expected 8 tokens"):
+        check_padding_agreement(tokens, 8, stage=1)

@@ -13,6 +13,8 @@ pool's shared activations, the second the cost of one more graph.
 
 from __future__ import annotations
 
+import gc
+
 import torch
 from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed.parallel_state import get_pp_group, graph_capture
@@ -79,7 +81,11 @@ def measure(runner) -> tuple[int, list[int], int]:
                     return runner.model(**inputs)
 
             forward()  # warm-up outside the graph (lazy init, kernel JIT)
+            # torch.cuda.graph() empties the allocator cache on entry; do it
+            # first so the reading before capture does not count cached blocks.
+            gc.collect()
             torch.accelerator.synchronize()
+            torch.accelerator.empty_cache()
             free_before = torch.accelerator.get_memory_info()[0]
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

@@ -4,13 +4,18 @@ Non-first stages replay graphs that read their inputs from persistent buffers
 (``runner.intermediate_tensors``); each step the received tensors are copied
 in. Stock vLLM copies by the buffer's keys, so a missing key is a bare
 ``KeyError`` and an extra key is silently dropped. This module names the
-problem instead. It reads only tensor metadata (keys, shapes, dtypes), which is
-known on the host as soon as the receive is posted, so it costs a few dict
-operations per step and never waits on the transfer.
+problem instead. It reads only tensor metadata (keys, element counts, dtypes),
+which is known on the host as soon as the receive is posted, so it costs a few
+dict operations per step and never waits on the transfer.
+
+While a receive is pending, vLLM holds each tensor flat (``irecv_tensor_dict``
+receives into a 1-D slice and restores the shape after the wait), so a 1-D
+tensor is read as ``numel // prod(trailing dims)`` tokens.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -54,16 +59,25 @@ def check_stage_inputs(
         want, got = expected[key], tensors[key]
         if got.dtype != want.dtype:
             problems.append(f"{key!r} has dtype {got.dtype}, expected {want.dtype}")
-        if got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
-            problems.append(
-                f"{key!r} has shape {tuple(got.shape)}, expected (tokens, "
-                f"{', '.join(map(str, want.shape[1:]))})"
-            )
+        row = math.prod(want.shape[1:])
+        dims = ", ".join(map(str, want.shape[1:]))
+        if got.dim() == 1 and want.dim() > 1:  # pending receive: flat
+            if got.numel() % row:
+                problems.append(
+                    f"{key!r} has {got.numel()} elements, not a whole number of "
+                    f"(tokens, {dims}) rows"
+                )
+                continue
+            tokens = got.numel() // row
+        elif got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
+            problems.append(f"{key!r} has shape {tuple(got.shape)}, expected (tokens, {dims})")
             continue
-        token_counts.add(got.shape[0])
-        if got.shape[0] > want.shape[0]:
+        else:
+            tokens = got.shape[0]
+        token_counts.add(tokens)
+        if tokens > want.shape[0]:
             problems.append(
-                f"{key!r} carries {got.shape[0]} tokens, more than the buffer's "
+                f"{key!r} carries {tokens} tokens, more than the buffer's "
                 f"{want.shape[0]} (max_num_batched_tokens)"
             )
     if len(token_counts) > 1:
