@@ -130,3 +130,23 @@ def test_pending_flat_receive_with_wrong_hidden_size_is_caught():
     tokens = check_stage_inputs(big, pending_receive(8, hidden=32), min_tokens=1)
     with pytest.raises(StageInputMismatchError, match="expected 8 tokens"):
         check_padding_agreement(tokens, 8, stage=1)
+
+
+def test_startup_schemas_that_match_pass():
+    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+
+    schema = schema_of(BUFFERS)
+    check_handoff_schemas([schema, schema, None], [None, schema, schema])
+
+
+def test_startup_schema_mismatch_names_the_stages_and_keys():
+    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+
+    want = schema_of(BUFFERS)
+    sent = schema_of({"hidden_states": torch.zeros(1, HIDDEN * 2, dtype=torch.bfloat16)})
+    with pytest.raises(StageInputMismatchError) as err:
+        check_handoff_schemas([want, sent, None], [None, want, want])
+    message = str(err.value)
+    assert "stage 1 -> stage 2" in message and "stage 0 -> stage 1" not in message
+    assert "missing keys ['residual']" in message
+    assert "'hidden_states' is ((32,), 'torch.bfloat16') but expected ((16,), 'torch.bfloat16')" in message

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from vllm_pp_cudagraph.stage_exchange import gather_from_stages
+
 
 @dataclass(frozen=True)
 class CaptureOutcome:
@@ -61,20 +63,5 @@ def agree(outcomes: Sequence[CaptureOutcome], local_stage: int) -> Agreement:
 
 
 def exchange(outcome: CaptureOutcome) -> list[CaptureOutcome]:
-    """Share every stage's outcome over the pipeline group's CPU (gloo) group.
-
-    One object broadcast per stage rather than all_gather_object, which does
-    not work on gloo under inference mode (pytorch#126032); capture runs
-    under inference mode.
-    """
-    import torch.distributed as dist
-    from vllm.distributed.parallel_state import get_pp_group
-
-    group = get_pp_group()
-    outcomes = []
-    for src in range(group.world_size):
-        box = [outcome if src == group.rank_in_group else None]
-        if group.world_size > 1:
-            dist.broadcast_object_list(box, src=group.ranks[src], group=group.cpu_group)
-        outcomes.append(box[0])
-    return outcomes
+    """Every stage's capture outcome, on every stage."""
+    return gather_from_stages(outcome)

@@ -17,7 +17,13 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import graph_memory
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
-from vllm_pp_cudagraph.stage_inputs import check_padding_agreement, check_stage_inputs
+from vllm_pp_cudagraph.stage_exchange import gather_from_stages
+from vllm_pp_cudagraph.stage_inputs import (
+    check_handoff_schemas,
+    check_padding_agreement,
+    check_stage_inputs,
+    schema_of,
+)
 
 logger = init_logger("vllm.pp_cudagraph.runner")
 
@@ -71,6 +77,25 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self.is_last_pp_rank,
             is_breakable_cudagraph_enabled(),
         )
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        if self.use_pp:
+            self._check_stage_handoffs()
+
+    def _check_stage_handoffs(self) -> None:
+        """All stages compare what they send and expect, once, before serving."""
+        sends = None
+        if not self.is_last_pp_rank:
+            declared = self.model.make_empty_intermediate_tensors(
+                batch_size=1, dtype=self.model_config.dtype, device=self.device
+            )
+            sends = schema_of(declared.tensors)
+        expects = None
+        if self.intermediate_tensors is not None:
+            expects = schema_of(self.intermediate_tensors.tensors)
+        everyone = gather_from_stages((sends, expects))
+        check_handoff_schemas([s for s, _ in everyone], [e for _, e in everyone])
 
     def profile_cudagraph_memory(self) -> int:
         try:

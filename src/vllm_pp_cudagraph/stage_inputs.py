@@ -114,3 +114,45 @@ def check_padding_agreement(received_tokens: int, padded_tokens: int, stage: int
             "compilation_config.cudagraph_mode and cudagraph_capture_sizes for all "
             "stages, or run with enforce_eager=True."
         )
+
+
+Schema = dict[str, tuple[tuple[int, ...], str]]
+"""Key -> (trailing dims, dtype name) of the tensors passed between stages."""
+
+
+def schema_of(tensors: Mapping[str, torch.Tensor]) -> Schema:
+    return {k: (tuple(v.shape[1:]), str(v.dtype)) for k, v in tensors.items()}
+
+
+def check_handoff_schemas(sends: list[Schema | None], expects: list[Schema | None]) -> None:
+    """At start-up: what each stage's model sends equals what the next expects.
+
+    ``sends[i]`` is stage i's declared output (None on the last stage),
+    ``expects[i]`` stage i's input buffers (None on the first). Every stage
+    evaluates the same lists and so raises, or not, together; a mismatch then
+    stops start-up cleanly instead of failing (and hanging the pipeline) on
+    the first request.
+    """
+    problems = []
+    for stage in range(len(sends) - 1):
+        out, want = sends[stage], expects[stage + 1]
+        if out is None or want is None or out == want:
+            continue
+        missing = sorted(want.keys() - out.keys())
+        extra = sorted(out.keys() - want.keys())
+        differ = sorted(k for k in want.keys() & out.keys() if want[k] != out[k])
+        detail = []
+        if missing:
+            detail.append(f"missing keys {missing}")
+        if extra:
+            detail.append(f"unexpected keys {extra}")
+        for k in differ:
+            detail.append(f"{k!r} is {out[k]} but expected {want[k]} (dims, dtype)")
+        problems.append(f"stage {stage} -> stage {stage + 1}: {'; '.join(detail)}")
+    if problems:
+        raise StageInputMismatchError(
+            "Pipeline stages disagree on the tensors they exchange: "
+            + " | ".join(problems)
+            + ". Every stage must run the same model code and configuration "
+            "(same vLLM and model version, dtype and hf_config on every host)."
+        )
