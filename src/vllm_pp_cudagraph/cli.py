@@ -117,6 +117,11 @@ def check(out=sys.stdout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from vllm_pp_cudagraph import bench
+
+        return bench.main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="vllm-pp-cudagraph",
         description="Pipeline-parallel CUDA graphs for vLLM Model Runner V2.",
@@ -126,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "check",
         help="Report versions, whether the plugin is enabled, and what it patches.",
+    )
+    sub.add_parser(
+        "bench",
+        help="Throughput and latency per CUDA-graph mode at PP, plugin vs stock "
+        "(see 'bench --help').",
     )
     args = parser.parse_args(argv)
     if args.command == "check":

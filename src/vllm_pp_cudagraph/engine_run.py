@@ -16,7 +16,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.dummy_model import write_model_dir
+from vllm_pp_cudagraph.stats import RequestTiming, capture_stats, median_run, summarize_requests
 
 #: Graph modes: engine keyword arguments and environment for each.
 MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
@@ -147,28 +147,41 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         gpu_memory_utilization=spec.gpu_memory_utilization,
         attention_backend=spec.attention_backend,
         seed=0,
+        disable_log_stats=False,  # per-request timestamps for TTFT / TPOT
         **engine_kwargs,
     )
     init_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
     params = SamplingParams(temperature=0.0, max_tokens=spec.output_len, ignore_eos=True)
 
-    def generate() -> tuple[float, list]:
+    def generate() -> tuple[dict[str, Any], list]:
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0, outs
+        elapsed = time.perf_counter() - t0
+        timings = [
+            RequestTiming(
+                o.metrics.first_token_latency,
+                o.metrics.first_token_ts,
+                o.metrics.last_token_ts,
+                o.metrics.num_generation_tokens,
+            )
+            for o in outs
+            if o.metrics is not None
+        ]
+        return {"elapsed_s": round(elapsed, 4), **summarize_requests(timings)}, outs
 
-    warmup_s, outputs = generate()
-    times = [generate()[0] for _ in range(spec.repeat)]
+    warmup, outputs = generate()
+    runs = [generate()[0] for _ in range(spec.repeat)]
+    chosen = median_run(runs) if runs else warmup
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    elapsed = statistics.median(times) if times else warmup_s
     return {
         "spec": asdict(spec),
         "init_s": round(init_s, 2),
-        "warmup_s": round(warmup_s, 3),
-        "times_s": [round(t, 3) for t in times],
-        "req_per_s": round(spec.prompts / elapsed, 2),
-        "output_tok_per_s": round(sum(map(len, tokens)) / elapsed, 1),
+        "warmup": warmup,
+        "runs": runs,
+        "req_per_s": round(spec.prompts / chosen["elapsed_s"], 2),
+        "output_tok_per_s": round(sum(map(len, tokens)) / chosen["elapsed_s"], 1),
+        **{k: round(v, 3) for k, v in chosen.items() if k != "elapsed_s"},
         "digest": token_digest(tokens),
         "request_digests": [token_digest([t]) for t in tokens],
         "num_output_tokens": sum(map(len, tokens)),
@@ -220,6 +233,7 @@ def run_in_subprocess(
             break
     else:
         report["error_tail"] = log[-3000:]
+    report.update(capture_stats(log))
     report["log_highlights"] = [
         line for line in log.splitlines() if any(m in line for m in LOG_MARKERS)
     ][:40]

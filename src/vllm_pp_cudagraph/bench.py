@@ -1,0 +1,211 @@
+"""``vllm-pp-cudagraph bench``: throughput and latency per CUDA-graph mode at PP.
+
+Every mode runs in its own engine, one after another, in one invocation, so
+ratios between modes are measured on the same machine state. Each engine
+warms up on the exact workload (the first pass JIT-compiles kernels), then
+runs it ``--repeat`` times; the median run is reported. Greedy outputs are
+digested, and modes that must produce the same tokens are checked to do so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_pp_cudagraph.dummy_model import SHAPES
+from vllm_pp_cudagraph.engine_run import MODES, RUNNERS, TOKEN_FAMILY, RunSpec, run_in_subprocess
+
+DEFAULT_MODES = [
+    f"{runner}:{mode}"
+    for mode in ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable")
+    for runner in ("plugin", "stock")
+] + ["v1:full_and_piecewise"]
+
+COLUMNS = [
+    ("run", "run", "{}"),
+    ("req_per_s", "req/s", "{:.2f}"),
+    ("output_tok_per_s", "out tok/s", "{:.0f}"),
+    ("ttft_mean_ms", "TTFT ms", "{:.1f}"),
+    ("ttft_p99_ms", "TTFT p99", "{:.1f}"),
+    ("tpot_mean_ms", "TPOT ms", "{:.2f}"),
+    ("tpot_p99_ms", "TPOT p99", "{:.2f}"),
+    ("init_s", "init s", "{:.0f}"),
+    ("capture_s", "capture s", "{:.0f}"),
+    ("graph_gib", "graphs GiB", "{:.2f}"),
+    ("digest", "tokens", "{}"),
+    ("tokens_agree", "agree", "{}"),
+]
+
+
+def parse_modes(text: str) -> list[tuple[str, str]]:
+    """``"plugin:piecewise,v1:full_and_piecewise"`` -> pairs, validated."""
+    pairs = []
+    for item in text.split(","):
+        runner, _, mode = item.strip().partition(":")
+        if runner not in RUNNERS or mode not in MODES:
+            raise argparse.ArgumentTypeError(
+                f"bad mode {item!r}: use RUNNER:MODE with RUNNER in {sorted(RUNNERS)} "
+                f"and MODE in {sorted(MODES)}"
+            )
+        pairs.append((runner, mode))
+    return pairs
+
+
+def family(report: dict[str, Any]) -> str:
+    return TOKEN_FAMILY[report["spec"]["mode"]]
+
+
+def check_agreement(reports: list[dict[str, Any]]) -> None:
+    """Set ``tokens_agree`` on each report: same digest as its family's reference.
+
+    The reference of a token family is its first stock-V2 run, else its first
+    run; runs without a digest (failed) get None.
+    """
+    references: dict[str, dict[str, Any]] = {}
+    for report in sorted(reports, key=lambda r: r["spec"]["runner"] != "stock"):
+        if report.get("digest"):
+            references.setdefault(family(report), report)
+    for report in reports:
+        ref = references.get(family(report))
+        if not report.get("digest") or ref is None:
+            report["tokens_agree"] = None
+        else:
+            report["tokens_agree"] = report["digest"] == ref["digest"]
+            report["tokens_reference"] = f"{ref['spec']['runner']}:{ref['spec']['mode']}"
+
+
+def _cell(report: dict[str, Any], key: str, fmt: str) -> str:
+    value = (
+        f"{report['spec']['runner']}:{report['spec']['mode']}" if key == "run" else report.get(key)
+    )
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "FAILED" if key == "req_per_s" else "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return fmt.format(value)
+
+
+def render_table(reports: list[dict[str, Any]]) -> str:
+    header = [title for _, title, _ in COLUMNS]
+    rows = [[_cell(r, key, fmt) for key, _, fmt in COLUMNS] for r in reports]
+    widths = [max(len(x) for x in column) for column in zip(header, *rows)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def write_plot(reports: list[dict[str, Any]], path: Path) -> bool:
+    """Throughput and TPOT per mode, plugin next to stock. Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed; skipping the plot (pip install matplotlib)")
+        return False
+    modes = list(dict.fromkeys(r["spec"]["mode"] for r in reports))
+    runners = list(dict.fromkeys(r["spec"]["runner"] for r in reports))
+    by_key = {(r["spec"]["runner"], r["spec"]["mode"]): r for r in reports}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / max(len(runners), 1)
+    for ax, key, title in ((axes[0], "req_per_s", "throughput (req/s, higher is better)"),
+                           (axes[1], "tpot_mean_ms", "TPOT (ms, lower is better)")):
+        for i, runner in enumerate(runners):
+            values = [by_key.get((runner, m), {}).get(key) or 0 for m in modes]
+            xs = [j + i * width for j in range(len(modes))]
+            ax.bar(xs, values, width, label=runner)
+        ax.set_xticks([j + width * (len(runners) - 1) / 2 for j in range(len(modes))])
+        ax.set_xticklabels(modes, rotation=20)
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-pp-cudagraph bench",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument(
+        "--model",
+        default="qwen3-0.6b",
+        help=f"a model directory, or a built-in shape with dummy weights: {sorted(SHAPES)}",
+    )
+    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size")
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=2)
+    parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument("--max-num-seqs", type=int, default=128)
+    parser.add_argument(
+        "--modes",
+        type=parse_modes,
+        default=parse_modes(",".join(DEFAULT_MODES)),
+        help="comma list of RUNNER:MODE (default: every mode, plugin and stock, plus V1)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs after warm-up")
+    parser.add_argument("--attention-backend", default="TRITON_ATTN")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per engine")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
+    reports = []
+    started = time.monotonic()
+    for i, (runner, mode) in enumerate(args.modes, 1):
+        spec = RunSpec(
+            runner=runner,
+            mode=mode,
+            pp=args.pp,
+            prompts=args.prompts,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            max_num_seqs=args.max_num_seqs,
+            repeat=args.repeat,
+            shape=shape,
+            model=model,
+            attention_backend=args.attention_backend or None,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+        print(f"[{i}/{len(args.modes)}] {spec.name} ...", flush=True)
+        report = run_in_subprocess(spec, args.out / f"{runner}-{mode}.log", args.timeout)
+        report.pop("log_highlights", None)
+        reports.append(report)
+        status = (
+            f"{report['req_per_s']} req/s, TPOT {report.get('tpot_mean_ms')} ms"
+            if report.get("digest")
+            else f"FAILED (rc={report['returncode']}, see {runner}-{mode}.log)"
+        )
+        print(f"    {status}  [{time.monotonic() - started:.0f} s elapsed]", flush=True)
+
+    check_agreement(reports)
+    print()
+    print(render_table(reports))
+    disagree = [r for r in reports if r.get("tokens_agree") is False]
+    for r in disagree:
+        print(f"TOKENS DIFFER: {r['spec']['runner']}:{r['spec']['mode']} vs {r['tokens_reference']}")
+    for r in reports:
+        r.pop("request_digests", None)
+    result = {"command": sys.argv, "args": {k: str(v) for k, v in vars(args).items()}, "runs": reports}
+    (args.out / "bench.json").write_text(json.dumps(result, indent=1))
+    write_plot(reports, args.out / "bench.png")
+    print(f"\nwrote {args.out / 'bench.json'}")
+    failed = [r for r in reports if not r.get("digest")]
+    return 1 if failed or disagree else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

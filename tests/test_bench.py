@@ -1,0 +1,142 @@
+"""The benchmark's workload, statistics and report (the GPU run itself is not faked)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+
+import pytest
+
+from vllm_pp_cudagraph import bench
+from vllm_pp_cudagraph.engine_run import make_prompts, token_digest
+from vllm_pp_cudagraph.stats import (
+    RequestTiming,
+    capture_stats,
+    median_run,
+    percentile,
+    summarize_requests,
+)
+
+
+def report(runner, mode, digest="d1", **extra):
+    return {"spec": {"runner": runner, "mode": mode}, "digest": digest, "req_per_s": 10.0, **extra}
+
+
+def test_help_works_without_a_gpu():
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--help"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--model", "--pp", "--prompts", "--input-len", "--output-len",
+                   "--max-num-seqs", "--modes", "--repeat"):
+        assert option in proc.stdout
+
+
+def test_default_modes_cover_plugin_stock_and_v1():
+    modes = bench.parse_modes(",".join(bench.DEFAULT_MODES))
+    assert ("v1", "full_and_piecewise") in modes
+    for mode in ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable"):
+        assert ("plugin", mode) in modes and ("stock", mode) in modes
+
+
+@pytest.mark.parametrize("bad", ["plugin", "plugin:fast", "v3:eager", "plugin:eager,"])
+def test_bad_modes_are_rejected_with_the_choices(bad):
+    with pytest.raises(argparse.ArgumentTypeError, match="RUNNER:MODE"):
+        bench.parse_modes(bad)
+
+
+def test_workload_is_deterministic_and_shaped():
+    prompts = make_prompts(128, 2)
+    assert prompts == make_prompts(128, 2)
+    assert len(prompts) == 128 and all(len(p) == 2 for p in prompts)
+    assert prompts != make_prompts(128, 2, seed=1)
+
+
+def test_token_digest_depends_on_order_and_content():
+    assert token_digest([[1, 2], [3]]) != token_digest([[3], [1, 2]])
+    assert token_digest([[1, 2], [3]]) != token_digest([[1], [2, 3]])
+
+
+def test_percentile_matches_linear_interpolation():
+    values = list(range(1, 101))
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 99))
+
+
+def test_request_summary_in_milliseconds():
+    timings = [
+        RequestTiming(0.010, 100.0, 100.0 + 0.005 * 9, 10),  # TPOT 5 ms
+        RequestTiming(0.030, 200.0, 200.0 + 0.007 * 9, 10),  # TPOT 7 ms
+        RequestTiming(0.020, 300.0, 300.0, 1),  # single token: no TPOT
+    ]
+    summary = summarize_requests(timings)
+    assert summary["ttft_mean_ms"] == pytest.approx(20.0)
+    assert summary["tpot_mean_ms"] == pytest.approx(6.0)
+    assert summary["tpot_p99_ms"] == pytest.approx(6.98)
+
+
+def test_median_run_is_the_middle_elapsed():
+    runs = [{"elapsed_s": 3.0, "k": "c"}, {"elapsed_s": 1.0, "k": "a"}, {"elapsed_s": 2.0, "k": "b"}]
+    assert median_run(runs)["k"] == "b"
+    with pytest.raises(ValueError):
+        median_run([])
+
+
+def test_capture_stats_take_the_slowest_stage():
+    log = (
+        "(Worker_PP0) INFO Graph capturing finished in 1 secs, took 0.13 GiB\n"
+        "(Worker_PP1) INFO Graph capturing finished in 5 secs, took 0.16 GiB\n"
+    )
+    assert capture_stats(log) == {"capture_s": 5.0, "graph_gib": 0.16}
+    assert capture_stats("eager run") == {"capture_s": None, "graph_gib": None}
+
+
+def test_agreement_uses_stock_as_reference_per_token_family():
+    reports = [
+        report("plugin", "piecewise", "c1"),
+        report("stock", "piecewise", "c1"),
+        report("plugin", "full_and_piecewise", "c2"),  # differs from compiled reference
+        report("plugin", "breakable", "e1"),
+        report("stock", "eager", "e1"),
+        report("v1", "full_and_piecewise", "c1"),
+        report("plugin", "eager", None),  # failed run
+    ]
+    bench.check_agreement(reports)
+    agree = {(r["spec"]["runner"], r["spec"]["mode"]): r["tokens_agree"] for r in reports}
+    assert agree == {
+        ("plugin", "piecewise"): True,
+        ("stock", "piecewise"): True,
+        ("plugin", "full_and_piecewise"): False,
+        ("plugin", "breakable"): True,
+        ("stock", "eager"): True,
+        ("v1", "full_and_piecewise"): True,
+        ("plugin", "eager"): None,
+    }
+    assert reports[3]["tokens_reference"] == "stock:eager"
+
+
+def test_table_shows_values_failures_and_disagreement():
+    ok = report("plugin", "piecewise", "c1", output_tok_per_s=5120.0, tpot_mean_ms=3.456,
+                tokens_agree=True)
+    bad = report("plugin", "eager", None, req_per_s=None, tokens_agree=None)
+    differ = report("stock", "piecewise", "c2", tokens_agree=False)
+    table = bench.render_table([ok, bad, differ]).splitlines()
+    assert table[0].split()[:3] == ["run", "req/s", "out"]
+    assert "plugin:piecewise" in table[2] and "10.00" in table[2] and "3.46" in table[2]
+    assert "yes" in table[2]
+    assert "FAILED" in table[3]
+    assert table[4].rstrip().endswith("NO")
+
+
+def test_plot_is_a_png_when_matplotlib_is_there(tmp_path):
+    reports = [report("plugin", "piecewise", tpot_mean_ms=3.0), report("stock", "piecewise", tpot_mean_ms=5.0)]
+    path = tmp_path / "bench.png"
+    if bench.write_plot(reports, path):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not path.exists()
