@@ -110,3 +110,33 @@ def test_all_eager_agreement_turns_every_dispatch_eager(make_manager):
     assert not manager.needs_capture()
     for r in range(1, 9):
         assert manager.dispatch(r, r, 1, 0).cg_mode == CUDAGraphMode.NONE
+
+
+def test_capture_runs_under_the_guard_and_settles_before_raising(make_manager, monkeypatch):
+    """A forward that talks to the next stage during capture fails capture on
+    this stage, the failure is shared (peers fall back to eager instead of
+    waiting), and the guard's error is raised afterwards."""
+    import torch
+    from vllm.distributed.parallel_state import get_pp_group
+
+    from vllm_pp_cudagraph.capture_guard import CapturedCommunicationError
+
+    def forward_that_sends(self, *args, **kwargs):  # stands in for vLLM's capture body
+        get_pp_group().send_tensor_dict({"hidden_states": torch.zeros(1, 4)})
+
+    monkeypatch.setattr(ModelCudaGraphManager, "capture", forward_that_sends)
+    monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda *a: (0, 0))
+    manager = make_manager("FULL_AND_PIECEWISE", SIZE_SETS["vllm-like"], 8)
+    settled = []
+    monkeypatch.setattr(manager, "apply_agreement", settled.append)
+    with pytest.raises(CapturedCommunicationError, match="send_tensor_dict"):
+        manager.capture()
+    assert len(settled) == 1 and settled[0].all_eager
+    assert "CapturedCommunicationError" in settled[0].reason
+
+
+def test_stage_with_nothing_to_capture_still_settles(make_manager):
+    manager = make_manager("NONE", [1, 2, 4], 8)
+    assert not manager.needs_capture()
+    manager.settle_with_other_stages()
+    assert manager.dispatch(2, 2, 1, 0).cg_mode == CUDAGraphMode.NONE

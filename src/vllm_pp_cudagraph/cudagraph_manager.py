@@ -78,17 +78,19 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         start = time.perf_counter()
         free_before = torch.accelerator.get_memory_info()[0]
         error = None
+        fatal: CapturedCommunicationError | None = None
         try:
             with forbid_pipeline_communication((get_pp_group(),)):
                 super().capture(*args, **kwargs)
-        except CapturedCommunicationError:
-            raise
+        except CapturedCommunicationError as exc:
+            fatal = exc  # a bug to surface, but only after the peers are told
+            error = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # noqa: BLE001 - reported to every stage below
             error = f"{type(exc).__name__}: {exc}"
             logger.exception("CUDA-graph capture failed on pipeline stage %d", self.stage)
-        captured = frozenset(d for descs in self._capture_descs.values() for d in descs)
-        outcome = CaptureOutcome(self.stage, captured if error is None else frozenset(), error)
-        self.apply_agreement(agree(exchange(outcome), self.stage))
+        self.settle_with_other_stages(error)
+        if fatal is not None:
+            raise fatal
 
         used = free_before - torch.accelerator.get_memory_info()[0]
         estimate = (
@@ -105,6 +107,17 @@ class PPCudaGraphManager(ModelCudaGraphManager):
             used / (1 << 30),
             estimate,
         )
+
+    def settle_with_other_stages(self, error: str | None = None) -> None:
+        """Exchange capture outcomes with every stage and keep what all have.
+
+        Every stage must call this exactly once after (or instead of) capture,
+        including stages with nothing to capture, or the others wait for it.
+        """
+        self.stage = get_pp_group().rank_in_group
+        captured = frozenset(d for descs in self._capture_descs.values() for d in descs)
+        outcome = CaptureOutcome(self.stage, captured if error is None else frozenset(), error)
+        self.apply_agreement(agree(exchange(outcome), self.stage))
 
     def apply_agreement(self, agreement) -> None:
         """Keep only the graphs every stage has; all-eager if none."""

@@ -129,6 +129,14 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         self.cudagraph_manager = PPCudaGraphManager.replacing(self.cudagraph_manager)
         self.cudagraph_manager.estimated_bytes = self._graph_memory_estimate
 
+    def capture_model(self) -> int:
+        assert self.cudagraph_manager is not None
+        if not self.cudagraph_manager.needs_capture():
+            # vLLM returns early here; other stages may still capture and then
+            # wait for this one's outcome.
+            self.cudagraph_manager.settle_with_other_stages()
+        return super().capture_model()
+
     def execute_model(
         self,
         scheduler_output: SchedulerOutput,
