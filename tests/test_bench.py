@@ -37,14 +37,22 @@ def test_help_works_without_a_gpu():
 
 def test_default_modes_cover_plugin_stock_and_v1():
     modes = bench.parse_modes(",".join(bench.DEFAULT_MODES))
-    assert ("v1", "full_and_piecewise") in modes
+    assert ("v1", "full_and_piecewise", None) in modes
     for mode in ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable"):
-        assert ("plugin", mode) in modes and ("stock", mode) in modes
+        assert ("plugin", mode, None) in modes and ("stock", mode, None) in modes
 
 
-@pytest.mark.parametrize("bad", ["plugin", "plugin:fast", "v3:eager", "plugin:eager,"])
+def test_mode_may_carry_its_own_memory_utilization():
+    assert bench.parse_modes("plugin:full_and_piecewise@0.92") == [
+        ("plugin", "full_and_piecewise", 0.92)
+    ]
+
+
+@pytest.mark.parametrize(
+    "bad", ["plugin", "plugin:fast", "v3:eager", "plugin:eager,", "plugin:eager@x", "plugin:eager@1.5"]
+)
 def test_bad_modes_are_rejected_with_the_choices(bad):
-    with pytest.raises(argparse.ArgumentTypeError, match="RUNNER:MODE"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"RUNNER:MODE\[@UTIL\]"):
         bench.parse_modes(bad)
 
 

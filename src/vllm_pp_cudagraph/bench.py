@@ -42,18 +42,28 @@ COLUMNS = [
 ]
 
 
-def parse_modes(text: str) -> list[tuple[str, str]]:
-    """``"plugin:piecewise,v1:full_and_piecewise"`` -> pairs, validated."""
-    pairs = []
+def parse_modes(text: str) -> list[tuple[str, str, float | None]]:
+    """``"plugin:piecewise,v1:full_and_piecewise@0.92"`` -> (runner, mode, utilization).
+
+    The optional ``@UTIL`` overrides ``--gpu-memory-utilization`` for that run.
+    """
+    runs = []
     for item in text.split(","):
-        runner, _, mode = item.strip().partition(":")
-        if runner not in RUNNERS or mode not in MODES:
+        spec, _, util_text = item.strip().partition("@")
+        runner, _, mode = spec.partition(":")
+        try:
+            utilization = float(util_text) if util_text else None
+        except ValueError:
+            utilization = -1.0
+        if runner not in RUNNERS or mode not in MODES or (
+            utilization is not None and not 0 < utilization <= 1
+        ):
             raise argparse.ArgumentTypeError(
-                f"bad mode {item!r}: use RUNNER:MODE with RUNNER in {sorted(RUNNERS)} "
-                f"and MODE in {sorted(MODES)}"
+                f"bad mode {item!r}: use RUNNER:MODE[@UTIL] with RUNNER in "
+                f"{sorted(RUNNERS)}, MODE in {sorted(MODES)}, UTIL in (0, 1]"
             )
-        pairs.append((runner, mode))
-    return pairs
+        runs.append((runner, mode, utilization))
+    return runs
 
 
 def family(report: dict[str, Any]) -> str:
@@ -155,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention-backend", default="TRITON_ATTN")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per engine")
+    parser.add_argument(
+        "--deadline", type=float, default=None, help="seconds for all engines; later ones are skipped"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     return parser
 
@@ -165,7 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
     reports = []
     started = time.monotonic()
-    for i, (runner, mode) in enumerate(args.modes, 1):
+    for i, (runner, mode, utilization) in enumerate(args.modes, 1):
+        timeout = args.timeout
+        if args.deadline is not None:
+            timeout = min(timeout, args.deadline - (time.monotonic() - started))
+            if timeout < 60:
+                print(f"[{i}/{len(args.modes)}] {runner}:{mode}: skipped (--deadline)", flush=True)
+                continue
         spec = RunSpec(
             runner=runner,
             mode=mode,
@@ -178,16 +197,17 @@ def main(argv: list[str] | None = None) -> int:
             shape=shape,
             model=model,
             attention_backend=args.attention_backend or None,
-            gpu_memory_utilization=args.gpu_memory_utilization,
+            gpu_memory_utilization=utilization or args.gpu_memory_utilization,
         )
         print(f"[{i}/{len(args.modes)}] {spec.name} ...", flush=True)
-        report = run_in_subprocess(spec, args.out / f"{runner}-{mode}.log", args.timeout)
+        log_name = f"{runner}-{mode}" + (f"-{utilization}" if utilization else "")
+        report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
         report.pop("log_highlights", None)
         reports.append(report)
         status = (
             f"{report['req_per_s']} req/s, TPOT {report.get('tpot_mean_ms')} ms"
             if report.get("digest")
-            else f"FAILED (rc={report['returncode']}, see {runner}-{mode}.log)"
+            else f"FAILED (rc={report['returncode']}, see {log_name}.log)"
         )
         print(f"    {status}  [{time.monotonic() - started:.0f} s elapsed]", flush=True)
 

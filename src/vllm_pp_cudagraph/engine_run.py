@@ -104,31 +104,6 @@ def token_digest(token_lists: list[list[int]]) -> str:
     return h.hexdigest()[:16]
 
 
-def equality_report(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Compare each plugin run's tokens with stock V2 in the same token family.
-
-    The reference for the compiled family is stock PIECEWISE (or the stock run
-    of the same mode when present), for the eager family stock eager.
-    """
-    stock = {r["spec"]["mode"]: r for r in reports if r["spec"]["runner"] == "stock" and "digest" in r}
-    rows = []
-    for r in reports:
-        if r["spec"]["runner"] != "plugin":
-            continue
-        mode = r["spec"]["mode"]
-        family = TOKEN_FAMILY[mode]
-        ref = stock.get(mode) if mode != "breakable" else None
-        ref = ref or stock.get("piecewise" if family == "compiled" else "eager")
-        row = {"plugin_mode": mode, "reference": ref and f"stock:{ref['spec']['mode']}"}
-        if ref is None or "digest" not in r:
-            row["equal"] = None
-        else:
-            diff = sum(a != b for a, b in zip(r["request_digests"], ref["request_digests"]))
-            row.update(equal=r["digest"] == ref["digest"], requests_differing=diff)
-        rows.append(row)
-    return rows
-
-
 def _child(spec: RunSpec) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -241,74 +216,12 @@ def run_in_subprocess(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Child entry point: ``python -m vllm_pp_cudagraph.engine_run --child SPEC``."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--runs", default="plugin:piecewise", help="comma list of RUNNER:MODE")
-    parser.add_argument("--out", type=Path, required=False)
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=512)
-    parser.add_argument("--repeat", type=int, default=1, help="timed runs after the warm-up (0: warm-up only)")
-    parser.add_argument("--shape", default="qwen3-0.6b")
-    parser.add_argument("--attention-backend", default="TRITON_ATTN")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per engine run")
-    parser.add_argument(
-        "--deadline", type=float, default=None, help="seconds for all runs; later runs are skipped"
-    )
+    parser.add_argument("--child", required=True, help="RunSpec as JSON")
     args = parser.parse_args(argv)
-
-    if args.child:
-        print(json.dumps(_child(RunSpec(**json.loads(args.child)))), flush=True)
-        return 0
-
-    out = args.out or Path(tempfile.mkdtemp(prefix="pp-runs-"))
-    out.mkdir(parents=True, exist_ok=True)
-    reports = []
-    started = time.monotonic()
-    for item in args.runs.split(","):
-        runner, mode = item.split(":")
-        utilization = args.gpu_memory_utilization
-        if "@" in mode:
-            mode, util_text = mode.split("@")
-            utilization = float(util_text)
-        timeout = args.timeout
-        if args.deadline is not None:
-            left = args.deadline - (time.monotonic() - started)
-            if left < 60:
-                print(f"== {item}: skipped, deadline reached", flush=True)
-                continue
-            timeout = min(timeout or left, left)
-        spec = RunSpec(
-            runner=runner,
-            mode=mode,
-            pp=args.pp,
-            prompts=args.prompts,
-            output_len=args.output_len,
-            repeat=args.repeat,
-            shape=args.shape,
-            attention_backend=args.attention_backend or None,
-            gpu_memory_utilization=utilization,
-        )
-        print(f"== {spec.name} ...", flush=True)
-        log_name = f"{runner}-{mode}" + ("" if utilization == args.gpu_memory_utilization else f"-{utilization}")
-        report = run_in_subprocess(spec, out / f"{log_name}.log", timeout)
-        reports.append(report)
-        print(
-            f"   rc={report['returncode']} digest={report.get('digest')} "
-            f"req/s={report.get('req_per_s')} init={report.get('init_s')}s",
-            flush=True,
-        )
-        for line in report["log_highlights"][:12]:
-            print("   |", line[:220], flush=True)
-        if "error_tail" in report:
-            print(report["error_tail"][-1500:], flush=True)
-    equality = equality_report(reports)
-    for row in equality:
-        print(f"== tokens plugin:{row['plugin_mode']} vs {row['reference']}: equal={row['equal']}"
-              f" (requests differing: {row.get('requests_differing')})", flush=True)
-    (out / "runs.json").write_text(json.dumps({"runs": reports, "equality": equality}, indent=1))
-    return 0 if all(r["returncode"] == 0 for r in reports) else 1
+    print(json.dumps(_child(RunSpec(**json.loads(args.child)))), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
