@@ -102,14 +102,14 @@ def test_padding_disagreement_names_both_counts():
         check_padding_agreement(12, 16, stage=1)
 
 
-def pending_receive(n: int, hidden: int = HIDDEN) -> AsyncIntermediateTensors:
-    """What vLLM's irecv_tensor_dict hands over before the wait: flat slices
-    that a post-process step reshapes (here with a tensor-parallel size of 1)."""
-    flat = {k: torch.ones(n * hidden, dtype=torch.bfloat16) for k in BUFFERS}
+def pending_receive(n: int, hidden: int = HIDDEN, tp_size: int = 1) -> AsyncIntermediateTensors:
+    """What vLLM's irecv_tensor_dict hands over before the wait: this TP rank's
+    flat share, which a post-process step all-gathers and reshapes."""
+    flat = {k: torch.ones(n * hidden // tp_size, dtype=torch.bfloat16) for k in BUFFERS}
 
-    def reshape_all():
+    def reshape_all():  # the all-gather over the TP group, for one process
         for k in flat:
-            flat[k] = flat[k].reshape(n, hidden)
+            flat[k] = flat[k].repeat(tp_size).reshape(n, hidden)
 
     return AsyncIntermediateTensors(flat, comm_handles=[], comm_postprocess=[reshape_all])
 
@@ -150,3 +150,9 @@ def test_startup_schema_mismatch_names_the_stages_and_keys():
     assert "stage 1 -> stage 2" in message and "stage 0 -> stage 1" not in message
     assert "missing keys ['residual']" in message
     assert "'hidden_states' is ((32,), 'torch.bfloat16') but expected ((16,), 'torch.bfloat16')" in message
+
+
+def test_pending_share_under_tensor_parallelism_counts_all_ranks_tokens():
+    big = {k: torch.zeros(512, HIDDEN, dtype=torch.bfloat16) for k in BUFFERS}
+    assert check_stage_inputs(big, pending_receive(256, tp_size=2), 1, tp_size=2) == 256
+    assert check_stage_inputs(big, pending_receive(256, tp_size=4), 1, tp_size=4) == 256

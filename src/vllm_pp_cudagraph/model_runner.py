@@ -6,7 +6,7 @@ import torch
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
-from vllm.distributed.parallel_state import get_pp_group
+from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -152,6 +152,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                 intermediate_tensors,
                 scheduler_output.total_num_scheduled_tokens,
                 self.pp_stage,
+                tp_size=get_tp_group().world_size,
             )
         try:
             return super().execute_model(

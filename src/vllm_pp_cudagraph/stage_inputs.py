@@ -8,9 +8,10 @@ problem instead. It reads only tensor metadata (keys, element counts, dtypes),
 which is known on the host as soon as the receive is posted, so it costs a few
 dict operations per step and never waits on the transfer.
 
-While a receive is pending, vLLM holds each tensor flat (``irecv_tensor_dict``
-receives into a 1-D slice and restores the shape after the wait), so a 1-D
-tensor is read as ``numel // prod(trailing dims)`` tokens.
+While a receive is pending, vLLM holds each tensor flat: ``irecv_tensor_dict``
+receives this tensor-parallel rank's 1-D share and, after the wait,
+all-gathers the shares over the TP group and restores the shape. A 1-D tensor
+is therefore read as ``numel * tp_size // prod(trailing dims)`` tokens.
 """
 
 from __future__ import annotations
@@ -36,13 +37,15 @@ def check_stage_inputs(
     received: object,
     min_tokens: int,
     stage: int | None = None,
+    tp_size: int = 1,
 ) -> int:
     """Validate ``received`` against the persistent buffers ``expected``.
 
     ``expected`` maps keys to buffers shaped ``[max_tokens, *dims]``; every
     received tensor must have the same key set, dtype and trailing dims, one
     common leading (token) dim, at least ``min_tokens`` and at most the buffer
-    size. Returns that token count.
+    size. ``tp_size`` is the tensor-parallel group vLLM all-gathers pending
+    (flat) receives over. Returns that token count.
     """
     tensors = _received_tensors(received)
     where = f"pipeline stage {stage}" if stage is not None else "this pipeline stage"
@@ -61,14 +64,15 @@ def check_stage_inputs(
             problems.append(f"{key!r} has dtype {got.dtype}, expected {want.dtype}")
         row = math.prod(want.shape[1:])
         dims = ", ".join(map(str, want.shape[1:]))
-        if got.dim() == 1 and want.dim() > 1:  # pending receive: flat
-            if got.numel() % row:
+        if got.dim() == 1 and want.dim() > 1:  # pending receive: this rank's flat share
+            numel = got.numel() * tp_size
+            if numel % row:
                 problems.append(
-                    f"{key!r} has {got.numel()} elements, not a whole number of "
+                    f"{key!r} has {numel} elements, not a whole number of "
                     f"(tokens, {dims}) rows"
                 )
                 continue
-            tokens = got.numel() // row
+            tokens = numel // row
         elif got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
             problems.append(f"{key!r} has shape {tuple(got.shape)}, expected (tokens, {dims})")
             continue
