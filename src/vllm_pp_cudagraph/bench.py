@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline", type=float, default=None, help="seconds for all engines; later ones are skipped"
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed runs, profile one more pass per engine (torch.profiler) and "
+        "report each rank's median decode step: time in and outside the forward, "
+        "kernel time, launches, host syncs, NCCL time (traces under OUT/traces/)",
+    )
     return parser
 
 
@@ -185,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             if timeout < 60:
                 print(f"[{i}/{len(args.modes)}] {runner}:{mode}: skipped (--deadline)", flush=True)
                 continue
+        log_name = f"{runner}-{mode}" + (f"-{utilization}" if utilization else "")
         spec = RunSpec(
             runner=runner,
             mode=mode,
@@ -198,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
             model=model,
             attention_backend=args.attention_backend or None,
             gpu_memory_utilization=utilization or args.gpu_memory_utilization,
+            profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,
         )
         print(f"[{i}/{len(args.modes)}] {spec.name} ...", flush=True)
-        log_name = f"{runner}-{mode}" + (f"-{utilization}" if utilization else "")
         report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
         report.pop("log_highlights", None)
         reports.append(report)
@@ -214,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     check_agreement(reports)
     print()
     print(render_table(reports))
+    for r in reports:
+        for rank, summary in sorted(r.get("profile", {}).items()):
+            print(f"profile {r['spec']['runner']}:{r['spec']['mode']} {rank}: {summary}")
     disagree = [r for r in reports if r.get("tokens_agree") is False]
     for r in disagree:
         print(f"TOKENS DIFFER: {r['spec']['runner']}:{r['spec']['mode']} vs {r['tokens_reference']}")

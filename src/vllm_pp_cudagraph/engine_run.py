@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.dummy_model import write_model_dir
+from vllm_pp_cudagraph.trace_analysis import analyze_dir
 from vllm_pp_cudagraph.stats import RequestTiming, capture_stats, median_run, summarize_requests
 
 #: Graph modes: engine keyword arguments and environment for each.
@@ -85,6 +86,8 @@ class RunSpec:
     model: str | None = None
     attention_backend: str | None = "TRITON_ATTN"
     gpu_memory_utilization: float = 0.5
+    profile_dir: str | None = None
+    """If set: after the timed runs, one more pass under torch.profiler, traces here."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -112,6 +115,13 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     model = spec.model
     if model is None:
         model = str(write_model_dir(tempfile.mkdtemp(prefix="pp-model-"), spec.shape))
+    extra: dict[str, Any] = {}
+    if spec.profile_dir:
+        from vllm.config import ProfilerConfig
+
+        extra["profiler_config"] = ProfilerConfig(
+            profiler="torch", torch_profiler_dir=spec.profile_dir, torch_profiler_with_stack=False
+        )
     start = time.perf_counter()
     llm = LLM(
         model=model,
@@ -124,6 +134,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         seed=0,
         disable_log_stats=False,  # per-request timestamps for TTFT / TPOT
         **engine_kwargs,
+        **extra,
     )
     init_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
@@ -147,6 +158,10 @@ def _child(spec: RunSpec) -> dict[str, Any]:
 
     warmup, outputs = generate()
     runs = [generate()[0] for _ in range(spec.repeat)]
+    if spec.profile_dir:
+        llm.start_profile()
+        generate()
+        llm.stop_profile()
     chosen = median_run(runs) if runs else warmup
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     return {
@@ -209,6 +224,8 @@ def run_in_subprocess(
     else:
         report["error_tail"] = log[-3000:]
     report.update(capture_stats(log))
+    if spec.profile_dir and Path(spec.profile_dir).is_dir():
+        report["profile"] = analyze_dir(Path(spec.profile_dir))
     report["log_highlights"] = [
         line for line in log.splitlines() if any(m in line for m in LOG_MARKERS)
     ][:40]

@@ -1,0 +1,121 @@
+"""Per-step timelines from the torch.profiler traces vLLM's workers write.
+
+vLLM's worker labels each ``execute_model`` call with a user annotation
+(``execute_context_C(T)_generation_G(U)``). Between two consecutive labels
+lies one step of that rank: the forward (inside the label), then sampling,
+the sampled-token broadcast, and waiting for the engine and the previous
+stage (after it). For every step this module measures the host time inside
+and outside the forward, the GPU kernel time, kernel and graph launches,
+host synchronisations and NCCL time. It summarises decode-only steps by
+their median. Traces are large, so this runs where they were written and
+only the summary travels.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+_STEP = re.compile(r"^execute_.*context_(\d+)\((\d+)\)")
+_LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+_GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
+_SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``execute_model`` step of one rank; times in milliseconds."""
+
+    decode_only: bool
+    forward_ms: float
+    period_ms: float
+    kernel_ms: float
+    nccl_ms: float
+    kernel_launches: int
+    graph_launches: int
+    syncs: int
+    sync_ms: float
+
+    @property
+    def outside_forward_ms(self) -> float:
+        return self.period_ms - self.forward_ms
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def trace_rank(trace: dict[str, Any], path: Path | None = None) -> int | None:
+    info = trace.get("distributedInfo") or {}
+    if "rank" in info:
+        return int(info["rank"])
+    match = re.search(r"rank[-_]?(\d+)", path.name if path else "")
+    return int(match.group(1)) if match else None
+
+
+def steps(trace: dict[str, Any]) -> list[Step]:
+    """Every step but the last (whose end is unknown), in order."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    marks = sorted(
+        (e for e in events if e.get("cat") == "user_annotation" and _STEP.match(e.get("name", ""))),
+        key=lambda e: e["ts"],
+    )
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
+    result = []
+    for mark, following in zip(marks, marks[1:]):
+        start, end = mark["ts"], following["ts"]
+        in_window = [k for k in kernels if start <= k["ts"] < end]
+        calls = [r for r in runtime if start <= r["ts"] < end]
+        syncs = [r for r in calls if r["name"].startswith(_SYNC) and "Async" not in r["name"]]
+        context_reqs = int(_STEP.match(mark["name"]).group(1))
+        result.append(
+            Step(
+                decode_only=context_reqs == 0,
+                forward_ms=mark["dur"] / 1000,
+                period_ms=(end - start) / 1000,
+                kernel_ms=sum(k["dur"] for k in in_window) / 1000,
+                nccl_ms=sum(k["dur"] for k in in_window if "nccl" in k["name"].lower()) / 1000,
+                kernel_launches=sum(r["name"].startswith(_LAUNCH) for r in calls),
+                graph_launches=sum(r["name"].startswith(_GRAPH_LAUNCH) for r in calls),
+                syncs=len(syncs),
+                sync_ms=sum(r["dur"] for r in syncs) / 1000,
+            )
+        )
+    return result
+
+
+def summarize(all_steps: list[Step]) -> dict[str, float | int]:
+    """Median of each measure over the decode-only steps."""
+    decode = [s for s in all_steps if s.decode_only]
+    summary: dict[str, float | int] = {"steps": len(all_steps), "decode_steps": len(decode)}
+    if not decode:
+        return summary
+    fields = [*asdict(decode[0]).keys(), "outside_forward_ms"]
+    for name in fields:
+        if name == "decode_only":
+            continue
+        summary[f"median_{name}"] = round(statistics.median(getattr(s, name) for s in decode), 3)
+    return summary
+
+
+def analyze_dir(directory: Path) -> dict[str, dict[str, float | int]]:
+    """Summaries keyed by ``rank<N>`` (or file name) for every trace in ``directory``."""
+    result = {}
+    for path in sorted(directory.glob("*.pt.trace.json*")):
+        trace = load_trace(path)
+        rank = trace_rank(trace, path)
+        result[f"rank{rank}" if rank is not None else path.name] = summarize(steps(trace))
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(analyze_dir(Path(sys.argv[1])), indent=1))

@@ -1,0 +1,69 @@
+"""Per-step timelines from worker traces, on a synthetic trace in torch's format."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from vllm_pp_cudagraph.trace_analysis import analyze_dir, steps, summarize
+
+
+def x(cat, name, ts, dur, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1, "args": args}
+
+
+def synthetic_trace():
+    ev = [
+        # step 1: a prefill (1 context request), 0..4000 us
+        x("user_annotation", "execute_context_1(2)_generation_0(0)", 0, 1500),
+        x("cuda_runtime", "cudaLaunchKernel", 100, 5),
+        x("cuda_runtime", "cudaLaunchKernel", 200, 5),
+        x("kernel", "gemm", 150, 800),
+        # step 2: decode, 4000..7000 us: one graph launch, one NCCL send, one host sync
+        x("user_annotation", "execute_context_0(0)_generation_128(128)", 4000, 1000),
+        x("cuda_runtime", "cudaGraphLaunch", 4100, 20),
+        x("kernel", "ncclDevKernel_SendRecv", 4300, 200),
+        x("kernel", "triton_attn", 4200, 900),
+        x("cuda_runtime", "cudaStreamSynchronize", 5500, 700),
+        x("cuda_runtime", "cudaMemcpyAsync", 5600, 10),
+        # step 3: decode, 7000..9000 us
+        x("user_annotation", "execute_context_0(0)_generation_128(128)", 7000, 600),
+        x("cuda_runtime", "cudaGraphLaunch", 7050, 20),
+        x("kernel", "triton_attn", 7100, 700),
+        # step 4: start only (end unknown: not counted)
+        x("user_annotation", "execute_context_0(0)_generation_128(128)", 9000, 600),
+        {"ph": "i", "cat": "instant", "name": "ignored", "ts": 10},
+    ]
+    return {"traceEvents": ev, "distributedInfo": {"rank": 1}}
+
+
+def test_steps_split_at_execute_annotations():
+    s = steps(synthetic_trace())
+    assert len(s) == 3
+    prefill, decode1, decode2 = s
+    assert not prefill.decode_only and decode1.decode_only and decode2.decode_only
+    assert (prefill.forward_ms, prefill.period_ms, prefill.kernel_launches) == (1.5, 4.0, 2)
+    assert decode1.period_ms == 3.0 and decode1.outside_forward_ms == 2.0
+    assert decode1.graph_launches == 1 and decode1.kernel_launches == 0
+    assert decode1.nccl_ms == 0.2 and decode1.kernel_ms == 1.1
+    assert (decode1.syncs, decode1.sync_ms) == (1, 0.7)  # the Async copy is not a sync
+
+
+def test_summary_is_the_median_of_decode_steps():
+    summary = summarize(steps(synthetic_trace()))
+    assert summary["steps"] == 3 and summary["decode_steps"] == 2
+    assert summary["median_period_ms"] == 2.5
+    assert summary["median_forward_ms"] == 0.8
+    assert summary["median_outside_forward_ms"] == 1.7
+    assert summary["median_graph_launches"] == 1
+
+
+def test_directory_of_gzipped_traces_is_keyed_by_rank(tmp_path):
+    with gzip.open(tmp_path / "x_rank-1.123.pt.trace.json.gz", "wt") as f:
+        json.dump(synthetic_trace(), f)
+    trace = synthetic_trace()
+    del trace["distributedInfo"]
+    (tmp_path / "dp0_pp0_tp0_rank-0.456.pt.trace.json").write_text(json.dumps(trace))
+    result = analyze_dir(tmp_path)
+    assert set(result) == {"rank0", "rank1"}
+    assert result["rank0"]["decode_steps"] == 2
