@@ -40,11 +40,56 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def write_model_dir(directory: str | Path, shape: str = "qwen3-0.6b") -> Path:
-    """Write ``config.json`` for a built-in shape into ``directory``."""
+def write_model_dir(
+    directory: str | Path, shape: str = "qwen3-0.6b", tokenizer: bool = False
+) -> Path:
+    """Write ``config.json`` for a built-in shape into ``directory``.
+
+    With ``tokenizer=True`` also write a tokenizer covering the whole
+    vocabulary (see :func:`write_tokenizer`), so servers and clients that
+    speak text work offline.
+    """
     if shape not in SHAPES:
         raise ValueError(f"Unknown model shape {shape!r}; choose one of {sorted(SHAPES)}.")
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(SHAPES[shape], indent=2))
+    config = SHAPES[shape]
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    if tokenizer:
+        write_tokenizer(path, config)
     return path
+
+
+SPECIAL_TOKENS = {151643: "<|endoftext|>", 151645: "<|im_end|>"}
+
+
+def token_word(token_id: int) -> str:
+    """The text of ``token_id`` in the generated tokenizer."""
+    return SPECIAL_TOKENS.get(token_id, "[UNK]" if token_id == 0 else f"w{token_id}")
+
+
+def write_tokenizer(path: Path, config: dict[str, Any]) -> None:
+    """A word-level tokenizer with one word per id, ``w1`` .. ``w{vocab-1}``.
+
+    Every id a dummy-weight model can sample decodes to a distinct word and
+    back, so outputs served as text compare exactly, and a prompt of N words
+    is N tokens. Qwen's special-token ids keep their usual names.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {token_word(i): i for i in range(config["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL_TOKENS.values()))
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "[UNK]",
+                "eos_token": SPECIAL_TOKENS[config.get("eos_token_id", 151645)],
+                "model_max_length": config["max_position_embeddings"],
+            },
+            indent=2,
+        )
+    )
