@@ -148,3 +148,28 @@ def test_plot_is_a_png_when_matplotlib_is_there(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert not path.exists()
+
+
+def test_serve_command_carries_mode_and_model_settings():
+    from vllm_pp_cudagraph.engine_run import RunSpec
+    from vllm_pp_cudagraph.serve_run import mode_cli_args, serve_command
+
+    assert mode_cli_args("eager") == ["--enforce-eager"]
+    assert mode_cli_args("full_decode_only") == [
+        "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}'
+    ]
+    cmd = serve_command(RunSpec("plugin", "piecewise", pp=2, max_num_seqs=64), "/m", 8123)
+    assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "/m"]
+    text = " ".join(cmd)
+    for part in ("--pipeline-parallel-size 2", "--max-num-seqs 64", "--port 8123",
+                 "--load-format dummy", "--attention-backend TRITON_ATTN",
+                 '--compilation-config {"cudagraph_mode": "PIECEWISE"}'):
+        assert part in text
+
+
+def test_serve_load_uses_the_benchmark_prompts_as_words():
+    args = bench.build_parser().parse_args(["--serve", "--prompts", "4", "--input-len", "3"])
+    spec = bench.serve_load_spec(args)
+    assert spec.num_requests == 4 and spec.stream_fraction == 1.0 and spec.cancel_fraction == 0.0
+    assert [len(p.split()) for p in spec.prompts] == [3, 3, 3, 3]
+    assert spec.prompts[0].split()[0] == f"w{make_prompts(4, 3)[0][0]}"

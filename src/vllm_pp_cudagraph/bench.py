@@ -17,8 +17,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.dummy_model import SHAPES
-from vllm_pp_cudagraph.engine_run import MODES, RUNNERS, TOKEN_FAMILY, RunSpec, run_in_subprocess
+from vllm_pp_cudagraph.dummy_model import SHAPES, write_model_dir
+from vllm_pp_cudagraph.engine_run import (
+    MODES,
+    RUNNERS,
+    TOKEN_FAMILY,
+    RunSpec,
+    make_prompts,
+    run_in_subprocess,
+)
+from vllm_pp_cudagraph.serve_load import LoadSpec
+from vllm_pp_cudagraph.serve_run import run_serve_mode
 
 DEFAULT_MODES = [
     f"{runner}:{mode}"
@@ -140,6 +149,21 @@ def write_plot(reports: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
+    """Streamed greedy completions over the benchmark's prompts, as text."""
+    prompts = [" ".join(f"w{t}" for t in ids) for ids in make_prompts(args.prompts, args.input_len)]
+    return LoadSpec(
+        base_url="",
+        model="",
+        prompts=prompts,
+        num_requests=args.num_requests or args.prompts,
+        concurrency=args.concurrency,
+        max_tokens=args.output_len,
+        stream_fraction=1.0,
+        cancel_fraction=0.0,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-pp-cudagraph bench",
@@ -169,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--deadline", type=float, default=None, help="seconds for all engines; later ones are skipped"
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    serve = parser.add_argument_group("serving (--serve)")
+    serve.add_argument(
+        "--serve",
+        action="store_true",
+        help="measure through 'vllm serve' with an OpenAI-compatible client instead "
+        "of the offline engine (TTFT/TPOT as users see them; streamed requests)",
+    )
+    serve.add_argument("--concurrency", type=int, default=64)
+    serve.add_argument("--num-requests", type=int, default=None, help="default: --prompts")
+    serve.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -183,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
+    if args.serve and model is None:
+        model = str(write_model_dir(args.out / "model", shape, tokenizer=True))
     reports = []
     started = time.monotonic()
     for i, (runner, mode, utilization) in enumerate(args.modes, 1):
@@ -209,7 +245,19 @@ def main(argv: list[str] | None = None) -> int:
             profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,
         )
         print(f"[{i}/{len(args.modes)}] {spec.name} ...", flush=True)
-        report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
+        if args.serve:
+            report = run_serve_mode(
+                spec,
+                model,
+                serve_load_spec(args),
+                args.out / f"{log_name}.log",
+                port=args.port,
+                startup_timeout_s=timeout,
+            )
+            report.pop("texts", None)
+            report["returncode"] = 0 if report.get("shutdown_clean") else report.get("shutdown_rc")
+        else:
+            report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
         report.pop("log_highlights", None)
         reports.append(report)
         status = (
@@ -235,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     write_plot(reports, args.out / "bench.png")
     print(f"\nwrote {args.out / 'bench.json'}")
     failed = [r for r in reports if not r.get("digest")]
+    if args.serve:
+        # Under changing batches vLLM is not batch-invariant: served outputs may
+        # differ between modes, so disagreement is reported, not fatal.
+        return 1 if failed else 0
     return 1 if failed or disagree else 0
 
 

@@ -178,6 +178,30 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     }
 
 
+def engine_env(spec: RunSpec) -> dict[str, str]:
+    """This process's environment, set up for ``spec``'s runner and mode."""
+    _, mode_env = MODES[spec.mode]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
+    env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
+    env.update(RUNNERS[spec.runner])
+    env.update(mode_env)
+    env.update(spec.extra_env)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"
+    return env
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """SIGABRT (each Python process writes its stack), then SIGKILL."""
+    for sig, grace in ((signal.SIGABRT, grace_s), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        time.sleep(grace)
+    proc.wait()
+
+
 def run_in_subprocess(
     spec: RunSpec, log_path: Path, timeout_s: float | None = None
 ) -> dict[str, Any]:
@@ -188,14 +212,7 @@ def run_in_subprocess(
     handler writes each one's stack to the log (that is where a hang shows),
     then SIGKILL.
     """
-    _, mode_env = MODES[spec.mode]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
-    env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
-    env.update(RUNNERS[spec.runner])
-    env.update(mode_env)
-    env.update(spec.extra_env)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONFAULTHANDLER"] = "1"
+    env = engine_env(spec)
     cmd = [sys.executable, "-m", "vllm_pp_cudagraph.engine_run", "--child", json.dumps(asdict(spec))]
     timed_out = False
     with open(log_path, "w") as log_file:
@@ -206,13 +223,7 @@ def run_in_subprocess(
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            for sig, grace in ((signal.SIGABRT, 10), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                time.sleep(grace)
-            proc.wait()
+            stop_process_group(proc)
     log = log_path.read_text(errors="replace")
     report: dict[str, Any] = {"spec": asdict(spec), "returncode": proc.returncode}
     if timed_out:

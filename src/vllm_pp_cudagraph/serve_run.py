@@ -1,0 +1,110 @@
+"""Run one runner / graph mode behind ``vllm serve`` and load it.
+
+Starts ``vllm serve`` on a dummy-weight model with a generated tokenizer in its
+own process group (log streamed to a file), waits for ``/health``, sends the
+load (:mod:`vllm_pp_cudagraph.serve_load`), then stops the server with SIGINT
+and records whether it shut down cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from vllm_pp_cudagraph.engine_run import MODES, RunSpec, engine_env, stop_process_group
+from vllm_pp_cudagraph.serve_load import LoadSpec, run_load, wait_until_healthy
+
+
+def mode_cli_args(mode: str) -> list[str]:
+    """``vllm serve`` flags for a graph mode (the CLI form of its engine kwargs)."""
+    args: list[str] = []
+    for key, value in MODES[mode][0].items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, dict):
+            args += [flag, json.dumps(value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def serve_command(spec: RunSpec, model_dir: str, port: int) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir,
+        "--served-model-name", "dummy",
+        "--load-format", "dummy",
+        "--pipeline-parallel-size", str(spec.pp),
+        "--max-num-seqs", str(spec.max_num_seqs),
+        "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
+        "--port", str(port),
+        "--seed", "0",
+    ]
+    if spec.attention_backend:
+        cmd += ["--attention-backend", spec.attention_backend]
+    return cmd + mode_cli_args(spec.mode)
+
+
+def text_digest(texts: list[str | None]) -> str:
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(json.dumps(text).encode())
+    return h.hexdigest()[:16]
+
+
+def run_serve_mode(
+    spec: RunSpec,
+    model_dir: str,
+    load: LoadSpec,
+    log_path: Path,
+    port: int = 8000,
+    startup_timeout_s: float = 600,
+    shutdown_timeout_s: float = 60,
+) -> dict[str, Any]:
+    """Serve ``spec`` on ``port``, send ``load`` (its base_url is set here), stop."""
+    report: dict[str, Any] = {"spec": asdict(spec), "serve": True}
+    load.base_url = f"http://127.0.0.1:{port}"
+    load.model = "dummy"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            serve_command(spec, model_dir, port),
+            env=engine_env(spec),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            healthy = asyncio.run(
+                wait_until_healthy(load.base_url, startup_timeout_s, lambda: proc.poll() is None)
+            )
+            if not healthy:
+                report["error"] = f"server not healthy within {startup_timeout_s} s (rc={proc.poll()})"
+                return report
+            result = asyncio.run(run_load(load))
+            report["load"] = result.summary()
+            report["req_per_s"] = report["load"]["req_per_s"]
+            for key in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
+                report[key] = report["load"][key]
+            completed = [
+                r.text if (r.error is None and not r.cancelled) else None
+                for r in sorted(result.results, key=lambda r: r.index)
+            ]
+            report["digest"] = text_digest(completed)
+            report["texts"] = completed
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    report["shutdown_rc"] = proc.wait(timeout=shutdown_timeout_s)
+                except subprocess.TimeoutExpired:
+                    report["shutdown_rc"] = None
+                    stop_process_group(proc)
+            report["shutdown_clean"] = report.get("shutdown_rc") == 0
+    return report

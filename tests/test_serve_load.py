@@ -1,0 +1,118 @@
+"""The serving load client, against a small local OpenAI-compatible HTTP peer.
+
+The peer answers /health and /v1/completions (JSON or server-sent events)
+with deterministic text, and records which streams the client dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+
+from vllm_pp_cudagraph.serve_load import LoadSpec, differing_share, run_load
+
+
+def completion_words(prompt: str, n: int, salt: str = "") -> list[str]:
+    base = sum(map(ord, prompt + salt))
+    return [f"w{(base * 31 + i) % 151936}" for i in range(n)]
+
+
+def make_app(salt: str = "", fail_health_every: int = 0):
+    state = {"health": 0, "dropped": 0}
+
+    async def health(request):
+        state["health"] += 1
+        if fail_health_every and state["health"] % fail_health_every == 0:
+            return web.Response(status=503)
+        return web.Response(text="")
+
+    async def completions(request):
+        body = await request.json()
+        words = completion_words(body["prompt"], body["max_tokens"], salt)
+        if not body.get("stream"):
+            return web.json_response({"choices": [{"text": " ".join(words)}]})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for i, w in enumerate(words):
+                chunk = {"choices": [{"text": (" " if i else "") + w}]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.001)
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            state["dropped"] += 1
+            raise
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", completions)
+    return app, state
+
+
+async def serve_and_load(app, **spec_overrides):
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    spec = LoadSpec(
+        base_url=f"http://127.0.0.1:{port}",
+        model="m",
+        prompts=[f"w{i} w{i + 1}" for i in range(20)],
+        num_requests=200,
+        concurrency=32,
+        max_tokens=16,
+        health_interval_s=0.05,
+        **spec_overrides,
+    )
+    try:
+        return spec, await run_load(spec)
+    finally:
+        await runner.cleanup()
+
+
+def test_mixed_load_completes_streams_and_cancels_as_planned():
+    app, state = make_app()
+    spec, report = asyncio.run(serve_and_load(app))
+    summary = report.summary()
+    assert summary["errors"] == 0
+    planned_cancels = sum(spec.plan(i)[1] is not None for i in range(spec.num_requests))
+    planned_streams = sum(spec.plan(i)[0] for i in range(spec.num_requests))
+    assert 0 < planned_cancels < planned_streams < spec.num_requests
+    assert summary["cancelled"] == planned_cancels
+    assert summary["completed"] == spec.num_requests - planned_cancels
+    assert summary["health_checks"] > 0 and summary["health_failures"] == 0
+    for r in report.results:
+        words = completion_words(spec.prompts[r.index % 20], 16)
+        if r.cancelled:
+            assert r.text == " ".join(words[: spec.max_tokens // 4])
+        else:
+            assert r.text == " ".join(words)
+    assert summary["tpot_mean_ms"] > 0 and summary["ttft_mean_ms"] > 0
+    assert state["dropped"] >= 1  # the server saw cancelled streams go away
+
+
+def test_same_server_twice_differs_nowhere_and_another_differs_everywhere():
+    _, a = asyncio.run(serve_and_load(make_app()[0]))
+    _, b = asyncio.run(serve_and_load(make_app()[0]))
+    _, c = asyncio.run(serve_and_load(make_app(salt="x")[0]))
+    assert differing_share(a, b) == 0.0
+    assert differing_share(a, c) == pytest.approx(1.0)
+
+
+def test_health_failures_are_counted():
+    app, _ = make_app(fail_health_every=2)
+    _, report = asyncio.run(serve_and_load(app))
+    assert report.summary()["health_failures"] >= 1
+
+
+def test_plan_depends_only_on_seed_and_index():
+    spec = LoadSpec("http://x", "m", ["p"], 100, 4, 32, seed=3)
+    again = LoadSpec("http://y", "m2", ["q"], 100, 8, 32, seed=3)
+    assert [spec.plan(i) for i in range(100)] == [again.plan(i) for i in range(100)]
+    cancels = [spec.plan(i)[1] for i in range(100) if spec.plan(i)[1] is not None]
+    assert cancels and all(c == 8 for c in cancels)
