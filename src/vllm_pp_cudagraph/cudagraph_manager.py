@@ -17,7 +17,7 @@ from vllm_pp_cudagraph.capture_guard import (
     CapturedCommunicationError,
     forbid_pipeline_communication,
 )
-from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree, exchange
+from vllm_pp_cudagraph.graph_agreement import Agreement, CaptureOutcome, agree, exchange
 
 logger = init_logger("vllm.pp_cudagraph.manager")
 
@@ -38,8 +38,11 @@ class PPCudaGraphManager(ModelCudaGraphManager):
       :meth:`init_breakable_cg_runner` builds lazily on this manager's pool.
     """
 
-    stage: int = 0
-    estimated_bytes: int | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stage = get_pp_group().rank_in_group
+        #: Graph memory measured before KV-cache sizing, for the capture log line.
+        self.estimated_bytes: int | None = None
 
     @classmethod
     def replacing(cls, stock: ModelCudaGraphManager) -> PPCudaGraphManager:
@@ -74,7 +77,6 @@ class PPCudaGraphManager(ModelCudaGraphManager):
 
     def capture(self, *args: Any, **kwargs: Any) -> None:
         """Capture with PP communication forbidden, then agree across stages."""
-        self.stage = get_pp_group().rank_in_group
         start = time.perf_counter()
         free_before = torch.accelerator.get_memory_info()[0]
         error = None
@@ -114,12 +116,11 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         Every stage must call this exactly once after (or instead of) capture,
         including stages with nothing to capture, or the others wait for it.
         """
-        self.stage = get_pp_group().rank_in_group
         captured = frozenset(d for descs in self._capture_descs.values() for d in descs)
         outcome = CaptureOutcome(self.stage, captured if error is None else frozenset(), error)
         self.apply_agreement(agree(exchange(outcome), self.stage))
 
-    def apply_agreement(self, agreement) -> None:
+    def apply_agreement(self, agreement: Agreement) -> None:
         """Keep only the graphs every stage has; all-eager if none."""
         if agreement.reason:
             logger.warning("Pipeline stage %d: %s", self.stage, agreement.reason)

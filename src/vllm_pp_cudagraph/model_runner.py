@@ -68,6 +68,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         check_graph_settings(vllm_config)
         super().__init__(vllm_config, device)
         self.pp_stage = get_pp_group().rank_in_group
+        self.tp_size = get_tp_group().world_size
         logger.info(
             "PPCudaGraphModelRunner on pipeline stage %d of %d (first=%s, last=%s, "
             "breakable=%s)",
@@ -152,7 +153,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                 intermediate_tensors,
                 scheduler_output.total_num_scheduled_tokens,
                 self.pp_stage,
-                tp_size=get_tp_group().world_size,
+                tp_size=self.tp_size,
             )
         try:
             return super().execute_model(
