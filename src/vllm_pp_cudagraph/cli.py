@@ -99,11 +99,13 @@ def check(out=sys.stdout) -> int:
         code = max(code, EXIT_MISCONFIGURED)
 
     if versions.installed:
-        from vllm_pp_cudagraph.patches import PATCHES
+        from vllm_pp_cudagraph.patches import PATCHES, SCOPED_PATCHES
 
         say("patches applied when enabled:")
         for patch in PATCHES:
             say(f"  - {patch.name}: {patch.target}")
+        for scoped in SCOPED_PATCHES:
+            say(f"  - {scoped.name} (during graph capture only): {scoped.target}")
         v2_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
         if is_enabled() and v2_env is not None and v2_env.strip() == "0":
             say(

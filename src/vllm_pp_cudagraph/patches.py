@@ -154,6 +154,39 @@ PATCHES: tuple[Patch, ...] = (
     ),
 )
 
+@dataclass(frozen=True)
+class ScopedPatch:
+    """A modification that exists only inside a context manager of the plugin.
+
+    Listed here so that this module remains the one record of what the plugin
+    changes; ``context`` names the context manager that applies and reverts it.
+    """
+
+    name: str
+    target: str
+    why: str
+    drop_when: str
+    context: str
+
+
+SCOPED_PATCHES: tuple[ScopedPatch, ...] = (
+    ScopedPatch(
+        name="capture-guard",
+        target=(
+            "torch.distributed point-to-point / broadcast / object / barrier functions, "
+            "and the pipeline GroupCoordinator's transfer methods"
+        ),
+        why=(
+            "While CUDA graphs are captured (and graph memory is measured), a pipeline "
+            "send/receive recorded into a graph would replay without its peer and hang "
+            "(vLLM issue #51887). The wrappers raise CapturedCommunicationError instead; "
+            "everything is restored when capture ends."
+        ),
+        drop_when="vLLM refuses pipeline communication during graph capture itself.",
+        context="vllm_pp_cudagraph.capture_guard.forbid_pipeline_communication",
+    ),
+)
+
 _undo_stack: list[tuple[str, Undo]] = []
 _applied = False
 
