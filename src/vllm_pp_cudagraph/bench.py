@@ -254,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
                 port=args.port,
                 startup_timeout_s=timeout,
             )
-            report.pop("texts", None)
             report["returncode"] = 0 if report.get("shutdown_clean") else report.get("shutdown_rc")
         else:
             report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)

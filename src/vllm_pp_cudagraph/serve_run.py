@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ def mode_cli_args(mode: str) -> list[str]:
     return args
 
 
-def serve_command(spec: RunSpec, model_dir: str, port: int) -> list[str]:
+def serve_command(
+    spec: RunSpec, model_dir: str, port: int, extra_args: Sequence[str] = ()
+) -> list[str]:
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir,
         "--served-model-name", "dummy",
@@ -49,7 +52,7 @@ def serve_command(spec: RunSpec, model_dir: str, port: int) -> list[str]:
     ]
     if spec.attention_backend:
         cmd += ["--attention-backend", spec.attention_backend]
-    return cmd + mode_cli_args(spec.mode)
+    return cmd + mode_cli_args(spec.mode) + list(extra_args)
 
 
 def text_digest(texts: list[str | None]) -> str:
@@ -67,14 +70,21 @@ def run_serve_mode(
     port: int = 8000,
     startup_timeout_s: float = 600,
     shutdown_timeout_s: float = 60,
+    extra_args: Sequence[str] = (),
+    keep_texts: bool = False,
 ) -> dict[str, Any]:
-    """Serve ``spec`` on ``port``, send ``load`` (its base_url is set here), stop."""
+    """Serve ``spec`` on ``port``, send ``load`` (its base_url is set here), stop.
+
+    ``extra_args`` go to ``vllm serve`` as they are. The report holds the load
+    summary, a digest of completed texts, and with ``keep_texts`` the
+    :class:`~vllm_pp_cudagraph.serve_load.LoadReport` itself (key ``load_report``).
+    """
     report: dict[str, Any] = {"spec": asdict(spec), "serve": True}
     load.base_url = f"http://127.0.0.1:{port}"
     load.model = "dummy"
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
-            serve_command(spec, model_dir, port),
+            serve_command(spec, model_dir, port, extra_args),
             env=engine_env(spec),
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -97,7 +107,8 @@ def run_serve_mode(
                 for r in sorted(result.results, key=lambda r: r.index)
             ]
             report["digest"] = text_digest(completed)
-            report["texts"] = completed
+            if keep_texts:
+                report["load_report"] = result
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)

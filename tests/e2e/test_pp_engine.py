@@ -28,3 +28,13 @@ def test_plugin_runner_on_every_pp_rank_and_tokens_match_stock(tmp_path):
     for stage in (0, 1):
         assert f"PPCudaGraphModelRunner on pipeline stage {stage} of 2" in log
     assert plugin["digest"] == stock["digest"]
+
+
+def test_serving_smoke_against_stock(tmp_path):
+    """A small version of tests/e2e/serve_soak.py (the full run is committed
+    under benchmarks/results/)."""
+    _need_gpus(2)
+    from tests.e2e.serve_soak import main
+
+    assert main(["--out", str(tmp_path), "--modes", "piecewise", "--requests", "200",
+                 "--concurrency", "64", "--refusals"]) == 0

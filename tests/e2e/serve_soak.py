@@ -1,0 +1,146 @@
+"""Serving soak at PP=2: every graph mode behind ``vllm serve``, compared with stock.
+
+For each mode: the plugin serves the load once and stock vLLM (same graph-mode
+family: compiled against compiled, eager and breakable against eager) twice.
+vLLM is not batch-invariant, so under changing batches some greedy outputs
+differ between any two runs. The plugin passes when its share of differing
+requests against stock is no higher than stock's share between its own two
+runs. It must also have no request errors, answer every health check, and
+shut down cleanly. Options add preemption (a KV cache too small for the load)
+and Ray. Start-up refusals (bad settings) are checked to fail with the named
+setting and leave no process behind.
+
+    python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_pp_cudagraph.dummy_model import write_model_dir
+from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
+from vllm_pp_cudagraph.serve_load import LoadSpec, differing_share
+from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_command
+
+MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
+STOCK_REFERENCE = {"breakable": "eager"}
+
+
+def soak_prompts(count: int = 256) -> list[str]:
+    """Prompts of 2..63 words (= tokens with the generated tokenizer)."""
+    return [" ".join(f"w{1000 + (i * 131 + j * 17) % 140000}" for j in range(2 + (i * 7) % 62))
+            for i in range(count)]
+
+
+def soak_mode(mode: str, args: argparse.Namespace, model_dir: str, extra: list[str]) -> dict:
+    def load() -> LoadSpec:
+        return LoadSpec("", "", soak_prompts(), args.requests, args.concurrency, args.max_tokens,
+                        stream_fraction=0.5, cancel_fraction=0.1)
+
+    def serve(runner: str, run_mode: str, tag: str) -> dict:
+        spec = RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs)
+        return run_serve_mode(spec, model_dir, load(), args.out / f"{mode}-{tag}.log",
+                              port=args.port, extra_args=extra, keep_texts=True)
+
+    stock_mode = STOCK_REFERENCE.get(mode, mode)
+    plugin = serve("plugin", mode, "plugin")
+    stock_a = serve("stock", stock_mode, "stock-a")
+    stock_b = serve("stock", stock_mode, "stock-b")
+    reports = {"plugin": plugin, "stock_a": stock_a, "stock_b": stock_b}
+    result: dict = {"mode": mode, "stock_mode": stock_mode, "extra_args": extra}
+    for name, rep in reports.items():
+        result[name] = {k: rep.get(k) for k in ("load", "shutdown_rc", "shutdown_clean", "error")}
+    if all("load_report" in r for r in reports.values()):
+        result["plugin_vs_stock"] = differing_share(plugin["load_report"], stock_a["load_report"])
+        result["stock_vs_stock"] = differing_share(stock_a["load_report"], stock_b["load_report"])
+        summary = plugin["load"]
+        result["passed"] = (
+            summary["errors"] == 0
+            and summary["health_failures"] == 0
+            and plugin["shutdown_clean"]
+            and result["plugin_vs_stock"] <= result["stock_vs_stock"]
+        )
+    else:
+        result["passed"] = False
+    return result
+
+
+def refused_start(name: str, env_overrides: dict, cli_extra: list[str], expect: str,
+                  model_dir: str, out: Path, port: int, timeout_s: float = 300) -> dict:
+    """Start a server that must refuse to start; check the message and leftovers."""
+    spec = RunSpec("plugin", "piecewise", pp=2)
+    env = engine_env(spec) | env_overrides
+    log_path = out / f"refused-{name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(serve_command(spec, model_dir, port, cli_extra), env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            rc = None
+    time.sleep(5)
+    try:
+        os.killpg(proc.pid, 0)
+        leftovers = True
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        leftovers = False
+    text = log_path.read_text(errors="replace")
+    return {"case": name, "returncode": rc, "message_found": expect in text,
+            "leftover_processes": leftovers,
+            "passed": rc not in (0, None) and expect in text and not leftovers}
+
+
+REFUSALS = [
+    ("breakable-with-enforce-eager", {"VLLM_PP_CUDAGRAPH_BREAKABLE": "1"}, ["--enforce-eager"],
+     "Drop one of the two settings"),
+    ("v1-runner-with-plugin", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, [],
+     "VLLM_USE_V2_MODEL_RUNNER='0' selects the V1 runner"),
+    ("bad-plugin-setting", {"VLLM_PP_CUDAGRAPH_BREAKABLE": "sometimes"}, [],
+     "VLLM_PP_CUDAGRAPH_BREAKABLE='sometimes'"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--preemption", action="store_true",
+                        help="KV cache of 512 blocks: requests are preempted and resumed")
+    parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
+    parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), tokenizer=True))
+    extra = (["--num-gpu-blocks-override", "512"] if args.preemption else []) + (
+        ["--distributed-executor-backend", "ray"] if args.ray else [])
+    results = []
+    for mode in args.modes.split(","):
+        print(f"== {mode} {' '.join(extra)}", flush=True)
+        results.append(soak_mode(mode, args, model_dir, extra))
+        print(json.dumps({k: results[-1].get(k) for k in
+                          ("mode", "passed", "plugin_vs_stock", "stock_vs_stock")}), flush=True)
+    if args.refusals:
+        for name, env, cli_extra, expect in REFUSALS:
+            results.append(refused_start(name, env, cli_extra, expect, model_dir, args.out, args.port))
+            print(json.dumps(results[-1]), flush=True)
+    (args.out / "soak.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
