@@ -140,3 +140,16 @@ def test_stage_with_nothing_to_capture_still_settles(make_manager):
     assert not manager.needs_capture()
     manager.settle_with_other_stages()
     assert manager.dispatch(2, 2, 1, 0).cg_mode == CUDAGraphMode.NONE
+
+
+def test_replacing_keeps_the_stock_managers_configuration(make_manager):
+    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+
+    stock = make_manager("FULL_AND_PIECEWISE", SIZE_SETS["vllm-like"], 8, 2, cls=ModelCudaGraphManager)
+    ours = PPCudaGraphManager.replacing(stock)
+    assert type(ours) is PPCudaGraphManager
+    assert (ours.cudagraph_mode, ours.decode_query_len, ours.lora_capture_cases) == (
+        stock.cudagraph_mode, stock.decode_query_len, stock.lora_capture_cases
+    )
+    assert ours.vllm_config is stock.vllm_config
+    assert set(all_capture_descs(ours)) == set(all_capture_descs(stock))

@@ -64,3 +64,16 @@ def _dist_version(name: str) -> str | None:
 def installed_versions() -> VersionInfo:
     """Read versions from package metadata, without importing vLLM or torch."""
     return VersionInfo(vllm=_dist_version("vllm"), torch=_dist_version("torch"))
+
+
+def manager_init_args(stock: object) -> tuple[tuple, dict]:
+    """Arguments that rebuild MRV2's model CUDA-graph manager like ``stock``.
+
+    0.24-0.26: ``(vllm_config, device, cudagraph_mode, decode_query_len,
+    lora_capture_cases=...)``; 0.22 has no ``lora_capture_cases``.
+    """
+    args = (stock.vllm_config, stock.device, stock.cudagraph_mode)
+    kwargs = {"decode_query_len": stock.decode_query_len}
+    if hasattr(stock, "lora_capture_cases"):
+        kwargs["lora_capture_cases"] = stock.lora_capture_cases
+    return args, kwargs

@@ -12,7 +12,7 @@ from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-from vllm_pp_cudagraph import descriptors
+from vllm_pp_cudagraph import compat, descriptors
 from vllm_pp_cudagraph.capture_guard import (
     CapturedCommunicationError,
     forbid_pipeline_communication,
@@ -47,13 +47,8 @@ class PPCudaGraphManager(ModelCudaGraphManager):
     @classmethod
     def replacing(cls, stock: ModelCudaGraphManager) -> PPCudaGraphManager:
         """Build a manager with the same configuration as vLLM's ``stock`` one."""
-        return cls(
-            stock.vllm_config,
-            stock.device,
-            stock.cudagraph_mode,
-            decode_query_len=stock.decode_query_len,
-            lora_capture_cases=stock.lora_capture_cases,
-        )
+        args, kwargs = compat.manager_init_args(stock)
+        return cls(*args, **kwargs)
 
     def _init_candidates(self) -> None:
         super()._init_candidates()
