@@ -14,7 +14,8 @@ def main(rank: int, port: int) -> None:
         init_distributed_environment,
     )
 
-    from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree, exchange
+    from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree
+    from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 
     config = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
@@ -26,7 +27,7 @@ def main(rank: int, port: int) -> None:
     # Stage 1 "fails" its capture; both must decide on eager.
     mine = CaptureOutcome(rank, frozenset({"a", "b"}), None if rank == 0 else "OOM")
     with torch.inference_mode():  # as during capture_model
-        outcomes = exchange(mine)
+        outcomes = gather_from_stages(mine)
     result = agree(outcomes, rank)
     print(json.dumps({"rank": rank, "stages": [o.stage for o in outcomes],
                       "all_eager": result.all_eager, "reason": result.reason}))

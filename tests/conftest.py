@@ -110,6 +110,7 @@ class _NoGraphPoolPlatform:
 @pytest.fixture
 def make_manager(pp_group, monkeypatch):
     """Build the plugin's real PPCudaGraphManager on CPU for a given shape config."""
+    import torch
     import vllm.v1.worker.gpu.cudagraph_utils as cgu
     from vllm.config import DeviceConfig, VllmConfig
     from vllm.config.compilation import CUDAGraphMode
@@ -123,12 +124,6 @@ def make_manager(pp_group, monkeypatch):
         config.scheduler_config.max_num_seqs = max_num_seqs
         config.compilation_config.cudagraph_capture_sizes = sorted(capture_sizes)
         config.compilation_config.max_cudagraph_capture_size = max(capture_sizes)
-        return cls(config, torch_device_cpu(), CUDAGraphMode[mode], decode_query_len)
+        return cls(config, torch.device("cpu"), CUDAGraphMode[mode], decode_query_len)
 
     return build
-
-
-def torch_device_cpu():
-    import torch
-
-    return torch.device("cpu")

@@ -49,11 +49,11 @@ def test_decision_is_the_same_on_every_stage_for_four_stages():
 def test_exchange_over_real_pp_group_under_inference_mode(pp_group):
     import torch
 
-    from vllm_pp_cudagraph.graph_agreement import exchange
+    from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 
     outcome = CaptureOutcome(0, frozenset({A}))
     with torch.inference_mode():
-        assert exchange(outcome) == [outcome]
+        assert gather_from_stages(outcome) == [outcome]
 
 
 def test_two_stages_reach_the_same_decision_over_gloo_under_inference_mode():

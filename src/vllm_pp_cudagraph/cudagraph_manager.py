@@ -17,7 +17,8 @@ from vllm_pp_cudagraph.capture_guard import (
     CapturedCommunicationError,
     forbid_pipeline_communication,
 )
-from vllm_pp_cudagraph.graph_agreement import Agreement, CaptureOutcome, agree, exchange
+from vllm_pp_cudagraph.graph_agreement import Agreement, CaptureOutcome, agree
+from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 
 logger = init_logger("vllm.pp_cudagraph.manager")
 
@@ -113,7 +114,7 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         """
         captured = frozenset(d for descs in self._capture_descs.values() for d in descs)
         outcome = CaptureOutcome(self.stage, captured if error is None else frozenset(), error)
-        self.apply_agreement(agree(exchange(outcome), self.stage))
+        self.apply_agreement(agree(gather_from_stages(outcome), self.stage))
 
     def apply_agreement(self, agreement: Agreement) -> None:
         """Keep only the graphs every stage has; all-eager if none."""

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_pp_cudagraph.stage_exchange import gather_from_stages
-
 
 @dataclass(frozen=True)
 class CaptureOutcome:
@@ -60,8 +58,3 @@ def agree(outcomes: Sequence[CaptureOutcome], local_stage: int) -> Agreement:
         "explicitly to a mode every stage supports."
     )
     return Agreement(common, local - common, reason)
-
-
-def exchange(outcome: CaptureOutcome) -> list[CaptureOutcome]:
-    """Every stage's capture outcome, on every stage."""
-    return gather_from_stages(outcome)

@@ -92,7 +92,7 @@ class PPCudaGraphSettings(BaseModel):
 
     @classmethod
     def describe(cls) -> list[tuple[str, str, str]]:
-        """(variable, default, description) rows, for the CLI and README."""
+        """(variable, default, description) rows; the README's table must list them."""
         rows = []
         for name, field in cls.model_fields.items():
             rows.append((cls.env_name(name), str(field.default), field.description or ""))
