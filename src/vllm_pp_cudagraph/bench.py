@@ -257,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
             report["returncode"] = 0 if report.get("shutdown_clean") else report.get("shutdown_rc")
         else:
             report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
-        report.pop("log_highlights", None)
         reports.append(report)
         status = (
             f"{report['req_per_s']} req/s, TPOT {report.get('tpot_mean_ms')} ms"
@@ -275,8 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     disagree = [r for r in reports if r.get("tokens_agree") is False]
     for r in disagree:
         print(f"TOKENS DIFFER: {r['spec']['runner']}:{r['spec']['mode']} vs {r['tokens_reference']}")
-    for r in reports:
-        r.pop("request_digests", None)
     result = {"command": sys.argv, "args": {k: str(v) for k, v in vars(args).items()}, "runs": reports}
     (args.out / "bench.json").write_text(json.dumps(result, indent=1))
     write_plot(reports, args.out / "bench.png")

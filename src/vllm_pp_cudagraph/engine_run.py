@@ -60,16 +60,6 @@ TOKEN_FAMILY = {
     "full_decode_only": "compiled",
 }
 
-LOG_MARKERS = (
-    "pp_cudagraph",
-    "PPCudaGraph",
-    "Graph capturing finished",
-    "CUDA-graph",
-    "Error",
-    "Traceback",
-)
-
-
 @dataclass
 class RunSpec:
     """One engine configuration and workload."""
@@ -173,7 +163,6 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         "output_tok_per_s": round(sum(map(len, tokens)) / chosen["elapsed_s"], 1),
         **{k: round(v, 3) for k, v in chosen.items() if k != "elapsed_s"},
         "digest": token_digest(tokens),
-        "request_digests": [token_digest([t]) for t in tokens],
         "num_output_tokens": sum(map(len, tokens)),
     }
 
@@ -205,7 +194,7 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
 def run_in_subprocess(
     spec: RunSpec, log_path: Path, timeout_s: float | None = None
 ) -> dict[str, Any]:
-    """Run ``spec`` in a fresh interpreter; return its report plus log highlights.
+    """Run ``spec`` in a fresh interpreter; return its report.
 
     The child's output streams to ``log_path``. If it outlives ``timeout_s``,
     every process it started gets SIGABRT first, so that Python's fault
@@ -237,9 +226,6 @@ def run_in_subprocess(
     report.update(capture_stats(log))
     if spec.profile_dir and Path(spec.profile_dir).is_dir():
         report["profile"] = analyze_dir(Path(spec.profile_dir))
-    report["log_highlights"] = [
-        line for line in log.splitlines() if any(m in line for m in LOG_MARKERS)
-    ][:40]
     return report
 
 
