@@ -32,6 +32,10 @@ def _received_tensors(received: object) -> Mapping[str, torch.Tensor]:
     return object.__getattribute__(received, "tensors")
 
 
+def _dims(buffer: torch.Tensor) -> str:
+    return ", ".join(map(str, buffer.shape[1:]))
+
+
 def check_stage_inputs(
     expected: Mapping[str, torch.Tensor],
     received: object,
@@ -62,19 +66,20 @@ def check_stage_inputs(
         want, got = expected[key], tensors[key]
         if got.dtype != want.dtype:
             problems.append(f"{key!r} has dtype {got.dtype}, expected {want.dtype}")
-        row = math.prod(want.shape[1:])
-        dims = ", ".join(map(str, want.shape[1:]))
         if got.dim() == 1 and want.dim() > 1:  # pending receive: this rank's flat share
             numel = got.numel() * tp_size
+            row = math.prod(want.shape[1:])
             if numel % row:
                 problems.append(
                     f"{key!r} has {numel} elements, not a whole number of "
-                    f"(tokens, {dims}) rows"
+                    f"(tokens, {_dims(want)}) rows"
                 )
                 continue
             tokens = numel // row
         elif got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
-            problems.append(f"{key!r} has shape {tuple(got.shape)}, expected (tokens, {dims})")
+            problems.append(
+                f"{key!r} has shape {tuple(got.shape)}, expected (tokens, {_dims(want)})"
+            )
             continue
         else:
             tokens = got.shape[0]
