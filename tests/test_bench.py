@@ -113,6 +113,8 @@ def test_agreement_uses_stock_as_reference_per_token_family():
         report("stock", "eager", "e1"),
         report("v1", "full_and_piecewise", "c1"),
         report("plugin", "eager", None),  # failed run
+        report("plugin", "full_decode_only", "c3"),  # same as stock in its own mode
+        report("stock", "full_decode_only", "c3"),
     ]
     bench.check_agreement(reports)
     agree = {(r["spec"]["runner"], r["spec"]["mode"]): r["tokens_agree"] for r in reports}
@@ -124,8 +126,12 @@ def test_agreement_uses_stock_as_reference_per_token_family():
         ("stock", "eager"): True,
         ("v1", "full_and_piecewise"): True,
         ("plugin", "eager"): None,
+        ("plugin", "full_decode_only"): True,
+        ("stock", "full_decode_only"): True,
     }
     assert reports[3]["tokens_reference"] == "stock:eager"
+    assert reports[5]["tokens_reference"] == "stock:piecewise"
+    assert reports[7]["tokens_reference"] == "stock:full_decode_only"
 
 
 def test_table_shows_values_failures_and_disagreement():
@@ -162,9 +168,11 @@ def test_serve_command_carries_mode_and_model_settings():
     assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "/m"]
     text = " ".join(cmd)
     for part in ("--pipeline-parallel-size 2", "--max-num-seqs 64", "--port 8123",
-                 "--load-format dummy", "--attention-backend TRITON_ATTN",
+                 "--load-format auto", "--attention-backend TRITON_ATTN",
                  '--compilation-config {"cudagraph_mode": "PIECEWISE"}'):
         assert part in text
+    dummy = serve_command(RunSpec("plugin", "eager", weights="dummy"), "/m", 8123)
+    assert "--load-format dummy" in " ".join(dummy)
 
 
 def test_serve_load_uses_the_benchmark_prompts_as_words():

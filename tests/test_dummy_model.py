@@ -48,3 +48,72 @@ def test_vllm_loads_the_generated_tokenizer(model_dir):
 
     tok = get_tokenizer(str(model_dir))
     assert tok.decode(tok.encode("w7 w8 w9")) == "w7 w8 w9"
+
+
+TINY = {
+    **SHAPES["qwen3-0.6b"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from vllm_pp_cudagraph.dummy_model import write_weights
+
+    path = tmp_path_factory.mktemp("tiny")
+    (path / "config.json").write_text(json.dumps(TINY))
+    write_weights(path, TINY)
+    return path
+
+
+def test_random_weights_load_as_a_qwen3_checkpoint_with_nothing_missing(tiny_dir):
+    from transformers import Qwen3ForCausalLM
+
+    model, info = Qwen3ForCausalLM.from_pretrained(tiny_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_random_weights_are_the_same_on_every_write(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from vllm_pp_cudagraph.dummy_model import WEIGHTS_FILE, write_weights
+
+    write_weights(tmp_path, TINY)
+    first, second = load_file(tiny_dir / WEIGHTS_FILE), load_file(tmp_path / WEIGHTS_FILE)
+    assert first.keys() == second.keys()
+    assert all((first[k] == second[k]).all() for k in first)
+    # different tensors of one shape do not share values
+    assert not (first["model.layers.0.mlp.up_proj.weight"] == first["model.layers.0.mlp.gate_proj.weight"]).all()
+
+
+def test_every_layer_changes_the_greedy_output(tiny_dir):
+    """Token equality is only evidence if a wrong layer would change the tokens."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(tiny_dir).eval()
+    prompts = torch.tensor([[5, 9], [17, 3], [200, 201], [77, 300]])
+
+    def greedy():
+        with torch.no_grad():
+            out = model.generate(prompts, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        return out[:, 2:]
+
+    reference = greedy()
+    assert len({tuple(row.tolist()) for row in reference}) == len(prompts)
+    for layer in model.model.layers:
+        saved = layer.self_attn.o_proj.weight.data.clone()
+        layer.self_attn.o_proj.weight.data.zero_()
+        changed = not torch.equal(greedy(), reference)
+        layer.self_attn.o_proj.weight.data.copy_(saved)
+        assert changed, "a layer's attention output did not affect the tokens"

@@ -26,12 +26,14 @@ def synthetic_trace():
         x("kernel", "triton_attn", 4200, 900),
         x("cuda_runtime", "cudaStreamSynchronize", 5500, 700),
         x("cuda_runtime", "cudaMemcpyAsync", 5600, 10),
-        # step 3: decode, 7000..9000 us
-        x("user_annotation", "execute_context_0(0)_generation_128(128)", 7000, 600),
-        x("cuda_runtime", "cudaGraphLaunch", 7050, 20),
-        x("kernel", "triton_attn", 7100, 700),
-        # step 4: start only (end unknown: not counted)
-        x("user_annotation", "execute_context_0(0)_generation_128(128)", 9000, 600),
+        # step 3: empty (nothing scheduled while the batch is in flight), 7000..7500 us
+        x("user_annotation", "execute_context_0(0)_generation_0(0)", 7000, 50),
+        # step 4: decode, 7500..9500 us, labelled in the detailed format
+        x("user_annotation", "execute_128_context_0(sq0sk0sqsq0sqsk0)_generation_128(sq128sk300sqsq128sqsk300)", 7500, 600),
+        x("cuda_runtime", "cudaGraphLaunch", 7550, 20),
+        x("kernel", "triton_attn", 7600, 700),
+        # step 5: start only (end unknown: not counted)
+        x("user_annotation", "execute_context_0(0)_generation_128(128)", 9500, 600),
         {"ph": "i", "cat": "instant", "name": "ignored", "ts": 10},
     ]
     return {"traceEvents": ev, "distributedInfo": {"rank": 1}}
@@ -39,9 +41,10 @@ def synthetic_trace():
 
 def test_steps_split_at_execute_annotations():
     s = steps(synthetic_trace())
-    assert len(s) == 3
-    prefill, decode1, decode2 = s
+    assert len(s) == 4
+    prefill, decode1, empty, decode2 = s
     assert not prefill.decode_only and decode1.decode_only and decode2.decode_only
+    assert empty.empty and not empty.decode_only and not decode1.empty
     assert (prefill.forward_ms, prefill.period_ms, prefill.kernel_launches) == (1.5, 4.0, 2)
     assert decode1.period_ms == 3.0 and decode1.outside_forward_ms == 2.0
     assert decode1.graph_launches == 1 and decode1.kernel_launches == 0
@@ -51,7 +54,10 @@ def test_steps_split_at_execute_annotations():
 
 def test_summary_is_the_median_of_decode_steps():
     summary = summarize(steps(synthetic_trace()))
-    assert summary["steps"] == 3 and summary["decode_steps"] == 2
+    assert summary["steps"] == 4 and summary["decode_steps"] == 2 and summary["empty_steps"] == 1
+    assert summary["median_empty_period_ms"] == 0.5
+    # a request decodes once per decode step: 4000 us -> 7500 us, across the empty step
+    assert summary["median_decode_interval_ms"] == 3.5
     assert summary["median_period_ms"] == 2.5
     assert summary["median_forward_ms"] == 0.8
     assert summary["median_outside_forward_ms"] == 1.7

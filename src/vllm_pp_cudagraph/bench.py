@@ -80,17 +80,20 @@ def family(report: dict[str, Any]) -> str:
 
 
 def check_agreement(reports: list[dict[str, Any]]) -> None:
-    """Set ``tokens_agree`` on each report: same digest as its family's reference.
+    """Set ``tokens_agree`` on each report: same digest as its reference.
 
-    The reference of a token family is its first stock-V2 run, else its first
-    run; runs without a digest (failed) get None.
+    A run's reference is the stock-V2 run of the same mode when there is one
+    (the same kernels, so the tokens must be identical). Otherwise it is its
+    token family's first stock-V2 run, else the family's first run. Runs
+    without a digest (failed) get None.
     """
-    references: dict[str, dict[str, Any]] = {}
-    for report in sorted(reports, key=lambda r: r["spec"]["runner"] != "stock"):
-        if report.get("digest"):
-            references.setdefault(family(report), report)
+    ok = [r for r in reports if r.get("digest")]
+    same_mode = {r["spec"]["mode"]: r for r in ok if r["spec"]["runner"] == "stock"}
+    in_family: dict[str, dict[str, Any]] = {}
+    for report in sorted(ok, key=lambda r: r["spec"]["runner"] != "stock"):
+        in_family.setdefault(family(report), report)
     for report in reports:
-        ref = references.get(family(report))
+        ref = same_mode.get(report["spec"]["mode"]) or in_family.get(family(report))
         if not report.get("digest") or ref is None:
             report["tokens_agree"] = None
         else:
@@ -186,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of RUNNER:MODE (default: every mode, plugin and stock, plus V1)",
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed runs after warm-up")
+    parser.add_argument(
+        "--weights",
+        choices=("random", "dummy"),
+        default="random",
+        help="for a built-in shape: 'random' writes a seeded random checkpoint, so greedy "
+        "outputs depend on every layer and the token checks mean something; 'dummy' uses "
+        "vLLM's dummy loader (starts faster; its tiny weights make outputs nearly "
+        "independent of the layers, so use it for speed only)",
+    )
     parser.add_argument("--attention-backend", default="TRITON_ATTN")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per engine")
@@ -217,8 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
-    if args.serve and model is None:
-        model = str(write_model_dir(args.out / "model", shape, tokenizer=True))
+    if model is None and (args.serve or args.weights == "random"):
+        model = str(
+            write_model_dir(
+                args.out / "model", shape, tokenizer=args.serve, weights=args.weights == "random"
+            )
+        )
     reports = []
     started = time.monotonic()
     for i, (runner, mode, utilization) in enumerate(args.modes, 1):
@@ -240,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             repeat=args.repeat,
             shape=shape,
             model=model,
+            weights=args.weights,
             attention_backend=args.attention_backend or None,
             gpu_memory_utilization=utilization or args.gpu_memory_utilization,
             profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,

@@ -1,13 +1,20 @@
-"""Model configs with the shapes of real models, for runs with dummy weights.
+"""Model configs with the shapes of real models, for runs without a download.
 
-vLLM can run a model from just its ``config.json`` with ``load_format="dummy"``
-and ``skip_tokenizer_init=True``: no download, same kernels and shapes as the
-real model. Used by the GPU checks and the benchmark.
+A model directory holds the real model's ``config.json`` and, optionally, a
+checkpoint of seeded random weights (:func:`write_weights`). vLLM can also run
+from the config alone with ``load_format="dummy"``: same kernels and shapes,
+but its dummy weights are tiny (uniform in +-1e-3) and the same for every
+layer, so the layers barely move the residual stream and each output token is
+close to a function of the previous token alone. Token equality between two
+runs then says little about the layers, the attention or the KV cache; the
+random checkpoint is what the equality checks use. Used by the GPU checks and
+the benchmark.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +48,17 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 def write_model_dir(
-    directory: str | Path, shape: str = "qwen3-0.6b", tokenizer: bool = False
+    directory: str | Path,
+    shape: str = "qwen3-0.6b",
+    tokenizer: bool = False,
+    weights: bool = False,
 ) -> Path:
     """Write ``config.json`` for a built-in shape into ``directory``.
 
     With ``tokenizer=True`` also write a tokenizer covering the whole
     vocabulary (see :func:`write_tokenizer`), so servers and clients that
-    speak text work offline.
+    speak text work offline. With ``weights=True`` also write a checkpoint
+    of seeded random weights (see :func:`write_weights`).
     """
     if shape not in SHAPES:
         raise ValueError(f"Unknown model shape {shape!r}; choose one of {sorted(SHAPES)}.")
@@ -57,7 +68,75 @@ def write_model_dir(
     (path / "config.json").write_text(json.dumps(config, indent=2))
     if tokenizer:
         write_tokenizer(path, config)
+    if weights:
+        write_weights(path, config)
     return path
+
+
+def qwen3_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of a Hugging Face Qwen3 checkpoint for ``config``."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config["head_dim"]
+    q_dim = config["num_attention_heads"] * head_dim
+    kv_dim = config["num_key_value_heads"] * head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config["vocab_size"], hidden),
+        "model.norm.weight": (hidden,),
+    }
+    for i in range(config["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        shapes.update(
+            {
+                layer + "input_layernorm.weight": (hidden,),
+                layer + "post_attention_layernorm.weight": (hidden,),
+                layer + "self_attn.q_proj.weight": (q_dim, hidden),
+                layer + "self_attn.k_proj.weight": (kv_dim, hidden),
+                layer + "self_attn.v_proj.weight": (kv_dim, hidden),
+                layer + "self_attn.o_proj.weight": (hidden, q_dim),
+                layer + "self_attn.q_norm.weight": (head_dim,),
+                layer + "self_attn.k_norm.weight": (head_dim,),
+                layer + "mlp.gate_proj.weight": (inter, hidden),
+                layer + "mlp.up_proj.weight": (inter, hidden),
+                layer + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
+    if not config.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    return shapes
+
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def write_weights(path: Path, config: dict[str, Any], seed: int = 0, std: float = 0.02) -> Path:
+    """Write seeded random weights for ``config`` as ``model.safetensors``.
+
+    Matrices are normal with standard deviation ``std`` (the usual init for
+    this family), norm weights are one, so every layer changes the result
+    and greedy outputs depend on the whole forward pass. Each tensor draws
+    from its own generator seeded by ``seed`` and its name, so the file is
+    the same on every machine. An existing file is kept.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    target = Path(path) / WEIGHTS_FILE
+    if target.exists():
+        return target
+    dtype = getattr(torch, config.get("torch_dtype", "bfloat16"))
+    tensors = {}
+    for name, shape in qwen3_weight_shapes(config).items():
+        if name.endswith("norm.weight"):
+            tensors[name] = torch.ones(shape, dtype=dtype)
+            continue
+        # crc32, not hash(): str hashes change between processes, the weights must not.
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        tensors[name] = (torch.randn(shape, generator=generator) * std).to(dtype)
+    partial = target.with_suffix(".partial")
+    save_file(tensors, str(partial), metadata={"format": "pt"})
+    partial.rename(target)
+    return target
+
 
 
 SPECIAL_TOKENS = {151643: "<|endoftext|>", 151645: "<|im_end|>"}

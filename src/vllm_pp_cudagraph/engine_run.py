@@ -74,6 +74,9 @@ class RunSpec:
     repeat: int = 1
     shape: str = "qwen3-0.6b"
     model: str | None = None
+    weights: str = "random"
+    """"random": seeded random checkpoint for built-in shapes (outputs depend on
+    every layer); "dummy": vLLM's dummy loader (faster start, weak token checks)."""
     attention_backend: str | None = "TRITON_ATTN"
     gpu_memory_utilization: float = 0.5
     profile_dir: str | None = None
@@ -104,7 +107,11 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     engine_kwargs, _ = MODES[spec.mode]
     model = spec.model
     if model is None:
-        model = str(write_model_dir(tempfile.mkdtemp(prefix="pp-model-"), spec.shape))
+        model = str(
+            write_model_dir(
+                tempfile.mkdtemp(prefix="pp-model-"), spec.shape, weights=spec.weights == "random"
+            )
+        )
     extra: dict[str, Any] = {}
     if spec.profile_dir:
         from vllm.config import ProfilerConfig
@@ -115,7 +122,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     start = time.perf_counter()
     llm = LLM(
         model=model,
-        load_format="dummy",
+        load_format="dummy" if spec.weights == "dummy" else "auto",
         skip_tokenizer_init=True,
         pipeline_parallel_size=spec.pp,
         max_num_seqs=spec.max_num_seqs,

@@ -1,6 +1,6 @@
 """Run one runner / graph mode behind ``vllm serve`` and load it.
 
-Starts ``vllm serve`` on a dummy-weight model with a generated tokenizer in its
+Starts ``vllm serve`` on a built-in model shape with a generated tokenizer in its
 own process group (log streamed to a file), waits for ``/health``, sends the
 load (:mod:`vllm_pp_cudagraph.serve_load`), then stops the server with SIGINT
 and records whether it shut down cleanly.
@@ -43,7 +43,7 @@ def serve_command(
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model_dir,
         "--served-model-name", "dummy",
-        "--load-format", "dummy",
+        "--load-format", "dummy" if spec.weights == "dummy" else "auto",
         "--pipeline-parallel-size", str(spec.pp),
         "--max-num-seqs", str(spec.max_num_seqs),
         "--gpu-memory-utilization", str(spec.gpu_memory_utilization),

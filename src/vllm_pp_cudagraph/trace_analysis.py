@@ -7,8 +7,11 @@ the sampled-token broadcast, and waiting for the engine and the previous
 stage (after it). For every step this module measures the host time inside
 and outside the forward, the GPU kernel time, kernel and graph launches,
 host synchronisations and NCCL time. It summarises decode-only steps by
-their median. Traces are large, so this runs where they were written and
-only the summary travels.
+their median, and counts empty steps (nothing scheduled: the engine sends
+those while a pipelined batch is in flight) separately, with the time from
+one decode step to the next, which is what a request waits per token when
+all requests decode together. Traces are large, so this runs where they
+were written and only the summary travels.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-_STEP = re.compile(r"^execute_.*context_(\d+)\((\d+)\)")
+# Both label formats: "execute_context_C(T)_generation_G(U)" and, with
+# detailed iteration stats, "execute_N_context_C(sq..)_generation_G(sq..)".
+_STEP = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\(")
 _LAUNCH = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
 _GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
 _SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
@@ -33,6 +38,8 @@ class Step:
     """One ``execute_model`` step of one rank; times in milliseconds."""
 
     decode_only: bool
+    empty: bool
+    start_ms: float
     forward_ms: float
     period_ms: float
     kernel_ms: float
@@ -76,10 +83,12 @@ def steps(trace: dict[str, Any]) -> list[Step]:
         in_window = [k for k in kernels if start <= k["ts"] < end]
         calls = [r for r in runtime if start <= r["ts"] < end]
         syncs = [r for r in calls if r["name"].startswith(_SYNC) and "Async" not in r["name"]]
-        context_reqs = int(_STEP.match(mark["name"]).group(1))
+        context_reqs, generation_reqs = map(int, _STEP.match(mark["name"]).groups())
         result.append(
             Step(
-                decode_only=context_reqs == 0,
+                decode_only=context_reqs == 0 and generation_reqs > 0,
+                empty=context_reqs == 0 and generation_reqs == 0,
+                start_ms=start / 1000,
                 forward_ms=mark["dur"] / 1000,
                 period_ms=(end - start) / 1000,
                 kernel_ms=sum(k["dur"] for k in in_window) / 1000,
@@ -94,16 +103,25 @@ def steps(trace: dict[str, Any]) -> list[Step]:
 
 
 def summarize(all_steps: list[Step]) -> dict[str, float | int]:
-    """Median of each measure over the decode-only steps."""
+    """Medians over the decode-only steps, plus the empty steps and the decode interval."""
     decode = [s for s in all_steps if s.decode_only]
-    summary: dict[str, float | int] = {"steps": len(all_steps), "decode_steps": len(decode)}
+    empty = [s for s in all_steps if s.empty]
+    summary: dict[str, float | int] = {
+        "steps": len(all_steps),
+        "decode_steps": len(decode),
+        "empty_steps": len(empty),
+    }
+    if empty:
+        summary["median_empty_period_ms"] = round(statistics.median(s.period_ms for s in empty), 3)
     if not decode:
         return summary
-    fields = [*asdict(decode[0]).keys(), "outside_forward_ms"]
+    skip = {"decode_only", "empty", "start_ms"}
+    fields = [name for name in asdict(decode[0]) if name not in skip] + ["outside_forward_ms"]
     for name in fields:
-        if name == "decode_only":
-            continue
         summary[f"median_{name}"] = round(statistics.median(getattr(s, name) for s in decode), 3)
+    intervals = [b.start_ms - a.start_ms for a, b in zip(decode, decode[1:])]
+    if intervals:
+        summary["median_decode_interval_ms"] = round(statistics.median(intervals), 3)
     return summary
 
 

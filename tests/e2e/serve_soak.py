@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), tokenizer=True))
+    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), tokenizer=True, weights=True))
     extra = (["--num-gpu-blocks-override", "512"] if args.preemption else []) + (
         ["--distributed-executor-backend", "ray"] if args.ray else [])
     results = []

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU runs behind benchmarks/results/, on one 4-GPU host: two PP=2 engines side
+# by side, each on its own pair of GPUs, each job running its engines one at a time.
+#
+#   bash benchmarks/gpu_matrix.sh start JOB_A JOB_B  # JOB_A on GPUs 0,1, JOB_B on 2,3, detached
+#   bash benchmarks/gpu_matrix.sh wait SECONDS       # wait, print progress, pack results into $OUT
+#
+# Jobs:
+#   table          the bench table, every mode, warm-up + median of 3
+#   extras         27-layer model (uneven split) incl. gpu_memory_utilization=0.92,
+#                  decode-step profiles, vLLM's default attention backend
+#   tokens-graphs  plugin vs stock token equality, compiled modes, random weights
+#   tokens-eager   the same for eager and breakable, and on the 27-layer model
+set -u
+RES=${RES:-/tmp/res}
+export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+BENCH="python3 -m vllm_pp_cudagraph.bench"
+
+job_table() {
+  $BENCH --weights dummy --repeat 3 --timeout 240 --deadline 1000 --out "$RES/table"
+}
+
+job_extras() {
+  $BENCH --weights dummy --model qwen3-0.6b-27l --repeat 0 --timeout 220 --deadline 520 --out "$RES/uneven" \
+    --modes stock:piecewise,plugin:full_and_piecewise@0.92,plugin:piecewise,plugin:full_decode_only,stock:eager,plugin:breakable,plugin:eager
+  $BENCH --weights dummy --repeat 1 --profile --timeout 240 --deadline 330 --out "$RES/profile" \
+    --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise,plugin:eager
+  $BENCH --weights dummy --repeat 0 --attention-backend "" --timeout 200 --deadline 240 --out "$RES/default-backend" \
+    --modes stock:piecewise,plugin:full_and_piecewise,stock:eager,plugin:breakable
+}
+
+job_tokens-graphs() {
+  $BENCH --repeat 0 --timeout 200 --deadline 330 --out "$RES/tokens-graphs" \
+    --modes stock:piecewise,plugin:piecewise,plugin:full_and_piecewise,stock:full_and_piecewise,plugin:full_decode_only,stock:full_decode_only
+}
+
+job_tokens-eager() {
+  $BENCH --repeat 0 --timeout 150 --deadline 220 --out "$RES/tokens-eager" \
+    --modes stock:eager,plugin:eager,plugin:breakable,stock:breakable
+  $BENCH --model qwen3-0.6b-27l --repeat 0 --timeout 100 --deadline 110 --out "$RES/tokens-uneven" \
+    --modes stock:eager,plugin:breakable,plugin:eager
+}
+
+case "$1" in
+  start)
+    mkdir -p "$RES"
+    setsid bash "$0" run "$2" 0,1 >"$RES/$2.out" 2>&1 </dev/null &
+    setsid bash "$0" run "$3" 2,3 >"$RES/$3.out" 2>&1 </dev/null &
+    sleep 2; echo started ;;
+  run)
+    export CUDA_VISIBLE_DEVICES=$3 VLLM_CACHE_ROOT=/tmp/vcache-$2
+    "job_$2"; echo "JOB DONE rc=$?" ;;
+  wait)
+    end=$((SECONDS + $2))
+    while [ $SECONDS -lt $end ]; do
+      [ "$(grep -l 'JOB DONE' "$RES"/*.out 2>/dev/null | wc -l)" -ge 2 ] && break
+      sleep 10
+    done
+    for f in "$RES"/*.out; do echo "== $f"; grep -E '^\[|JOB DONE|agree|Error' "$f" | tail -25; done
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
+    # traces stay behind (large); their per-step summaries are in the JSON
+    tar -C "$RES" --exclude=traces --exclude=model -czf "$OUT/res.tgz" . && ls -la "$OUT" ;;
+esac
