@@ -134,6 +134,14 @@ def test_agreement_uses_stock_as_reference_per_token_family():
     assert reports[7]["tokens_reference"] == "stock:full_decode_only"
 
 
+def test_agreement_counts_the_requests_that_differ():
+    stock = report("stock", "eager", "e1", request_digests=["a", "b", "c", "d"])
+    plugin = report("plugin", "eager", "e2", request_digests=["a", "x", "c", "y"])
+    bench.check_agreement([plugin, stock])
+    assert plugin["tokens_agree"] is False and plugin["requests_differ"] == 2
+    assert stock["requests_differ"] == 0
+
+
 def test_table_shows_values_failures_and_disagreement():
     ok = report("plugin", "piecewise", "c1", output_tok_per_s=5120.0, tpot_mean_ms=3.456,
                 tokens_agree=True)
@@ -181,3 +189,17 @@ def test_serve_load_uses_the_benchmark_prompts_as_words():
     assert spec.num_requests == 4 and spec.stream_fraction == 1.0 and spec.cancel_fraction == 0.0
     assert [len(p.split()) for p in spec.prompts] == [3, 3, 3, 3]
     assert spec.prompts[0].split()[0] == f"w{make_prompts(4, 3)[0][0]}"
+
+
+def test_one_batch_generation_calls_what_vllms_llm_offers():
+    """The queue-then-run sequence uses LLM methods with these exact parameters."""
+    import inspect
+
+    from vllm import LLM
+
+    params = {name: set(inspect.signature(getattr(LLM, name)).parameters)
+              for name in ("sleep", "enqueue", "wake_up", "wait_for_completion")}
+    assert {"level"} <= params["sleep"]
+    assert {"prompts", "sampling_params", "use_tqdm"} <= params["enqueue"]
+    assert {"tags"} <= params["wake_up"]
+    assert {"use_tqdm"} <= params["wait_for_completion"]

@@ -99,6 +99,9 @@ def check_agreement(reports: list[dict[str, Any]]) -> None:
         else:
             report["tokens_agree"] = report["digest"] == ref["digest"]
             report["tokens_reference"] = f"{ref['spec']['runner']}:{ref['spec']['mode']}"
+            mine, theirs = report.get("request_digests"), ref.get("request_digests")
+            if mine and theirs and len(mine) == len(theirs):
+                report["requests_differ"] = sum(a != b for a, b in zip(mine, theirs))
 
 
 def _cell(report: dict[str, Any], key: str, fmt: str) -> str:
@@ -290,7 +293,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"profile {r['spec']['runner']}:{r['spec']['mode']} {rank}: {summary}")
     disagree = [r for r in reports if r.get("tokens_agree") is False]
     for r in disagree:
-        print(f"TOKENS DIFFER: {r['spec']['runner']}:{r['spec']['mode']} vs {r['tokens_reference']}")
+        share = (
+            f" ({r['requests_differ']} of {len(r['request_digests'])} requests)"
+            if "requests_differ" in r
+            else ""
+        )
+        print(
+            f"TOKENS DIFFER: {r['spec']['runner']}:{r['spec']['mode']} vs "
+            f"{r['tokens_reference']}{share}"
+        )
     result = {"command": sys.argv, "args": {k: str(v) for k, v in vars(args).items()}, "runs": reports}
     (args.out / "bench.json").write_text(json.dumps(result, indent=1))
     write_plot(reports, args.out / "bench.png")

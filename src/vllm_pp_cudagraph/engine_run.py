@@ -139,7 +139,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
 
     def generate() -> tuple[dict[str, Any], list]:
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
+        outs = generate_as_one_batch(llm, prompts, params)
         elapsed = time.perf_counter() - t0
         timings = [
             RequestTiming(
@@ -162,6 +162,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     chosen = median_run(runs) if runs else warmup
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     return {
+        "request_digests": [token_digest([t])[:8] for t in tokens],
         "spec": asdict(spec),
         "init_s": round(init_s, 2),
         "warmup": warmup,
@@ -172,6 +173,24 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         "digest": token_digest(tokens),
         "num_output_tokens": sum(map(len, tokens)),
     }
+
+
+def generate_as_one_batch(llm, prompts: list, params) -> list:
+    """``llm.generate``, but every request is queued before the first step.
+
+    The engine core runs in its own process and starts scheduling as soon as
+    the first request arrives, so plain ``generate`` splits the prompts over
+    the first steps by timing. Different batches round differently, and with
+    weights that make outputs sensitive, greedy tokens then differ from run to
+    run of the same engine. Pausing the scheduler (vLLM's sleep level 0) while
+    queueing makes the batches, and so the tokens, the same on every run.
+    """
+    llm.sleep(level=0)
+    try:
+        llm.enqueue(prompts, params, use_tqdm=False)
+    finally:
+        llm.wake_up(tags=["scheduling"])
+    return llm.wait_for_completion(use_tqdm=False)
 
 
 def engine_env(spec: RunSpec) -> dict[str, str]:
