@@ -95,6 +95,13 @@ def test_median_run_is_the_middle_elapsed():
         median_run([])
 
 
+def test_spread_is_the_range_over_the_fastest_run():
+    from vllm_pp_cudagraph.stats import spread_pct
+
+    assert spread_pct([{"elapsed_s": 10.5}, {"elapsed_s": 6.78}, {"elapsed_s": 8.04}]) == 54.9
+    assert spread_pct([{"elapsed_s": 2.0}]) is None
+
+
 def test_capture_stats_take_the_slowest_stage():
     log = (
         "(Worker_PP0) INFO Graph capturing finished in 1 secs, took 0.13 GiB\n"
@@ -148,7 +155,7 @@ def test_table_shows_values_failures_and_disagreement():
     bad = report("plugin", "eager", None, req_per_s=None, tokens_agree=None)
     differ = report("stock", "piecewise", "c2", tokens_agree=False)
     table = bench.render_table([ok, bad, differ]).splitlines()
-    assert table[0].split()[:3] == ["run", "req/s", "out"]
+    assert table[0].split()[:4] == ["run", "req/s", "spread", "%"]
     assert "plugin:piecewise" in table[2] and "10.00" in table[2] and "3.46" in table[2]
     assert "yes" in table[2]
     assert "FAILED" in table[3]

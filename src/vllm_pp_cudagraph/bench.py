@@ -38,6 +38,7 @@ DEFAULT_MODES = [
 COLUMNS = [
     ("run", "run", "{}"),
     ("req_per_s", "req/s", "{:.2f}"),
+    ("spread_pct", "spread %", "{:.0f}"),
     ("output_tok_per_s", "out tok/s", "{:.0f}"),
     ("ttft_mean_ms", "TTFT ms", "{:.1f}"),
     ("ttft_p99_ms", "TTFT p99", "{:.1f}"),

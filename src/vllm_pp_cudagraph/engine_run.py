@@ -26,7 +26,13 @@ from typing import Any
 
 from vllm_pp_cudagraph.dummy_model import write_model_dir
 from vllm_pp_cudagraph.trace_analysis import analyze_dir
-from vllm_pp_cudagraph.stats import RequestTiming, capture_stats, median_run, summarize_requests
+from vllm_pp_cudagraph.stats import (
+    RequestTiming,
+    capture_stats,
+    median_run,
+    spread_pct,
+    summarize_requests,
+)
 
 #: Graph modes: engine keyword arguments and environment for each.
 MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
@@ -168,6 +174,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         "warmup": warmup,
         "runs": runs,
         "req_per_s": round(spec.prompts / chosen["elapsed_s"], 2),
+        "spread_pct": spread_pct(runs),
         "output_tok_per_s": round(sum(map(len, tokens)) / chosen["elapsed_s"], 1),
         **{k: round(v, 3) for k, v in chosen.items() if k != "elapsed_s"},
         "digest": token_digest(tokens),

@@ -57,6 +57,14 @@ def median_run(runs: Sequence[dict]) -> dict:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def spread_pct(runs: Sequence[dict]) -> float | None:
+    """(slowest - fastest) / fastest elapsed time over the timed runs, in percent."""
+    if len(runs) < 2:
+        return None
+    times = [r["elapsed_s"] for r in runs]
+    return round(100 * (max(times) - min(times)) / min(times), 1)
+
+
 _CAPTURE = re.compile(r"Graph capturing finished in (\d+(?:\.\d+)?) secs, took (-?\d+(?:\.\d+)?) GiB")
 
 
