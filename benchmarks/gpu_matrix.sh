@@ -11,6 +11,10 @@
 #                  decode-step profiles, vLLM's default attention backend
 #   tokens-graphs  plugin vs stock token equality, compiled modes, random weights
 #   tokens-eager   the same for eager and breakable, and on the 27-layer model
+#   table-v2       the table with today's defaults (random weights, requests queued as
+#                  one batch), the balanced plugin, and 512 prompts
+#   tokens-v2      token equality with stock run twice (its own noise), compiled and
+#                  eager families, 27 layers at 0.92, then decode-step profiles
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -40,6 +44,22 @@ job_tokens-eager() {
     --modes stock:eager,plugin:eager,plugin:breakable,stock:breakable
   $BENCH --model qwen3-0.6b-27l --repeat 0 --timeout 100 --deadline 110 --out "$RES/tokens-uneven" \
     --modes stock:eager,plugin:breakable,plugin:eager
+}
+
+job_table-v2() {
+  $BENCH --repeat 3 --timeout 240 --deadline 900 --out "$RES/table-v2" \
+    --modes "$(python3 -c 'from vllm_pp_cudagraph.bench import DEFAULT_MODES; print(",".join(DEFAULT_MODES))'),plugin-balanced:full_and_piecewise"
+  $BENCH --prompts 512 --repeat 3 --timeout 240 --deadline 420 --out "$RES/table-v2-512" \
+    --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise,plugin-balanced:full_and_piecewise
+}
+
+job_tokens-v2() {
+  $BENCH --repeat 0 --timeout 200 --deadline 600 --out "$RES/tokens-v2" \
+    --modes stock:eager,stock:eager,plugin:eager,plugin:breakable,stock:breakable,stock:piecewise,stock:piecewise,plugin:piecewise,plugin:full_and_piecewise,stock:full_and_piecewise,plugin:full_decode_only,stock:full_decode_only
+  $BENCH --model qwen3-0.6b-27l --repeat 0 --timeout 200 --deadline 360 --out "$RES/tokens-v2-uneven" \
+    --modes stock:full_and_piecewise,plugin:full_and_piecewise@0.92,stock:eager,plugin:breakable
+  $BENCH --repeat 1 --profile --timeout 200 --deadline 360 --out "$RES/profile-v2" \
+    --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise,plugin-balanced:full_and_piecewise
 }
 
 case "$1" in

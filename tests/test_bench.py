@@ -147,6 +147,13 @@ def test_agreement_uses_stock_as_reference_per_token_family():
     assert reports[7]["tokens_reference"] == "stock:full_decode_only"
 
 
+def test_a_second_stock_run_is_checked_against_the_first():
+    first, second = report("stock", "eager", "e1"), report("stock", "eager", "e9")
+    plugin = report("plugin", "eager", "e1")
+    bench.check_agreement([first, second, plugin])
+    assert (first["tokens_agree"], second["tokens_agree"], plugin["tokens_agree"]) == (True, False, True)
+
+
 def test_agreement_counts_the_requests_that_differ():
     stock = report("stock", "eager", "e1", request_digests=["a", "b", "c", "d"])
     plugin = report("plugin", "eager", "e2", request_digests=["a", "x", "c", "y"])

@@ -83,13 +83,17 @@ def family(report: dict[str, Any]) -> str:
 def check_agreement(reports: list[dict[str, Any]]) -> None:
     """Set ``tokens_agree`` on each report: same digest as its reference.
 
-    A run's reference is the stock-V2 run of the same mode when there is one
-    (the same kernels, so the tokens must be identical). Otherwise it is its
+    A run's reference is the first stock-V2 run of the same mode when there is
+    one (the same kernels, so the tokens must be identical; a second stock run
+    of that mode thereby checks that stock repeats itself). Otherwise it is its
     token family's first stock-V2 run, else the family's first run. Runs
     without a digest (failed) get None.
     """
     ok = [r for r in reports if r.get("digest")]
-    same_mode = {r["spec"]["mode"]: r for r in ok if r["spec"]["runner"] == "stock"}
+    same_mode: dict[str, dict[str, Any]] = {}
+    for report in ok:
+        if report["spec"]["runner"] == "stock":
+            same_mode.setdefault(report["spec"]["mode"], report)
     in_family: dict[str, dict[str, Any]] = {}
     for report in sorted(ok, key=lambda r: r["spec"]["runner"] != "stock"):
         in_family.setdefault(family(report), report)
@@ -240,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     reports = []
+    seen: dict[str, int] = {}
     started = time.monotonic()
     for i, (runner, mode, utilization) in enumerate(args.modes, 1):
         timeout = args.timeout
@@ -249,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{i}/{len(args.modes)}] {runner}:{mode}: skipped (--deadline)", flush=True)
                 continue
         log_name = f"{runner}-{mode}" + (f"-{utilization}" if utilization else "")
+        seen[log_name] = seen.get(log_name, 0) + 1
+        if seen[log_name] > 1:  # the same run again, e.g. stock twice to see run-to-run noise
+            log_name += f"-run{seen[log_name]}"
         spec = RunSpec(
             runner=runner,
             mode=mode,
