@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model",
         default="qwen3-0.6b",
-        help=f"a model directory, or a built-in shape with dummy weights: {sorted(SHAPES)}",
+        help=f"a model directory, or a built-in shape (no download, see --weights): {sorted(SHAPES)}",
     )
     parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size")
     parser.add_argument("--prompts", type=int, default=128)

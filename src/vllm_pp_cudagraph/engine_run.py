@@ -4,8 +4,9 @@ Each runner / graph-mode pair needs its own process: vLLM loads plugins once
 per process and the breakable-graph switch is read when attention modules are
 imported. :func:`run_in_subprocess` starts ``python -m
 vllm_pp_cudagraph.engine_run`` with the right environment; the child builds
-an offline ``LLM`` on a dummy-weight model, generates greedily, and prints one
-JSON report (timings, token digests, the plugin's log lines).
+an offline ``LLM`` on a built-in model shape (seeded random weights, or vLLM's
+dummy loader) or a given model, generates greedily with every request queued
+before the first step, and prints one JSON report (timings, token digests).
 """
 
 from __future__ import annotations
