@@ -83,6 +83,15 @@ def test_planned_graph_count(mode, graphs_per_size):
 
 
 def test_memory_extrapolation_counts_shared_pool_once():
-    assert extrapolate([1000, 10], 5) == 1000 + 4 * 10
-    assert extrapolate([1000], 1) == 1000
+    mib = 1 << 20
+    assert extrapolate([100 * mib, 5 * mib], 5) == 100 * mib + 4 * 5 * mib
+    assert extrapolate([100 * mib], 1) == 100 * mib
     assert extrapolate([], 3) == 0
+
+
+def test_a_second_sample_under_one_page_still_costs_a_page_per_graph():
+    """The 2x H200 readings: 60 MiB, then 0; capture then used 133 MiB for 35 graphs."""
+    mib = 1 << 20
+    estimate = extrapolate([60 * mib, 0], 35)
+    assert estimate == 60 * mib + 34 * 2 * mib
+    assert abs(estimate - 133 * mib) / (133 * mib) < 0.05

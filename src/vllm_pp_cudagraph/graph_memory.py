@@ -8,7 +8,8 @@ runner measures instead: it captures the model's forward at the two largest
 capture sizes into a throw-away pool (with attention skipped, as vLLM's own
 profiling run does, since no KV cache exists yet) and extrapolates to the
 number of graphs the configured mode will capture. The first sample holds the
-pool's shared activations, the second the cost of one more graph.
+pool's shared activations, the second the cost of one more graph (at least
+one device page).
 """
 
 from __future__ import annotations
@@ -33,11 +34,23 @@ def planned_graph_count(mode: CUDAGraphMode, capture_sizes: list[int]) -> int:
     return per_size * len(capture_sizes)
 
 
+#: The device hands out memory in 2 MiB pages, so a free-memory reading moves in
+#: those steps: a second sample of 0 means "under one page", not "free". On 2x
+#: H200 (Qwen3-0.6B shape, PP=2) the second sample read 0 while capture then
+#: used about 3.8 MiB per capture size. With one page per graph the estimate
+#: comes to 128 MiB for PIECEWISE's 35 graphs (133 used) and 198 MiB for
+#: FULL_AND_PIECEWISE's 70 planned graphs (54 captured, 164 used).
+MIN_BYTES_PER_GRAPH = 2 << 20
+
+
 def extrapolate(samples: list[int], num_graphs: int) -> int:
-    """First sample (shared pool) plus the per-graph cost for the rest."""
+    """First sample (shared pool) plus the per-graph cost for the rest.
+
+    Each further graph costs at least one device page (MIN_BYTES_PER_GRAPH).
+    """
     if not samples or num_graphs == 0:
         return 0
-    per_graph = max(samples[1], 0) if len(samples) > 1 else 0
+    per_graph = max(samples[1] if len(samples) > 1 else 0, MIN_BYTES_PER_GRAPH)
     return max(samples[0], 0) + per_graph * (num_graphs - 1)
 
 
