@@ -117,3 +117,13 @@ def test_every_layer_changes_the_greedy_output(tiny_dir):
         changed = not torch.equal(greedy(), reference)
         layer.self_attn.o_proj.weight.data.copy_(saved)
         assert changed, "a layer's attention output did not affect the tokens"
+
+
+def test_an_existing_checkpoint_is_kept_not_rewritten(tiny_dir):
+    from vllm_pp_cudagraph.dummy_model import WEIGHTS_FILE, write_weights
+
+    target = tiny_dir / WEIGHTS_FILE
+    before = target.stat().st_mtime_ns
+    assert write_weights(tiny_dir, TINY) == target
+    assert target.stat().st_mtime_ns == before
+    assert not list(tiny_dir.glob("*.partial"))

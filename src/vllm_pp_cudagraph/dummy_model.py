@@ -14,6 +14,7 @@ the benchmark.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,8 @@ def write_weights(path: Path, config: dict[str, Any], seed: int = 0, std: float 
     this family), norm weights are one, so every layer changes the result
     and greedy outputs depend on the whole forward pass. Each tensor draws
     from its own generator seeded by ``seed`` and its name, so the file is
-    the same on every machine. An existing file is kept.
+    the same on every machine. An existing file is kept, so a directory
+    serves every engine that needs the same shape.
     """
     import torch
     from safetensors.torch import save_file
@@ -132,7 +134,8 @@ def write_weights(path: Path, config: dict[str, Any], seed: int = 0, std: float 
         # crc32, not hash(): str hashes change between processes, the weights must not.
         generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         tensors[name] = (torch.randn(shape, generator=generator) * std).to(dtype)
-    partial = target.with_suffix(".partial")
+    # Per-process name: engines started side by side may write the same file.
+    partial = target.with_suffix(f".{os.getpid()}.partial")
     save_file(tensors, str(partial), metadata={"format": "pt"})
     partial.rename(target)
     return target

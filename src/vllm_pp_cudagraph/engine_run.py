@@ -116,11 +116,10 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     engine_kwargs, _ = MODES[spec.mode]
     model = spec.model
     if model is None:
-        model = str(
-            write_model_dir(
-                tempfile.mkdtemp(prefix="pp-model-"), spec.shape, weights=spec.weights == "random"
-            )
-        )
+        # One directory per shape and weights, shared by every engine started
+        # this way: the 1.2 GB checkpoint is written once, not once per engine.
+        cache = Path(tempfile.gettempdir()) / f"vllm-pp-cudagraph-{spec.shape}-{spec.weights}"
+        model = str(write_model_dir(cache, spec.shape, weights=spec.weights == "random"))
     extra: dict[str, Any] = {}
     if spec.profile_dir:
         from vllm.config import ProfilerConfig
