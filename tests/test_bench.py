@@ -162,6 +162,14 @@ def test_agreement_counts_the_requests_that_differ():
     assert stock["requests_differ"] == 0
 
 
+def test_an_engine_that_does_not_repeat_its_own_tokens_does_not_agree():
+    stock = report("stock", "piecewise", "c1", run_digests=["c1", "c1", "c1"])
+    plugin = report("plugin", "piecewise", "c1", run_digests=["c1", "c7", "c1"])
+    bench.check_agreement([stock, plugin])
+    assert stock["repeats_itself"] and stock["tokens_agree"]
+    assert plugin["repeats_itself"] is False and plugin["tokens_agree"] is False
+
+
 def test_table_shows_values_failures_and_disagreement():
     ok = report("plugin", "piecewise", "c1", output_tok_per_s=5120.0, tpot_mean_ms=3.456,
                 tokens_agree=True)

@@ -87,7 +87,9 @@ def check_agreement(reports: list[dict[str, Any]]) -> None:
     one (the same kernels, so the tokens must be identical; a second stock run
     of that mode thereby checks that stock repeats itself). Otherwise it is its
     token family's first stock-V2 run, else the family's first run. Runs
-    without a digest (failed) get None.
+    without a digest (failed) get None. A run whose timed passes did not all
+    give its warm-up's tokens (``repeats_itself`` False) does not agree either:
+    with every pass's batches formed alike, an engine must repeat itself.
     """
     ok = [r for r in reports if r.get("digest")]
     same_mode: dict[str, dict[str, Any]] = {}
@@ -102,7 +104,9 @@ def check_agreement(reports: list[dict[str, Any]]) -> None:
         if not report.get("digest") or ref is None:
             report["tokens_agree"] = None
         else:
-            report["tokens_agree"] = report["digest"] == ref["digest"]
+            passes = report.get("run_digests") or []
+            report["repeats_itself"] = all(d == report["digest"] for d in passes)
+            report["tokens_agree"] = report["repeats_itself"] and report["digest"] == ref["digest"]
             report["tokens_reference"] = f"{ref['spec']['runner']}:{ref['spec']['mode']}"
             mine, theirs = report.get("request_digests"), ref.get("request_digests")
             if mine and theirs and len(mine) == len(theirs):
@@ -302,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"profile {r['spec']['runner']}:{r['spec']['mode']} {rank}: {summary}")
     disagree = [r for r in reports if r.get("tokens_agree") is False]
     for r in disagree:
+        if not r["repeats_itself"]:
+            print(
+                f"TOKENS DIFFER: {r['spec']['runner']}:{r['spec']['mode']} gave other tokens "
+                f"in its timed passes than in its warm-up ({r['run_digests']} vs {r['digest']})"
+            )
+            continue
         share = (
             f" ({r['requests_differ']} of {len(r['request_digests'])} requests)"
             if "requests_differ" in r

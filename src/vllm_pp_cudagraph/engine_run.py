@@ -161,8 +161,15 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         ]
         return {"elapsed_s": round(elapsed, 4), **summarize_requests(timings)}, outs
 
+    def digest_of(outs: list) -> str:
+        return token_digest([list(o.outputs[0].token_ids) for o in outs])
+
     warmup, outputs = generate()
-    runs = [generate()[0] for _ in range(spec.repeat)]
+    runs, run_digests = [], []
+    for _ in range(spec.repeat):
+        run, outs = generate()
+        runs.append(run)
+        run_digests.append(digest_of(outs))
     if spec.profile_dir:
         llm.start_profile()
         generate()
@@ -180,6 +187,8 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         "output_tok_per_s": round(sum(map(len, tokens)) / chosen["elapsed_s"], 1),
         **{k: round(v, 3) for k, v in chosen.items() if k != "elapsed_s"},
         "digest": token_digest(tokens),
+        # the same engine must repeat its own tokens once batches are formed alike
+        "run_digests": run_digests,
         "num_output_tokens": sum(map(len, tokens)),
     }
 
