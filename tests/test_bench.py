@@ -42,12 +42,6 @@ def test_default_modes_cover_plugin_stock_and_v1():
         assert ("plugin", mode, None) in modes and ("stock", mode, None) in modes
 
 
-def test_balanced_plugin_is_a_runner_of_its_own():
-    assert bench.parse_modes("plugin-balanced:full_and_piecewise") == [
-        ("plugin-balanced", "full_and_piecewise", None)
-    ]
-
-
 def test_mode_may_carry_its_own_memory_utilization():
     assert bench.parse_modes("plugin:full_and_piecewise@0.92") == [
         ("plugin", "full_and_piecewise", 0.92)

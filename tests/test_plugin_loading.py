@@ -82,17 +82,3 @@ def test_vllm_loader_with_other_plugin_named_never_calls_us():
     assert report["v2_env"] is None
     assert report["applied"] is False
     assert "vllm-pp-cudagraph active" not in log
-
-
-def test_decode_balancing_reaches_the_scheduler_only_when_asked_for():
-    script = """
-import json
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-print(json.dumps({"patched": AsyncScheduler._update_after_schedule.__module__}))
-"""
-    on, _ = run_python(script, {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_BALANCE_DECODES": "1"})
-    off, _ = run_python(script, {"VLLM_PLUGINS": "pp_cudagraph"})
-    assert on["patched"] == "vllm_pp_cudagraph.patches"
-    assert off["patched"] == "vllm.v1.core.sched.async_scheduler"

@@ -19,8 +19,6 @@ SUPPORTED_RANGE = ">=0.26.0,<0.27"
 V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 #: Module holding MRV2's CUDA-graph manager.
 V2_CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
-#: Module holding the scheduler vLLM uses with async scheduling (MRV2's default).
-ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
 #: Modules whose attention ops are decorated for breakable graphs at import time.
 BREAKABLE_DECORATED_MODULES = ("vllm.model_executor.layers.attention.attention",)
 

@@ -53,8 +53,6 @@ MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
 #: Runners: environment that selects each.
 RUNNERS: dict[str, dict[str, str]] = {
     "plugin": {"VLLM_PLUGINS": "pp_cudagraph"},
-    # The plugin with its experimental decode balancing (docs/performance.md).
-    "plugin-balanced": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_BALANCE_DECODES": "1"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
 }

@@ -110,26 +110,6 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo | None:
     return _set_env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
 
 
-def _patch_decode_balance(settings: PPCudaGraphSettings) -> Undo | None:
-    if not settings.balance_decodes:
-        return None
-    from vllm_pp_cudagraph.decode_balance import rebalance_decode_slots
-
-    scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
-    original = scheduler_cls.__dict__["_update_after_schedule"]
-
-    def _update_after_schedule(self, scheduler_output) -> None:
-        original(self, scheduler_output)
-        rebalance_decode_slots(self, scheduler_output)
-
-    scheduler_cls._update_after_schedule = _update_after_schedule
-
-    def undo() -> None:
-        scheduler_cls._update_after_schedule = original
-
-    return undo
-
-
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="v2-runner-default",
@@ -172,23 +152,8 @@ PATCHES: tuple[Patch, ...] = (
         ),
         apply=_patch_v2_runner_class,
     ),
-    Patch(
-        name="decode-balance",
-        target=(
-            f"{compat.ASYNC_SCHEDULER_MODULE}.AsyncScheduler._update_after_schedule "
-            "(with VLLM_PP_CUDAGRAPH_BALANCE_DECODES=1)"
-        ),
-        why=(
-            "Under PP, MRV2's decode cadence puts requests that start together into "
-            "one group, so every other step is empty. After vLLM sets each decode's "
-            "next eligible step, the plugin delays the newest ones into emptier "
-            "groups (decode_balance.py). The scheduler has no hook for this, and "
-            "it runs in the engine-core process, which the runner never reaches."
-        ),
-        drop_when="vLLM's scheduler balances the PP decode groups itself.",
-        apply=_patch_decode_balance,
-    ),
 )
+
 
 @dataclass(frozen=True)
 class ScopedPatch:

@@ -60,17 +60,6 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
-    balance_decodes: EnvBool = Field(
-        default=False,
-        description=(
-            "Experimental, for measuring: spread decoding requests evenly over the "
-            "pipeline_parallel_size steps of Model Runner V2's decode cadence, so "
-            "no step runs empty while the requests sit in one group. Changes the "
-            "batches, so greedy tokens may differ from stock vLLM's (vLLM is not "
-            "batch-invariant)."
-        ),
-    )
-
     @staticmethod
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()
