@@ -11,10 +11,13 @@
 #                  decode-step profiles, vLLM's default attention backend
 #   tokens-graphs  plugin vs stock token equality, compiled modes, random weights
 #   tokens-eager   the same for eager and breakable, and on the 27-layer model
-#   table-v2       the table with today's defaults (random weights, requests queued as
-#                  one batch), the balanced plugin, and 512 prompts
-#   tokens-v2      token equality with stock run twice (its own noise), compiled and
-#                  eager families, 27 layers at 0.92, then decode-step profiles
+#   main           the table with today's defaults (random weights, requests queued as
+#                  one batch), stock eager and piecewise run twice (stock's own noise),
+#                  then token equality on the 27-layer model incl. 0.92
+#   perf           V1 / stock / plugin FULL_AND_PIECEWISE at 128 and 512 prompts, then
+#                  profiles at 512
+#   soak-compiled  serving soak, compiled modes, then the start-up refusals
+#   soak-eager     serving soak, eager and breakable, then piecewise with preemption
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -46,20 +49,27 @@ job_tokens-eager() {
     --modes stock:eager,plugin:breakable,plugin:eager
 }
 
-job_table-v2() {
-  $BENCH --repeat 3 --timeout 240 --deadline 900 --out "$RES/table-v2" \
-    --modes "$(python3 -c 'from vllm_pp_cudagraph.bench import DEFAULT_MODES; print(",".join(DEFAULT_MODES))'),plugin-balanced:full_and_piecewise"
-  $BENCH --prompts 512 --repeat 3 --timeout 240 --deadline 420 --out "$RES/table-v2-512" \
-    --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise,plugin-balanced:full_and_piecewise
+job_main() {
+  $BENCH --repeat 3 --timeout 240 --deadline 1100 --out "$RES/table-v2" \
+    --modes "$(python3 -c 'from vllm_pp_cudagraph.bench import DEFAULT_MODES; print(",".join(DEFAULT_MODES))'),stock:eager,stock:piecewise"
+  $BENCH --model qwen3-0.6b-27l --repeat 0 --timeout 200 --deadline 300 --out "$RES/tokens-v2-uneven" \
+    --modes stock:full_and_piecewise,plugin:full_and_piecewise@0.92,stock:eager,plugin:breakable,plugin:eager
 }
 
-job_tokens-v2() {
-  $BENCH --repeat 0 --timeout 200 --deadline 600 --out "$RES/tokens-v2" \
-    --modes stock:eager,stock:eager,plugin:eager,plugin:breakable,stock:breakable,stock:piecewise,stock:piecewise,plugin:piecewise,plugin:full_and_piecewise,stock:full_and_piecewise,plugin:full_decode_only,stock:full_decode_only
-  $BENCH --model qwen3-0.6b-27l --repeat 0 --timeout 200 --deadline 360 --out "$RES/tokens-v2-uneven" \
-    --modes stock:full_and_piecewise,plugin:full_and_piecewise@0.92,stock:eager,plugin:breakable
-  $BENCH --repeat 1 --profile --timeout 200 --deadline 360 --out "$RES/profile-v2" \
-    --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise,plugin-balanced:full_and_piecewise
+job_perf() {
+  local modes=v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise
+  $BENCH --repeat 3 --timeout 240 --deadline 600 --out "$RES/perf-128" --modes $modes
+  $BENCH --prompts 512 --repeat 3 --timeout 240 --deadline 600 --out "$RES/perf-512" --modes $modes
+  $BENCH --prompts 512 --repeat 1 --profile --timeout 240 --deadline 600 --out "$RES/profile-512" --modes $modes
+}
+
+job_soak-compiled() {
+  python3 -m tests.e2e.serve_soak --out "$RES/soak-compiled" --modes piecewise,full_and_piecewise,full_decode_only --refusals
+}
+
+job_soak-eager() {
+  python3 -m tests.e2e.serve_soak --out "$RES/soak-eager" --modes eager,breakable --port 8100
+  python3 -m tests.e2e.serve_soak --out "$RES/soak-preemption" --modes piecewise --preemption --port 8100
 }
 
 case "$1" in

@@ -95,7 +95,12 @@ def run_serve_mode(
                 wait_until_healthy(load.base_url, startup_timeout_s, lambda: proc.poll() is None)
             )
             if not healthy:
-                report["error"] = f"server not healthy within {startup_timeout_s} s (rc={proc.poll()})"
+                rc = proc.poll()
+                report["error"] = (
+                    f"server not healthy within {startup_timeout_s} s"
+                    if rc is None
+                    else f"server exited with rc={rc} before answering /health; see {log_path.name}"
+                )
                 return report
             result = asyncio.run(run_load(load))
             report["load"] = result.summary()
