@@ -58,6 +58,14 @@ def test_summary_is_the_median_of_decode_steps():
     assert summary["median_empty_period_ms"] == 0.5
     # a request decodes once per decode step: 4000 us -> 7500 us, across the empty step
     assert summary["median_decode_interval_ms"] == 3.5
+    assert summary["median_generation_reqs"] == 128
+
+
+def test_summary_splits_wall_time_by_step_kind():
+    summary = summarize(steps(synthetic_trace()))
+    assert (summary["prefill_steps"], summary["prefill_total_ms"]) == (1, 4.0)
+    assert (summary["decode_steps"], summary["decode_total_ms"]) == (2, 5.0)
+    assert (summary["empty_steps"], summary["empty_total_ms"]) == (1, 0.5)
     assert summary["median_period_ms"] == 2.5
     assert summary["median_forward_ms"] == 0.8
     assert summary["median_outside_forward_ms"] == 1.7

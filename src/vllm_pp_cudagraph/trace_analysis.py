@@ -10,7 +10,8 @@ host synchronisations and NCCL time. It summarises decode-only steps by
 their median, and counts empty steps (nothing scheduled: the engine sends
 those while a pipelined batch is in flight) separately, with the time from
 one decode step to the next, which is what a request waits per token when
-all requests decode together. Traces are large, so this runs where they
+all requests decode together, and the decode batch size. It also splits the
+wall time between prefill, decode and empty steps. Traces are large, so this runs where they
 were written and only the summary travels.
 """
 
@@ -37,8 +38,8 @@ _SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 class Step:
     """One ``execute_model`` step of one rank; times in milliseconds."""
 
-    decode_only: bool
-    empty: bool
+    context_reqs: int
+    generation_reqs: int
     start_ms: float
     forward_ms: float
     period_ms: float
@@ -48,6 +49,19 @@ class Step:
     graph_launches: int
     syncs: int
     sync_ms: float
+
+    @property
+    def decode_only(self) -> bool:
+        return self.context_reqs == 0 and self.generation_reqs > 0
+
+    @property
+    def empty(self) -> bool:
+        return self.context_reqs == 0 and self.generation_reqs == 0
+
+    @property
+    def kind(self) -> str:
+        """``prefill`` (any prompt tokens scheduled), ``decode`` or ``empty``."""
+        return "prefill" if self.context_reqs else ("decode" if self.generation_reqs else "empty")
 
     @property
     def outside_forward_ms(self) -> float:
@@ -86,8 +100,8 @@ def steps(trace: dict[str, Any]) -> list[Step]:
         context_reqs, generation_reqs = map(int, _STEP.match(mark["name"]).groups())
         result.append(
             Step(
-                decode_only=context_reqs == 0 and generation_reqs > 0,
-                empty=context_reqs == 0 and generation_reqs == 0,
+                context_reqs=context_reqs,
+                generation_reqs=generation_reqs,
                 start_ms=start / 1000,
                 forward_ms=mark["dur"] / 1000,
                 period_ms=(end - start) / 1000,
@@ -103,19 +117,24 @@ def steps(trace: dict[str, Any]) -> list[Step]:
 
 
 def summarize(all_steps: list[Step]) -> dict[str, float | int]:
-    """Medians over the decode-only steps, plus the empty steps and the decode interval."""
+    """Medians over the decode-only steps, plus the empty steps and the decode interval.
+
+    ``<kind>_steps`` and ``<kind>_total_ms`` count the steps of each kind
+    (prefill, decode, empty) and the wall time they span, so a run's time can
+    be split between admitting prompts, decoding and idling.
+    """
     decode = [s for s in all_steps if s.decode_only]
     empty = [s for s in all_steps if s.empty]
-    summary: dict[str, float | int] = {
-        "steps": len(all_steps),
-        "decode_steps": len(decode),
-        "empty_steps": len(empty),
-    }
+    summary: dict[str, float | int] = {"steps": len(all_steps)}
+    for kind in ("prefill", "decode", "empty"):
+        of_kind = [s for s in all_steps if s.kind == kind]
+        summary[f"{kind}_steps"] = len(of_kind)
+        summary[f"{kind}_total_ms"] = round(sum(s.period_ms for s in of_kind), 3)
     if empty:
         summary["median_empty_period_ms"] = round(statistics.median(s.period_ms for s in empty), 3)
     if not decode:
         return summary
-    skip = {"decode_only", "empty", "start_ms"}
+    skip = {"context_reqs", "start_ms"}
     fields = [name for name in asdict(decode[0]) if name not in skip] + ["outside_forward_ms"]
     for name in fields:
         summary[f"median_{name}"] = round(statistics.median(getattr(s, name) for s in decode), 3)
