@@ -12,7 +12,13 @@ import json
 import pytest
 from aiohttp import web
 
-from vllm_pp_cudagraph.serve_load import LoadSpec, differing_share, run_load
+from vllm_pp_cudagraph.serve_load import (
+    LoadSpec,
+    differing_share,
+    preemptions_from_metrics,
+    run_load,
+    soak_verdict,
+)
 
 
 def completion_words(prompt: str, n: int, salt: str = "") -> list[str]:
@@ -116,3 +122,42 @@ def test_plan_depends_only_on_seed_and_index():
     assert [spec.plan(i) for i in range(100)] == [again.plan(i) for i in range(100)]
     cancels = [spec.plan(i)[1] for i in range(100) if spec.plan(i)[1] is not None]
     assert cancels and all(c == 8 for c in cancels)
+
+
+def served(errors=0, health_failures=0, clean=True):
+    return {"load": {"errors": errors, "health_failures": health_failures},
+            "shutdown_clean": clean, "shutdown_rc": 0 if clean else None}
+
+
+def test_soak_passes_when_plugin_differs_no_more_than_stock_from_itself():
+    assert soak_verdict(served(), 0.02, 0.03) == []
+    assert soak_verdict(served(), 0.03, 0.03) == []
+    [problem] = soak_verdict(served(), 0.05, 0.03)
+    assert "5.0% of requests differ from stock" in problem and "3.0%" in problem
+
+
+def test_soak_under_batch_invariance_demands_identical_tokens():
+    assert soak_verdict(served(), 0.0, 0.0, batch_invariant=True) == []
+    [problem] = soak_verdict(served(), 0.01, 0.02, batch_invariant=True)
+    assert "under batch invariance" in problem
+
+
+def test_soak_names_every_serving_failure():
+    problems = soak_verdict(served(errors=3, health_failures=1, clean=False), 0.0, 0.0)
+    assert len(problems) == 3
+    assert "3 request errors" in problems[0] and "1 failed health checks" in problems[1]
+    assert "unclean shutdown" in problems[2]
+    assert soak_verdict({"error": "server exited with rc=1"}, 0.0, 0.0) == ["server exited with rc=1"]
+    assert "no request completed" in soak_verdict(served(), float("nan"), 0.0)[0]
+
+
+def test_preemptions_are_read_from_vllm_metrics():
+    text = "\n".join([
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+        "# TYPE vllm:num_preemptions_total counter",
+        'vllm:num_preemptions_total{engine="0",model_name="dummy"} 17.0',
+        'vllm:num_preemptions_created{engine="0",model_name="dummy"} 1.7e9',
+        'vllm:prompt_tokens_total{engine="0",model_name="dummy"} 4096.0',
+    ])
+    assert preemptions_from_metrics(text) == 17
+    assert preemptions_from_metrics("vllm:prompt_tokens_total 1.0") is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -107,6 +108,37 @@ def differing_share(a: LoadReport, b: LoadReport) -> float:
     if not pairs:
         return float("nan")
     return sum(x.text != y.text for x, y in pairs) / len(pairs)
+
+
+def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
+                 batch_invariant: bool = False) -> list[str]:
+    """Why a soak of the plugin failed; an empty list means it passed.
+
+    ``plugin`` is the plugin server's report (``load`` summary, ``shutdown_clean``).
+    Without batch invariance, the plugin may differ from stock in no larger a
+    share of requests than stock differs from itself between two runs; with
+    vLLM's batch-invariant mode, in none.
+    """
+    summary = plugin.get("load")
+    if summary is None:
+        return [plugin.get("error") or "no load report"]
+    problems = []
+    if summary["errors"]:
+        problems.append(f"{summary['errors']} request errors")
+    if summary["health_failures"]:
+        problems.append(f"{summary['health_failures']} failed health checks")
+    if not plugin.get("shutdown_clean"):
+        problems.append(f"unclean shutdown (rc={plugin.get('shutdown_rc')})")
+    if math.isnan(plugin_vs_stock) or math.isnan(stock_vs_stock):
+        problems.append("no request completed in both runs of a comparison")
+    elif batch_invariant and plugin_vs_stock > 0:
+        problems.append(f"{plugin_vs_stock:.1%} of requests differ from stock under batch invariance")
+    elif plugin_vs_stock > stock_vs_stock:
+        problems.append(
+            f"{plugin_vs_stock:.1%} of requests differ from stock, more than stock's own "
+            f"{stock_vs_stock:.1%} between two runs"
+        )
+    return problems
 
 
 async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> RequestResult:
@@ -209,3 +241,23 @@ async def wait_until_healthy(base_url: str, timeout_s: float, alive=lambda: True
                 pass
             await asyncio.sleep(1.0)
     return False
+
+
+def preemptions_from_metrics(text: str) -> int | None:
+    """The engine's preemption count from ``/metrics`` text; None when absent."""
+    values = [
+        float(line.rsplit(None, 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_preemptions_total")
+    ]
+    return int(sum(values)) if values else None
+
+
+async def fetch_preemptions(base_url: str) -> int | None:
+    """How many requests the server has preempted so far (None if it does not say)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        try:
+            async with session.get(f"{base_url}/metrics") as resp:
+                return preemptions_from_metrics(await resp.text()) if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.engine_run import MODES, RunSpec, engine_env, stop_process_group
-from vllm_pp_cudagraph.serve_load import LoadSpec, run_load, wait_until_healthy
+from vllm_pp_cudagraph.serve_load import LoadSpec, fetch_preemptions, run_load, wait_until_healthy
 
 
 def mode_cli_args(mode: str) -> list[str]:
@@ -104,6 +104,7 @@ def run_serve_mode(
                 return report
             result = asyncio.run(run_load(load))
             report["load"] = result.summary()
+            report["preemptions"] = asyncio.run(fetch_preemptions(load.base_url))
             report["req_per_s"] = report["load"]["req_per_s"]
             for key in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
                 report[key] = report["load"][key]

@@ -6,11 +6,13 @@ vLLM is not batch-invariant, so under changing batches some greedy outputs
 differ between any two runs. The plugin passes when its share of differing
 requests against stock is no higher than stock's share between its own two
 runs. It must also have no request errors, answer every health check, and
-shut down cleanly. Options add preemption (a KV cache too small for the load)
-and Ray. Start-up refusals (bad settings) are checked to fail with the named
-setting and leave no process behind.
+shut down cleanly. Options add preemption (a KV cache too small for the load),
+Ray, and vLLM's batch-invariant mode, under which plugin and stock must agree
+on every request. Start-up refusals (bad settings) are checked to fail with
+the named setting and leave no process behind.
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
+        [--batch-invariant] [--refusals]
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from vllm_pp_cudagraph.dummy_model import write_model_dir
 from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
-from vllm_pp_cudagraph.serve_load import LoadSpec, differing_share
+from vllm_pp_cudagraph.serve_load import LoadSpec, differing_share, soak_verdict
 from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_command
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
@@ -45,8 +47,10 @@ def soak_mode(mode: str, args: argparse.Namespace, model_dir: str, extra: list[s
         return LoadSpec("", "", soak_prompts(), args.requests, args.concurrency, args.max_tokens,
                         stream_fraction=0.5, cancel_fraction=0.1)
 
+    env = {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
+
     def serve(runner: str, run_mode: str, tag: str) -> dict:
-        spec = RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs)
+        spec = RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs, extra_env=env)
         return run_serve_mode(spec, model_dir, load(), args.out / f"{mode}-{tag}.log",
                               port=args.port, extra_args=extra, keep_texts=True)
 
@@ -55,21 +59,24 @@ def soak_mode(mode: str, args: argparse.Namespace, model_dir: str, extra: list[s
     stock_a = serve("stock", stock_mode, "stock-a")
     stock_b = serve("stock", stock_mode, "stock-b")
     reports = {"plugin": plugin, "stock_a": stock_a, "stock_b": stock_b}
-    result: dict = {"mode": mode, "stock_mode": stock_mode, "extra_args": extra}
+    result: dict = {"mode": mode, "stock_mode": stock_mode, "extra_args": extra,
+                    "batch_invariant": args.batch_invariant}
     for name, rep in reports.items():
-        result[name] = {k: rep.get(k) for k in ("load", "shutdown_rc", "shutdown_clean", "error")}
+        result[name] = {k: rep.get(k) for k in
+                        ("load", "preemptions", "shutdown_rc", "shutdown_clean", "error")}
     if all("load_report" in r for r in reports.values()):
         result["plugin_vs_stock"] = differing_share(plugin["load_report"], stock_a["load_report"])
         result["stock_vs_stock"] = differing_share(stock_a["load_report"], stock_b["load_report"])
-        summary = plugin["load"]
-        result["passed"] = (
-            summary["errors"] == 0
-            and summary["health_failures"] == 0
-            and plugin["shutdown_clean"]
-            and result["plugin_vs_stock"] <= result["stock_vs_stock"]
-        )
+        result["problems"] = soak_verdict(plugin, result["plugin_vs_stock"],
+                                          result["stock_vs_stock"], args.batch_invariant)
+        if args.preemption and not plugin.get("preemptions"):
+            result["problems"].append(
+                f"no request was preempted (vllm:num_preemptions={plugin.get('preemptions')}); "
+                "lower --num-gpu-blocks-override")
     else:
-        result["passed"] = False
+        result["problems"] = [f"{name}: {rep.get('error')}" for name, rep in reports.items()
+                              if "load_report" not in rep]
+    result["passed"] = not result["problems"]
     return result
 
 
@@ -123,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="KV cache of 512 blocks: requests are preempted and resumed")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="VLLM_BATCH_INVARIANT=1 on every server: plugin and stock must then agree exactly")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), tokenizer=True, weights=True))
@@ -133,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {mode} {' '.join(extra)}", flush=True)
         results.append(soak_mode(mode, args, model_dir, extra))
         print(json.dumps({k: results[-1].get(k) for k in
-                          ("mode", "passed", "plugin_vs_stock", "stock_vs_stock")}), flush=True)
+                          ("mode", "passed", "plugin_vs_stock", "stock_vs_stock", "problems")}),
+              flush=True)
     if args.refusals:
         for name, env, cli_extra, expect in REFUSALS:
             results.append(refused_start(name, env, cli_extra, expect, model_dir, args.out, args.port))
