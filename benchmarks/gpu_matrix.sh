@@ -18,6 +18,7 @@
 #                  profiles at 512
 #   soak-compiled  serving soak, compiled modes, then the start-up refusals
 #   soak-eager     serving soak, eager and breakable, then piecewise with preemption
+#   soak-ray       serving soak on Ray (install Ray first), then with vLLM's batch-invariant mode
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -70,6 +71,11 @@ job_soak-compiled() {
 job_soak-eager() {
   python3 -m tests.e2e.serve_soak --out "$RES/soak-eager" --modes eager,breakable --port 8100
   python3 -m tests.e2e.serve_soak --out "$RES/soak-preemption" --modes piecewise --preemption --port 8100
+}
+
+job_soak-ray() {
+  python3 -m tests.e2e.serve_soak --out "$RES/soak-ray" --modes full_and_piecewise --ray --port 8200
+  python3 -m tests.e2e.serve_soak --out "$RES/soak-invariant" --modes full_and_piecewise --batch-invariant --port 8200
 }
 
 case "$1" in
