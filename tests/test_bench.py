@@ -164,6 +164,23 @@ def test_an_engine_that_does_not_repeat_its_own_tokens_does_not_agree():
     assert plugin["repeats_itself"] is False and plugin["tokens_agree"] is False
 
 
+def test_runs_given_several_times_are_summarised_across_engines():
+    def run(runner, req_per_s, digest="c1", util=0.5):
+        r = report(runner, "full_and_piecewise", digest, req_per_s=req_per_s)
+        r["spec"]["gpu_memory_utilization"] = util
+        return r
+
+    reports = [run("v1", 60.0), run("plugin", 57.0), run("v1", 54.0), run("plugin", 66.0),
+               run("v1", 56.0), run("plugin", None, digest=None), run("stock", 50.0),
+               run("plugin", 40.0, util=0.92)]
+    rows = {row["run"]: row for row in bench.across_engines(reports)}
+    assert set(rows) == {"v1:full_and_piecewise@0.5", "plugin:full_and_piecewise@0.5"}
+    v1, plugin = rows["v1:full_and_piecewise@0.5"], rows["plugin:full_and_piecewise@0.5"]
+    assert (v1["engines"], v1["median_req_per_s"], v1["min_req_per_s"], v1["max_req_per_s"]) == (
+        3, 56.0, 54.0, 60.0)
+    assert (plugin["engines"], plugin["median_req_per_s"]) == (2, 61.5)  # the failed one left out
+
+
 def test_table_shows_values_failures_and_disagreement():
     ok = report("plugin", "piecewise", "c1", output_tok_per_s=5120.0, tpot_mean_ms=3.456,
                 tokens_agree=True)
