@@ -58,7 +58,7 @@ job_main() {
 }
 
 # V1, stock and the plugin (FULL_AND_PIECEWISE), three engines each, interleaved: engines
-# of one run differ by up to ~10%, so the comparison is between medians across engines.
+# of one run differed by up to 20%, so the comparison is between medians across engines.
 PERF_MODES=$(printf 'v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise,%.0s' 1 2 3)
 
 job_perf-128() {
