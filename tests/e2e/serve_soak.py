@@ -9,10 +9,12 @@ runs. It must also have no request errors, answer every health check, and
 shut down cleanly. Options add preemption (a KV cache too small for the load),
 Ray, and vLLM's batch-invariant mode, under which plugin and stock must agree
 on every request. Start-up refusals (bad settings) are checked to fail with
-the named setting and leave no process behind.
+the named setting and leave no process behind; one of them serves a model whose
+stages disagree on the tensors they exchange, from the test-only plugin in
+``tests/e2e/stage_mismatch_model`` (install it next to this package).
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
-        [--batch-invariant] [--refusals]
+        [--batch-invariant] [--refusals]      (--modes "" --refusals: refusals only)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from vllm_pp_cudagraph.dummy_model import write_model_dir
@@ -81,9 +84,10 @@ def soak_mode(mode: str, args: argparse.Namespace, model_dir: str, extra: list[s
 
 
 def refused_start(name: str, env_overrides: dict, cli_extra: list[str], expect: str,
-                  model_dir: str, out: Path, port: int, timeout_s: float = 300) -> dict:
+                  model_dir: str, out: Path, port: int, timeout_s: float = 300,
+                  weights: str = "random") -> dict:
     """Start a server that must refuse to start; check the message and leftovers."""
-    spec = RunSpec("plugin", "piecewise", pp=2)
+    spec = RunSpec("plugin", "piecewise", pp=2, weights=weights)
     env = engine_env(spec) | env_overrides
     log_path = out / f"refused-{name}.log"
     with open(log_path, "w") as log:
@@ -105,6 +109,27 @@ def refused_start(name: str, env_overrides: dict, cli_extra: list[str], expect: 
     return {"case": name, "returncode": rc, "message_found": expect in text,
             "leftover_processes": leftovers,
             "passed": rc not in (0, None) and expect in text and not leftovers}
+
+
+def refused_stage_mismatch(out: Path, port: int) -> dict:
+    """A model whose last stage expects a tensor the first never sends.
+
+    The model comes from the test-only vLLM plugin in
+    ``tests/e2e/stage_mismatch_model`` (``pp_e2e_models``), which must be
+    installed next to this package.
+    """
+    case = "stage-mismatch-model"
+    if not any(ep.name == "pp_e2e_models" for ep in entry_points(group="vllm.general_plugins")):
+        return {"case": case, "passed": False,
+                "problem": "test plugin not installed: pip install tests/e2e/stage_mismatch_model"}
+    from pp_e2e_models import STAGE_MISMATCH_ARCH
+
+    model_dir = write_model_dir(tempfile.mkdtemp(prefix="soak-mismatch-"), tokenizer=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["architectures"] = [STAGE_MISMATCH_ARCH]
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return refused_start(case, {"VLLM_PLUGINS": "pp_cudagraph,pp_e2e_models"}, [],
+                         "missing keys ['aux']", str(model_dir), out, port, weights="dummy")
 
 
 REFUSALS = [
@@ -138,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = (["--num-gpu-blocks-override", "512"] if args.preemption else []) + (
         ["--distributed-executor-backend", "ray"] if args.ray else [])
     results = []
-    for mode in args.modes.split(","):
+    for mode in [m for m in args.modes.split(",") if m]:
         print(f"== {mode} {' '.join(extra)}", flush=True)
         results.append(soak_mode(mode, args, model_dir, extra))
         print(json.dumps({k: results[-1].get(k) for k in
@@ -148,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, env, cli_extra, expect in REFUSALS:
             results.append(refused_start(name, env, cli_extra, expect, model_dir, args.out, args.port))
             print(json.dumps(results[-1]), flush=True)
+        results.append(refused_stage_mismatch(args.out, args.port))
+        print(json.dumps(results[-1]), flush=True)
     (args.out / "soak.json").write_text(json.dumps(results, indent=1, default=str))
     return 0 if all(r["passed"] for r in results) else 1
 

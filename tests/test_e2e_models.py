@@ -1,0 +1,55 @@
+"""The test-only model the serving soak uses for its stage-mismatch refusal.
+
+It lives in ``tests/e2e/stage_mismatch_model`` as its own small vLLM plugin; these
+checks make sure that what it registers really is a mismatch the plugin's
+start-up check reports with the text the soak looks for.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
+
+from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, check_handoff_schemas, schema_of
+
+PACKAGE_DIR = Path(__file__).parent / "e2e" / "stage_mismatch_model"
+
+
+@pytest.fixture
+def e2e_models(monkeypatch):
+    monkeypatch.syspath_prepend(str(PACKAGE_DIR))
+    import pp_e2e_models
+
+    return pp_e2e_models
+
+
+def test_entry_point_names_the_register_function(e2e_models):
+    project = tomllib.loads((PACKAGE_DIR / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["vllm.general_plugins"]["pp_e2e_models"]
+    assert target == "pp_e2e_models:register"
+
+
+def test_register_adds_the_architecture_to_vllms_registry(e2e_models):
+    from vllm import ModelRegistry
+
+    try:
+        e2e_models.register()
+        assert e2e_models.STAGE_MISMATCH_ARCH in ModelRegistry.get_supported_archs()
+    finally:
+        ModelRegistry.models.pop(e2e_models.STAGE_MISMATCH_ARCH, None)
+
+
+def test_last_stage_expects_a_key_the_first_never_sends(e2e_models):
+    from pp_e2e_models.stage_mismatch import with_undeclared_key
+
+    declared = make_empty_intermediate_tensors_factory(["hidden_states", "residual"], 16)
+    last_stage = with_undeclared_key(declared)
+    sent = schema_of(declared(4, torch.bfloat16, torch.device("cpu")).tensors)
+    expected = schema_of(last_stage(4, torch.bfloat16, torch.device("cpu")).tensors)
+    assert expected["aux"] == expected["hidden_states"]
+    with pytest.raises(StageInputMismatchError, match=r"missing keys \['aux'\]"):
+        check_handoff_schemas([sent, None], [None, expected])
