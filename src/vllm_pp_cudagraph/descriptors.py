@@ -67,6 +67,14 @@ def replacement(
     return min(covering, key=lambda d: (d.num_tokens, d.num_reqs or 0), default=None)
 
 
+def _retain(table: dict, keep) -> None:
+    """Keep only the descriptors ``keep`` accepts in each list; drop emptied keys."""
+    for key in list(table):
+        table[key] = [d for d in table[key] if keep(d)]
+        if not table[key]:
+            del table[key]
+
+
 def prune_invalid(
     capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescriptor]],
     candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
@@ -80,10 +88,7 @@ def prune_invalid(
     dropped = [d for descs in capture_descs.values() for d in descs if not is_valid(d, max_num_reqs)]
     if not dropped:
         return []
-    for mode in list(capture_descs):
-        capture_descs[mode] = [d for d in capture_descs[mode] if is_valid(d, max_num_reqs)]
-        if not capture_descs[mode]:
-            del capture_descs[mode]
+    _retain(capture_descs, lambda d: is_valid(d, max_num_reqs))
     valid = [d for descs in capture_descs.values() for d in descs]
     for key in list(candidates):
         new: list[BatchExecutionDescriptor] = []
@@ -105,11 +110,5 @@ def keep_only(
     keep: frozenset[BatchExecutionDescriptor],
 ) -> None:
     """Restrict both tables to ``keep`` (after cross-stage agreement)."""
-    for mode in list(capture_descs):
-        capture_descs[mode] = [d for d in capture_descs[mode] if d in keep]
-        if not capture_descs[mode]:
-            del capture_descs[mode]
-    for key in list(candidates):
-        candidates[key] = [d for d in candidates[key] if d in keep]
-        if not candidates[key]:
-            del candidates[key]
+    _retain(capture_descs, keep.__contains__)
+    _retain(candidates, keep.__contains__)

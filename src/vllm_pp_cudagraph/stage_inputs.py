@@ -32,6 +32,16 @@ def _received_tensors(received: object) -> Mapping[str, torch.Tensor]:
     return object.__getattribute__(received, "tensors")
 
 
+def _key_problems(expected: Mapping, got: Mapping) -> list[str]:
+    """Keys ``got`` lacks and keys it has beyond ``expected``, as messages."""
+    problems = []
+    if missing := sorted(expected.keys() - got.keys()):
+        problems.append(f"missing keys {missing}")
+    if extra := sorted(got.keys() - expected.keys()):
+        problems.append(f"unexpected keys {extra}")
+    return problems
+
+
 def _dims(buffer: torch.Tensor) -> str:
     return ", ".join(map(str, buffer.shape[1:]))
 
@@ -53,13 +63,7 @@ def check_stage_inputs(
     """
     tensors = _received_tensors(received)
     where = f"pipeline stage {stage}" if stage is not None else "this pipeline stage"
-    problems: list[str] = []
-    missing = sorted(expected.keys() - tensors.keys())
-    extra = sorted(tensors.keys() - expected.keys())
-    if missing:
-        problems.append(f"missing keys {missing}")
-    if extra:
-        problems.append(f"unexpected keys {extra}")
+    problems = _key_problems(expected, tensors)
 
     token_counts = set()
     for key in expected.keys() & tensors.keys():
@@ -147,14 +151,8 @@ def check_handoff_schemas(sends: list[Schema | None], expects: list[Schema | Non
         out, want = sends[stage], expects[stage + 1]
         if out is None or want is None or out == want:
             continue
-        missing = sorted(want.keys() - out.keys())
-        extra = sorted(out.keys() - want.keys())
         differ = sorted(k for k in want.keys() & out.keys() if want[k] != out[k])
-        detail = []
-        if missing:
-            detail.append(f"missing keys {missing}")
-        if extra:
-            detail.append(f"unexpected keys {extra}")
+        detail = _key_problems(want, out)
         for k in differ:
             detail.append(f"{k!r} is {out[k]} but expected {want[k]} (dims, dtype)")
         problems.append(f"stage {stage} -> stage {stage + 1}: {'; '.join(detail)}")
