@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from vllm_pp_cudagraph import bench
-from vllm_pp_cudagraph.engine_run import make_prompts, token_digest
+from vllm_pp_cudagraph.engine_run import make_prompts
+from vllm_pp_cudagraph.stats import output_digest
 from vllm_pp_cudagraph.stats import (
     RequestTiming,
     capture_stats,
@@ -63,9 +64,9 @@ def test_workload_is_deterministic_and_shaped():
     assert prompts != make_prompts(128, 2, seed=1)
 
 
-def test_token_digest_depends_on_order_and_content():
-    assert token_digest([[1, 2], [3]]) != token_digest([[3], [1, 2]])
-    assert token_digest([[1, 2], [3]]) != token_digest([[1], [2, 3]])
+def test_output_digest_depends_on_order_and_content():
+    assert output_digest([[1, 2], [3]]) != output_digest([[3], [1, 2]])
+    assert output_digest([[1, 2], [3]]) != output_digest([[1], [2, 3]])
 
 
 def test_percentile_matches_linear_interpolation():

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.dummy_model import SHAPES, write_model_dir
+from vllm_pp_cudagraph.dummy_model import SHAPES, token_word, write_model_dir
 from vllm_pp_cudagraph.engine_run import (
     MODES,
     RUNNERS,
@@ -193,7 +193,7 @@ def write_plot(reports: list[dict[str, Any]], path: Path) -> bool:
 
 def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
     """Streamed greedy completions over the benchmark's prompts, as text."""
-    prompts = [" ".join(f"w{t}" for t in ids) for ids in make_prompts(args.prompts, args.input_len)]
+    prompts = [" ".join(map(token_word, ids)) for ids in make_prompts(args.prompts, args.input_len)]
     return LoadSpec(
         base_url="",
         model="",

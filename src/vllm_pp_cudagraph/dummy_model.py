@@ -141,7 +141,6 @@ def write_weights(path: Path, config: dict[str, Any], seed: int = 0, std: float 
     return target
 
 
-
 SPECIAL_TOKENS = {151643: "<|endoftext|>", 151645: "<|im_end|>"}
 
 

@@ -12,7 +12,6 @@ before the first step, and prints one JSON report (timings, token digests).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -31,6 +30,7 @@ from vllm_pp_cudagraph.stats import (
     RequestTiming,
     capture_stats,
     median_run,
+    output_digest,
     spread_pct,
     summarize_requests,
 )
@@ -100,13 +100,6 @@ def make_prompts(count: int, length: int, vocab: int = 151936, seed: int = 0) ->
     return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(count)]
 
 
-def token_digest(token_lists: list[list[int]]) -> str:
-    h = hashlib.sha256()
-    for tokens in token_lists:
-        h.update(json.dumps(tokens).encode())
-    return h.hexdigest()[:16]
-
-
 def _child(spec: RunSpec) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -159,23 +152,23 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         ]
         return {"elapsed_s": round(elapsed, 4), **summarize_requests(timings)}, outs
 
-    def digest_of(outs: list) -> str:
-        return token_digest([list(o.outputs[0].token_ids) for o in outs])
+    def tokens_of(outs: list) -> list[list[int]]:
+        return [list(o.outputs[0].token_ids) for o in outs]
 
     warmup, outputs = generate()
     runs, run_digests = [], []
     for _ in range(spec.repeat):
         run, outs = generate()
         runs.append(run)
-        run_digests.append(digest_of(outs))
+        run_digests.append(output_digest(tokens_of(outs)))
     if spec.profile_dir:
         llm.start_profile()
         generate()
         llm.stop_profile()
     chosen = median_run(runs) if runs else warmup
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    tokens = tokens_of(outputs)
     return {
-        "request_digests": [token_digest([t])[:8] for t in tokens],
+        "request_digests": [output_digest([t])[:8] for t in tokens],
         "spec": asdict(spec),
         "init_s": round(init_s, 2),
         "warmup": warmup,
@@ -184,7 +177,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         "spread_pct": spread_pct(runs),
         "output_tok_per_s": round(sum(map(len, tokens)) / chosen["elapsed_s"], 1),
         **{k: round(v, 3) for k, v in chosen.items() if k != "elapsed_s"},
-        "digest": token_digest(tokens),
+        "digest": output_digest(tokens),
         # the same engine must repeat its own tokens once batches are formed alike
         "run_digests": run_digests,
         "num_output_tokens": sum(map(len, tokens)),

@@ -9,7 +9,6 @@ and records whether it shut down cleanly.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 
 from vllm_pp_cudagraph.engine_run import MODES, RunSpec, engine_env, stop_process_group
 from vllm_pp_cudagraph.serve_load import LoadSpec, fetch_preemptions, run_load, wait_until_healthy
+from vllm_pp_cudagraph.stats import output_digest
 
 
 def mode_cli_args(mode: str) -> list[str]:
@@ -53,13 +53,6 @@ def serve_command(
     if spec.attention_backend:
         cmd += ["--attention-backend", spec.attention_backend]
     return cmd + mode_cli_args(spec.mode) + list(extra_args)
-
-
-def text_digest(texts: list[str | None]) -> str:
-    h = hashlib.sha256()
-    for text in texts:
-        h.update(json.dumps(text).encode())
-    return h.hexdigest()[:16]
 
 
 def run_serve_mode(
@@ -112,7 +105,7 @@ def run_serve_mode(
                 r.text if (r.error is None and not r.cancelled) else None
                 for r in sorted(result.results, key=lambda r: r.index)
             ]
-            report["digest"] = text_digest(completed)
+            report["digest"] = output_digest(completed)
             if keep_texts:
                 report["load_report"] = result
         finally:

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+
+def output_digest(outputs: Sequence[Any]) -> str:
+    """Order-sensitive digest of per-request outputs (token lists or texts)."""
+    h = hashlib.sha256()
+    for output in outputs:
+        h.update(json.dumps(output).encode())
+    return h.hexdigest()[:16]
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

@@ -30,7 +30,7 @@ import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from vllm_pp_cudagraph.dummy_model import write_model_dir
+from vllm_pp_cudagraph.dummy_model import token_word, write_model_dir
 from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
 from vllm_pp_cudagraph.serve_load import LoadSpec, differing_share, soak_verdict
 from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_command
@@ -41,7 +41,7 @@ STOCK_REFERENCE = {"breakable": "eager"}
 
 def soak_prompts(count: int = 256) -> list[str]:
     """Prompts of 2..63 words (= tokens with the generated tokenizer)."""
-    return [" ".join(f"w{1000 + (i * 131 + j * 17) % 140000}" for j in range(2 + (i * 7) % 62))
+    return [" ".join(token_word(1000 + (i * 131 + j * 17) % 140000) for j in range(2 + (i * 7) % 62))
             for i in range(count)]
 
 
