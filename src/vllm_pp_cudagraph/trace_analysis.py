@@ -17,6 +17,7 @@ were written and only the summary travels.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -91,11 +92,17 @@ def steps(trace: dict[str, Any]) -> list[Step]:
     )
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
+    kernel_ts = [e["ts"] for e in kernels]
+    runtime_ts = [e["ts"] for e in runtime]
+
+    def window(items: list, stamps: list, start: float, end: float) -> list:
+        return items[bisect.bisect_left(stamps, start) : bisect.bisect_left(stamps, end)]
+
     result = []
     for mark, following in zip(marks, marks[1:]):
         start, end = mark["ts"], following["ts"]
-        in_window = [k for k in kernels if start <= k["ts"] < end]
-        calls = [r for r in runtime if start <= r["ts"] < end]
+        in_window = window(kernels, kernel_ts, start, end)
+        calls = window(runtime, runtime_ts, start, end)
         syncs = [r for r in calls if r["name"].startswith(_SYNC) and "Async" not in r["name"]]
         context_reqs, generation_reqs = map(int, _STEP.match(mark["name"]).groups())
         result.append(
