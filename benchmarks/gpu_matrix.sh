@@ -16,9 +16,13 @@
 #                  then token equality on the 27-layer model incl. 0.92
 #   perf-128       V1 / stock / plugin FULL_AND_PIECEWISE, three engines each, interleaved
 #   perf-512       the same at 512 prompts, then one profiled engine each
-#   soak-compiled  serving soak, compiled modes, then the start-up refusals
-#   soak-eager     serving soak, eager and breakable, then piecewise with preemption
-#   soak-ray       serving soak on Ray (install Ray first), then with vLLM's batch-invariant mode
+#   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
+#                  batch-invariant mode, Ray (if installed), the start-up refusals;
+#                  several servers share each GPU pair, each with a fixed KV cache
+#   soak-branch    (with soak, from a second checkout in $BRANCH_DIR installed into
+#                  $BRANCH_SITE) a short soak and the refusals of an unmerged branch
+#
+#   bash benchmarks/gpu_matrix.sh start JOB          # one job on all four GPUs
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -71,25 +75,46 @@ job_perf-512() {
     --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise
 }
 
-job_soak-compiled() {
-  python3 -m tests.e2e.serve_soak --out "$RES/soak-compiled" --modes piecewise,full_and_piecewise,full_decode_only --refusals
+SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"
+
+job_soak() {
+  local A=0,1 B=2,3
+  unset CUDA_VISIBLE_DEVICES
+  $SOAK --out "$RES/soak-compiled" --modes piecewise,full_and_piecewise,full_decode_only \
+    --refusals --gpus $A $B --servers-per-gpus 3 --port 8000 >"$RES/soak-compiled.txt" 2>&1 &
+  sleep 5
+  $SOAK --out "$RES/soak-eager" --modes eager,breakable --gpus $B $A --port 8100 \
+    >"$RES/soak-eager.txt" 2>&1 &
+  sleep 5
+  $SOAK --out "$RES/soak-preemption" --modes piecewise --preemption --gpus $A $B $A --port 8200 \
+    >"$RES/soak-preemption.txt" 2>&1 &
+  sleep 5
+  $SOAK --out "$RES/soak-invariant" --modes full_and_piecewise --batch-invariant \
+    --gpus $B $A $B --port 8300 >"$RES/soak-invariant.txt" 2>&1 &
+  if python3 -c "import ray" 2>/dev/null; then
+    sleep 5
+    $SOAK --out "$RES/soak-ray" --modes full_and_piecewise --ray --gpus $A --port 8400 \
+      >"$RES/soak-ray.txt" 2>&1 &
+  fi
+  wait
 }
 
-job_soak-eager() {
-  python3 -m tests.e2e.serve_soak --out "$RES/soak-eager" --modes eager,breakable --port 8100
-  python3 -m tests.e2e.serve_soak --out "$RES/soak-preemption" --modes piecewise --preemption --port 8100
-}
-
-job_soak-ray() {
-  python3 -m tests.e2e.serve_soak --out "$RES/soak-ray" --modes full_and_piecewise --ray --port 8200
-  python3 -m tests.e2e.serve_soak --out "$RES/soak-invariant" --modes full_and_piecewise --batch-invariant --port 8200
+job_soak-branch() {
+  unset CUDA_VISIBLE_DEVICES
+  sleep 30
+  cd "$BRANCH_DIR" && PYTHONPATH="$BRANCH_SITE:$PYTHONPATH" $SOAK --out "$RES/branch" \
+    --modes full_and_piecewise --requests 500 --refusals --gpus 2,3 0,1 --port 8500
 }
 
 case "$1" in
   start)
     mkdir -p "$RES"
-    setsid bash "$0" run "$2" 0,1 >"$RES/$2.out" 2>&1 </dev/null &
-    setsid bash "$0" run "$3" 2,3 >"$RES/$3.out" 2>&1 </dev/null &
+    if [ $# -eq 2 ]; then
+      setsid bash "$0" run "$2" 0,1,2,3 >"$RES/$2.out" 2>&1 </dev/null &
+    else
+      setsid bash "$0" run "$2" 0,1 >"$RES/$2.out" 2>&1 </dev/null &
+      setsid bash "$0" run "$3" 2,3 >"$RES/$3.out" 2>&1 </dev/null &
+    fi
     sleep 2; echo started ;;
   run)
     export CUDA_VISIBLE_DEVICES=$3 VLLM_CACHE_ROOT=/tmp/vcache-$2
@@ -97,10 +122,12 @@ case "$1" in
   wait)
     end=$((SECONDS + $2))
     while [ $SECONDS -lt $end ]; do
-      [ "$(grep -l 'JOB DONE' "$RES"/*.out 2>/dev/null | wc -l)" -ge 2 ] && break
+      [ "$(grep -L 'JOB DONE' "$RES"/*.out 2>/dev/null | wc -l)" -eq 0 ] && break
       sleep 10
     done
-    for f in "$RES"/*.out; do echo "== $f"; grep -E '^\[|JOB DONE|agree|Error' "$f" | tail -25; done
+    for f in "$RES"/*.out "$RES"/*.txt; do
+      [ -f "$f" ] && { echo "== $f"; grep -E '^\[|^\{|JOB DONE|agree|Error|servers in' "$f" | cut -c1-400 | tail -25; }
+    done
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
     # traces stay behind (large); their per-step summaries are in the JSON
     tar -C "$RES" --exclude=traces --exclude=model -czf "$OUT/res.tgz" . && ls -la "$OUT" ;;

@@ -15,6 +15,13 @@ stages disagree on the tensors they exchange, from the test-only plugin in
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
         [--batch-invariant] [--refusals]      (--modes "" --refusals: refusals only)
+        [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
+
+Servers run in slots, one GPU group and port each, as many at a time as there
+are slots. Several servers may share one GPU group (``--servers-per-gpus``);
+each then gets a fixed KV cache (``--kv-cache-gib``), because vLLM's memory
+profiling reads the device's free memory and would count a neighbour's
+allocations as its own. Timing is not compared here, only tokens and health.
 """
 
 from __future__ import annotations
@@ -22,11 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -45,30 +57,106 @@ def soak_prompts(count: int = 256) -> list[str]:
             for i in range(count)]
 
 
-def soak_mode(mode: str, args: argparse.Namespace, model_dir: str, extra: list[str]) -> dict:
-    def load() -> LoadSpec:
-        return LoadSpec("", "", soak_prompts(), args.requests, args.concurrency, args.max_tokens,
-                        stream_fraction=0.5, cancel_fraction=0.1)
+@dataclass(frozen=True)
+class Slot:
+    """Where one server runs: its GPUs, its port, and its KV cache if the GPUs are shared."""
 
+    gpus: str
+    port: int
+    kv_cache_gib: float | None = None
+
+    #: With a fixed KV cache, gpu_memory_utilization only sets the free memory vLLM
+    #: demands at start-up, which neighbours on the same GPUs must leave.
+    SHARED_UTILIZATION = 0.15
+
+    def apply(self, spec: RunSpec) -> RunSpec:
+        env = dict(spec.extra_env, CUDA_VISIBLE_DEVICES=self.gpus,
+                   VLLM_CACHE_ROOT=str(Path(tempfile.gettempdir()) / f"soak-cache-{self.port}"))
+        if self.kv_cache_gib is None:
+            return replace(spec, extra_env=env)
+        return replace(spec, extra_env=env, gpu_memory_utilization=self.SHARED_UTILIZATION)
+
+    def serve_args(self) -> list[str]:
+        if self.kv_cache_gib is None:
+            return []
+        return ["--kv-cache-memory-bytes", str(int(self.kv_cache_gib * 2**30))]
+
+
+def make_slots(gpu_groups: list[str], servers_per_gpus: int, base_port: int,
+               kv_cache_gib: float | None) -> list[Slot]:
+    if servers_per_gpus > 1 and kv_cache_gib is None:
+        raise SystemExit("--servers-per-gpus above 1 needs --kv-cache-gib: servers sharing GPUs "
+                         "cannot profile memory")
+    groups = [g for _ in range(servers_per_gpus) for g in gpu_groups]
+    return [Slot(g, base_port + 10 * i, kv_cache_gib) for i, g in enumerate(groups)]
+
+
+def run_in_slots(tasks: list[Callable[[Slot], dict]], slots: list[Slot],
+                 stagger_s: float = 5.0) -> list[dict]:
+    """Run each task in the next free slot; results in task order.
+
+    Starts are spaced by ``stagger_s`` so that servers starting together do not
+    race for the same free ports.
+    """
+    free: queue.Queue[Slot] = queue.Queue()
+    for slot in slots:
+        free.put(slot)
+    lock = threading.Lock()
+    last_start = [0.0]
+
+    def run(task: Callable[[Slot], dict]) -> dict:
+        slot = free.get()
+        with lock:
+            time.sleep(max(0.0, last_start[0] + stagger_s - time.monotonic()))
+            last_start[0] = time.monotonic()
+        try:
+            return task(slot)
+        finally:
+            free.put(slot)
+
+    with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+        return list(pool.map(run, tasks))
+
+
+def mode_servers(mode: str) -> list[tuple[str, str, str]]:
+    """(runner, graph mode, tag) of the three servers one mode's soak compares."""
+    stock_mode = STOCK_REFERENCE.get(mode, mode)
+    return [("plugin", mode, "plugin"), ("stock", stock_mode, "stock-a"),
+            ("stock", stock_mode, "stock-b")]
+
+
+def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.Namespace,
+               model_dir: str, extra: list[str]) -> Callable[[Slot], dict]:
     env = {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
 
-    def serve(runner: str, run_mode: str, tag: str) -> dict:
-        spec = RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs, extra_env=env)
-        return run_serve_mode(spec, model_dir, load(), args.out / f"{mode}-{tag}.log",
-                              port=args.port, extra_args=extra, keep_texts=True)
+    def task(slot: Slot) -> dict:
+        spec = slot.apply(RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs,
+                                  extra_env=env))
+        load = LoadSpec("", "", soak_prompts(), args.requests, args.concurrency, args.max_tokens,
+                        stream_fraction=0.5, cancel_fraction=0.1)
+        report = run_serve_mode(spec, model_dir, load, args.out / f"{mode}-{tag}.log",
+                                port=slot.port, extra_args=extra + slot.serve_args(),
+                                keep_texts=True)
+        report["slot"] = {"gpus": slot.gpus, "port": slot.port, "kv_cache_gib": slot.kv_cache_gib}
+        print(f"[{mode} {tag}] gpus {slot.gpus}: "
+              f"{report.get('load') or report.get('error')}", flush=True)
+        return report
 
-    stock_mode = STOCK_REFERENCE.get(mode, mode)
-    plugin = serve("plugin", mode, "plugin")
-    stock_a = serve("stock", stock_mode, "stock-a")
-    stock_b = serve("stock", stock_mode, "stock-b")
-    reports = {"plugin": plugin, "stock_a": stock_a, "stock_b": stock_b}
-    result: dict = {"mode": mode, "stock_mode": stock_mode, "extra_args": extra,
-                    "batch_invariant": args.batch_invariant}
+    return task
+
+
+def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
+                extra: list[str]) -> dict:
+    """One mode's verdict from its plugin, stock_a and stock_b reports."""
+    plugin, stock_a, stock_b = reports["plugin"], reports["stock_a"], reports["stock_b"]
+    result: dict = {"mode": mode, "stock_mode": STOCK_REFERENCE.get(mode, mode),
+                    "extra_args": extra, "batch_invariant": args.batch_invariant}
     for name, rep in reports.items():
         result[name] = {k: rep.get(k) for k in
-                        ("load", "preemptions", "shutdown_rc", "shutdown_clean", "error")}
+                        ("load", "preemptions", "shutdown_rc", "shutdown_clean", "error", "slot")}
     if all("load_report" in r for r in reports.values()):
         result["plugin_vs_stock"] = differing_share(plugin["load_report"], stock_a["load_report"])
+        result["plugin_vs_stock_b"] = differing_share(plugin["load_report"], stock_b["load_report"])
         result["stock_vs_stock"] = differing_share(stock_a["load_report"], stock_b["load_report"])
         result["problems"] = soak_verdict(plugin, result["plugin_vs_stock"],
                                           result["stock_vs_stock"], args.batch_invariant)
@@ -84,14 +172,15 @@ def soak_mode(mode: str, args: argparse.Namespace, model_dir: str, extra: list[s
 
 
 def refused_start(name: str, env_overrides: dict, cli_extra: list[str], expect: str,
-                  model_dir: str, out: Path, port: int, timeout_s: float = 300,
+                  model_dir: str, out: Path, slot: Slot, timeout_s: float = 300,
                   weights: str = "random") -> dict:
     """Start a server that must refuse to start; check the message and leftovers."""
-    spec = RunSpec("plugin", "piecewise", pp=2, weights=weights)
+    spec = slot.apply(RunSpec("plugin", "piecewise", pp=2, weights=weights))
     env = engine_env(spec) | env_overrides
     log_path = out / f"refused-{name}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(serve_command(spec, model_dir, port, cli_extra), env=env,
+        proc = subprocess.Popen(serve_command(spec, model_dir, slot.port,
+                                              cli_extra + slot.serve_args()), env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout_s)
@@ -106,12 +195,14 @@ def refused_start(name: str, env_overrides: dict, cli_extra: list[str], expect: 
     except ProcessLookupError:
         leftovers = False
     text = log_path.read_text(errors="replace")
-    return {"case": name, "returncode": rc, "message_found": expect in text,
-            "leftover_processes": leftovers,
-            "passed": rc not in (0, None) and expect in text and not leftovers}
+    result = {"case": name, "returncode": rc, "message_found": expect in text,
+              "leftover_processes": leftovers,
+              "passed": rc not in (0, None) and expect in text and not leftovers}
+    print(json.dumps(result), flush=True)
+    return result
 
 
-def refused_stage_mismatch(out: Path, port: int) -> dict:
+def refused_stage_mismatch(out: Path, slot: Slot) -> dict:
     """A model whose last stage expects a tensor the first never sends.
 
     The model comes from the test-only vLLM plugin in
@@ -129,7 +220,7 @@ def refused_stage_mismatch(out: Path, port: int) -> dict:
     config["architectures"] = [STAGE_MISMATCH_ARCH]
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     return refused_start(case, {"VLLM_PLUGINS": "pp_cudagraph,pp_e2e_models"}, [],
-                         "missing keys ['aux']", str(model_dir), out, port, weights="dummy")
+                         "missing keys ['aux']", str(model_dir), out, slot, weights="dummy")
 
 
 REFUSALS = [
@@ -150,7 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="first slot's port (+10 per slot)")
+    parser.add_argument("--gpus", nargs="+",
+                        default=[os.environ.get("CUDA_VISIBLE_DEVICES") or "0,1"],
+                        help="GPU groups, one per PP=2 server (default: CUDA_VISIBLE_DEVICES)")
+    parser.add_argument("--servers-per-gpus", type=int, default=1,
+                        help="servers that may run on one GPU group at a time")
+    parser.add_argument("--kv-cache-gib", type=float, default=None,
+                        help="fixed KV cache per server (needed when GPUs are shared)")
     parser.add_argument("--preemption", action="store_true",
                         help="KV cache of 512 blocks: requests are preempted and resumed")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
@@ -159,22 +257,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="VLLM_BATCH_INVARIANT=1 on every server: plugin and stock must then agree exactly")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    slots = make_slots(args.gpus, args.servers_per_gpus, args.port, args.kv_cache_gib)
     model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), tokenizer=True, weights=True))
     extra = (["--num-gpu-blocks-override", "512"] if args.preemption else []) + (
         ["--distributed-executor-backend", "ray"] if args.ray else [])
-    results = []
-    for mode in [m for m in args.modes.split(",") if m]:
-        print(f"== {mode} {' '.join(extra)}", flush=True)
-        results.append(soak_mode(mode, args, model_dir, extra))
-        print(json.dumps({k: results[-1].get(k) for k in
-                          ("mode", "passed", "plugin_vs_stock", "stock_vs_stock", "problems")}),
-              flush=True)
+    modes = [m for m in args.modes.split(",") if m]
+    servers = [(mode, *server) for mode in modes for server in mode_servers(mode)]
+    tasks = [serve_task(mode, runner, run_mode, tag, args, model_dir, extra)
+             for mode, runner, run_mode, tag in servers]
     if args.refusals:
-        for name, env, cli_extra, expect in REFUSALS:
-            results.append(refused_start(name, env, cli_extra, expect, model_dir, args.out, args.port))
-            print(json.dumps(results[-1]), flush=True)
-        results.append(refused_stage_mismatch(args.out, args.port))
-        print(json.dumps(results[-1]), flush=True)
+        tasks += [lambda slot, r=refusal: refused_start(*r, model_dir, args.out, slot)
+                  for refusal in REFUSALS]
+        tasks.append(lambda slot: refused_stage_mismatch(args.out, slot))
+    print(f"{len(tasks)} servers in {len(slots)} slots: "
+          f"{', '.join(f'{s.gpus}:{s.port}' for s in slots)} {' '.join(extra)}", flush=True)
+    reports = run_in_slots(tasks, slots)
+    results = []
+    for i, mode in enumerate(modes):
+        three = dict(zip(("plugin", "stock_a", "stock_b"), reports[3 * i:3 * i + 3]))
+        results.append(mode_result(mode, three, args, extra))
+        print(json.dumps({k: results[-1].get(k) for k in
+                          ("mode", "passed", "plugin_vs_stock", "plugin_vs_stock_b",
+                           "stock_vs_stock", "problems")}), flush=True)
+    results += reports[3 * len(modes):]
     (args.out / "soak.json").write_text(json.dumps(results, indent=1, default=str))
     return 0 if all(r["passed"] for r in results) else 1
 

@@ -1,0 +1,80 @@
+"""The serving soak's slots: servers share GPUs safely and never share a slot.
+
+The soak runs many ``vllm serve`` instances at once on a few GPU groups; these
+checks pin down what each instance is given and how the pool hands out slots.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from vllm.entrypoints.openai.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+from e2e.serve_soak import Slot, make_slots, run_in_slots
+from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
+from vllm_pp_cudagraph.serve_run import serve_command
+
+
+def test_every_group_gets_its_share_of_slots_on_distinct_ports():
+    slots = make_slots(["0,1", "2,3"], 3, 8000, kv_cache_gib=8)
+    assert [s.gpus for s in slots].count("0,1") == 3
+    assert [s.gpus for s in slots].count("2,3") == 3
+    assert len({s.port for s in slots}) == 6
+
+
+def test_sharing_gpus_without_a_fixed_kv_cache_is_refused():
+    with pytest.raises(SystemExit, match="--kv-cache-gib"):
+        make_slots(["0,1"], 2, 8000, kv_cache_gib=None)
+
+
+def test_shared_slot_server_gets_its_gpus_and_a_kv_cache_vllm_accepts(tmp_path, monkeypatch):
+    import vllm.platforms
+
+    # vLLM's parser builds its config defaults, which infer a device type; there is none here.
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
+    slot = Slot("2,3", 8040, kv_cache_gib=8)
+    spec = slot.apply(RunSpec("plugin", "full_and_piecewise", pp=2))
+    env = engine_env(spec)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["VLLM_CACHE_ROOT"].endswith("soak-cache-8040")
+    cmd = serve_command(spec, str(tmp_path), slot.port, slot.serve_args())
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("serve") + 1:])
+    assert parsed.kv_cache_memory_bytes == 8 * 2**30
+    assert parsed.gpu_memory_utilization == Slot.SHARED_UTILIZATION
+
+
+def test_unshared_slot_leaves_memory_profiling_on():
+    slot = Slot("0,1", 8000)
+    assert slot.serve_args() == []
+    assert slot.apply(RunSpec("stock", "eager")).gpu_memory_utilization == RunSpec(
+        "stock", "eager").gpu_memory_utilization
+
+
+def test_pool_never_runs_two_servers_in_one_slot_and_keeps_task_order():
+    slots = make_slots(["0,1", "2,3"], 1, 9000, kv_cache_gib=None) + [Slot("4,5", 9100)]
+    busy: dict[int, bool] = {}
+    lock = threading.Lock()
+    running = [0]
+    peak = [0]
+
+    def task(i):
+        def run(slot):
+            with lock:
+                assert not busy.get(slot.port), f"slot {slot.port} handed out twice"
+                busy[slot.port] = True
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                busy[slot.port] = False
+                running[0] -= 1
+            return {"task": i, "port": slot.port}
+        return run
+
+    results = run_in_slots([task(i) for i in range(8)], slots, stagger_s=0)
+    assert [r["task"] for r in results] == list(range(8))
+    assert {r["port"] for r in results} == {s.port for s in slots}
+    assert peak[0] == len(slots)
