@@ -21,6 +21,8 @@ V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 V2_CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 #: Modules whose attention ops are decorated for breakable graphs at import time.
 BREAKABLE_DECORATED_MODULES = ("vllm.model_executor.layers.attention.attention",)
+#: Module of the scheduler used with async scheduling.
+ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,16 @@ def manager_init_args(stock: object) -> tuple[tuple, dict]:
     if hasattr(stock, "lora_capture_cases"):
         kwargs["lora_capture_cases"] = stock.lora_capture_cases
     return args, kwargs
+
+
+def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool:
+    """Whether preempting a request leaves its in-flight output placeholders behind.
+
+    True up to 0.26. The upstream rework (vLLM PR #48245) marks such output
+    stale and passes ``is_stale`` to ``_update_request_with_output``; a vLLM with
+    that parameter needs no help.
+    """
+    import inspect
+
+    params = inspect.signature(async_scheduler_cls._update_request_with_output).parameters
+    return "is_stale" not in params

@@ -110,6 +110,25 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo | None:
     return _set_env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
 
 
+def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
+    from vllm_pp_cudagraph.async_preemption import discarding_in_flight_output
+
+    scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
+    if not compat.async_preemption_keeps_stale_placeholders(scheduler_cls):
+        return None
+    had_own = "_preempt_request" in scheduler_cls.__dict__
+    original = scheduler_cls.__dict__.get("_preempt_request")
+    scheduler_cls._preempt_request = discarding_in_flight_output(scheduler_cls._preempt_request)
+
+    def undo() -> None:
+        if had_own:
+            scheduler_cls._preempt_request = original
+        else:
+            del scheduler_cls._preempt_request
+
+    return undo
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="v2-runner-default",
@@ -151,6 +170,24 @@ PATCHES: tuple[Patch, ...] = (
             "graph handling this plugin adds (not the case up to 0.26)."
         ),
         apply=_patch_v2_runner_class,
+    ),
+    Patch(
+        name="async-preemption",
+        target=f"{compat.ASYNC_SCHEDULER_MODULE}.AsyncScheduler._preempt_request",
+        why=(
+            "Under PP the async scheduler keeps several batches in flight. A request "
+            "preempted for KV-cache space kept the placeholders of its in-flight "
+            "output; resumed before that output returned, it drove the count below "
+            "zero and the engine core died on an assertion (stock vLLM 0.26 too). "
+            "The override drops the in-flight output as stale, with vLLM's own discard "
+            "counter, and clears the placeholders. Details: async_preemption.py."
+        ),
+        drop_when=(
+            "the installed vLLM marks preempted in-flight output stale itself "
+            "(vLLM PR #48245; detected from _update_request_with_output's is_stale "
+            "parameter, and then not applied)."
+        ),
+        apply=_patch_async_preemption,
     ),
 )
 
