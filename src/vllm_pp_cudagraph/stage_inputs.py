@@ -149,10 +149,9 @@ def check_handoff_schemas(
 
     ``sends[i]`` is stage i's output (None on the last stage), as ``sent_as``
     says where it was read; ``expects[i]`` stage i's input buffers (None on
-    the first). Every stage
-    evaluates the same lists and so raises, or not, together; a mismatch then
-    stops start-up cleanly instead of failing (and hanging the pipeline) on
-    the first request.
+    the first). Every stage evaluates the same lists and so raises, or not,
+    together; a mismatch then stops start-up cleanly instead of failing (and
+    hanging the pipeline) on the first request.
     """
     problems = []
     for stage in range(len(sends) - 1):
