@@ -38,9 +38,12 @@ def test_register_adds_the_architecture_to_vllms_registry(e2e_models):
 
     try:
         e2e_models.register()
-        assert e2e_models.STAGE_MISMATCH_ARCH in ModelRegistry.get_supported_archs()
+        archs = ModelRegistry.get_supported_archs()
+        assert e2e_models.STAGE_MISMATCH_ARCH in archs
+        assert e2e_models.UNDECLARED_OUTPUT_ARCH in archs
     finally:
         ModelRegistry.models.pop(e2e_models.STAGE_MISMATCH_ARCH, None)
+        ModelRegistry.models.pop(e2e_models.UNDECLARED_OUTPUT_ARCH, None)
 
 
 def test_last_stage_expects_a_key_the_first_never_sends(e2e_models):
@@ -53,3 +56,20 @@ def test_last_stage_expects_a_key_the_first_never_sends(e2e_models):
     assert expected["aux"] == expected["hidden_states"]
     with pytest.raises(StageInputMismatchError, match=r"missing keys \['aux'\]"):
         check_handoff_schemas([sent, None], [None, expected])
+
+
+def test_forward_output_carries_a_key_the_next_stage_never_declared(e2e_models):
+    from pp_e2e_models.stage_mismatch import with_undeclared_output
+    from vllm.sequence import IntermediateTensors
+
+    from vllm_pp_cudagraph.stage_inputs import PRODUCED
+
+    declared = make_empty_intermediate_tensors_factory(["hidden_states", "residual"], 16)
+    buffers = schema_of(declared(4, torch.bfloat16, torch.device("cpu")).tensors)
+    output = with_undeclared_output(declared(4, torch.bfloat16, torch.device("cpu")))
+    assert isinstance(output, IntermediateTensors)
+    with pytest.raises(StageInputMismatchError, match=r"unexpected keys \['aux'\]") as err:
+        check_handoff_schemas([schema_of(output.tensors), None], [None, buffers], PRODUCED)
+    assert "returned by the model's forward" in str(err.value)
+    hidden = torch.ones(4, 16)  # the last stage returns plain hidden states: left alone
+    assert with_undeclared_output(hidden) is hidden

@@ -57,28 +57,9 @@ def test_exchange_over_real_pp_group_under_inference_mode(pp_group):
 
 
 def test_two_stages_reach_the_same_decision_over_gloo_under_inference_mode():
-    import json
-    import os
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
+    from _two_stage_exchange import run_both
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = Path(__file__).with_name("_two_stage_exchange.py")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(port)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in (0, 1)
-    ]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err[-2000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = run_both("capture")
     for r in results:
         assert r["stages"] == [0, 1]
         assert r["all_eager"] is True

@@ -152,6 +152,26 @@ def test_startup_schema_mismatch_names_the_stages_and_keys():
     assert "'hidden_states' is ((32,), 'torch.bfloat16') but expected ((16,), 'torch.bfloat16')" in message
 
 
+def test_startup_mismatch_names_where_the_sent_tensors_came_from():
+    from vllm_pp_cudagraph.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
+
+    want = schema_of(BUFFERS)
+    sent = schema_of({**BUFFERS, "aux": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})
+    with pytest.raises(StageInputMismatchError, match="returned by the model's forward") as err:
+        check_handoff_schemas([sent, None], [None, want], PRODUCED)
+    assert "unexpected keys ['aux']" in str(err.value)
+
+
+def test_forward_returning_an_undeclared_key_stops_both_stages_at_startup():
+    from _two_stage_exchange import run_both
+
+    results = run_both("handoff")
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:  # both stages raise, so neither is left waiting for the other
+        assert "stage 0 -> stage 1 (tensors returned by the model's forward" in r["produced_error"]
+        assert "unexpected keys ['aux']" in r["produced_error"]
+
+
 def test_pending_share_under_tensor_parallelism_counts_all_ranks_tokens():
     big = {k: torch.zeros(512, HIDDEN, dtype=torch.bfloat16) for k in BUFFERS}
     assert check_stage_inputs(big, pending_receive(256, tp_size=2), 1, tp_size=2) == 256

@@ -19,6 +19,9 @@ from vllm_pp_cudagraph import graph_memory
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 from vllm_pp_cudagraph.stage_inputs import (
+    DECLARED,
+    PRODUCED,
+    Schema,
     check_handoff_schemas,
     check_padding_agreement,
     check_stage_inputs,
@@ -63,6 +66,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     cudagraph_manager: PPCudaGraphManager | None
     _graph_memory_estimate: int | None = None
     _received_tokens: int | None = None
+    _produced_schema: Schema | None = None
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         check_graph_settings(vllm_config)
@@ -84,10 +88,17 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if self.use_pp:
             self._check_stage_handoffs()
 
-    def _check_stage_handoffs(self) -> None:
-        """All stages compare what they send and expect, once, before serving."""
-        sends = None
-        if not self.is_last_pp_rank:
+    def _check_stage_handoffs(self, produced: Schema | None = None) -> None:
+        """All stages compare what they send with what the next stage expects.
+
+        Called on every stage at the same two points before serving: after
+        loading, with what the model declares it sends, and after the
+        profiling run, with what its forward really returned. A forward that
+        returns other tensors than it declares would otherwise first fail on
+        a request, where vLLM 0.26 hangs instead of stopping.
+        """
+        sends = produced
+        if sends is None and not self.is_last_pp_rank:
             declared = self.model.make_empty_intermediate_tensors(
                 batch_size=1, dtype=self.model_config.dtype, device=self.device
             )
@@ -95,8 +106,15 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         expects = None
         if self.intermediate_tensors is not None:
             expects = schema_of(self.intermediate_tensors.tensors)
-        everyone = gather_from_stages((sends, expects))
-        check_handoff_schemas([s for s, _ in everyone], [e for _, e in everyone])
+        # Every stage evaluates the same gathered lists, so all raise or none does.
+        everyone = gather_from_stages((sends, expects, produced is not None))
+        sent_as = PRODUCED if all(p for _, _, p in everyone[:-1]) else DECLARED
+        check_handoff_schemas([s for s, _, _ in everyone], [e for _, e, _ in everyone], sent_as)
+
+    def profile_run(self) -> None:
+        super().profile_run()
+        if self.use_pp:
+            self._check_stage_handoffs(produced=self._produced_schema)
 
     def profile_cudagraph_memory(self) -> int:
         try:
@@ -156,11 +174,14 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                 tp_size=self.tp_size,
             )
         try:
-            return super().execute_model(
+            output = super().execute_model(
                 scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs
             )
         finally:
             self._received_tokens = None
+        if dummy_run and self._produced_schema is None and isinstance(output, IntermediateTensors):
+            self._produced_schema = schema_of(output.tensors)
+        return output
 
     def prepare_inputs(
         self, scheduler_output: SchedulerOutput, batch_desc: BatchExecutionDescriptor

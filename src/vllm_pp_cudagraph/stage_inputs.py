@@ -137,14 +137,21 @@ def schema_of(tensors: Mapping[str, torch.Tensor]) -> Schema:
     return {k: (tuple(v.shape[1:]), str(v.dtype)) for k, v in tensors.items()}
 
 
-def check_handoff_schemas(sends: list[Schema | None], expects: list[Schema | None]) -> None:
+#: Where the sending side of a start-up check comes from, as the error names it.
+DECLARED = "declared by make_empty_intermediate_tensors()"
+PRODUCED = "returned by the model's forward in the profiling run"
+
+
+def check_handoff_schemas(
+    sends: list[Schema | None], expects: list[Schema | None], sent_as: str = DECLARED
+) -> None:
     """At start-up: what each stage's model sends equals what the next expects.
 
-    ``sends[i]`` is stage i's declared output (None on the last stage),
-    ``expects[i]`` stage i's input buffers (None on the first). Every stage
-    evaluates the same lists and so raises, or not, together; a mismatch then
-    stops start-up cleanly instead of failing (and hanging the pipeline) on
-    the first request.
+    ``sends[i]`` is stage i's output (None on the last stage), as ``sent_as``
+    says where it was read; ``expects[i]`` stage i's input buffers (None on
+    the first). Every stage evaluates the same lists and so raises, or not,
+    together; a mismatch then stops start-up cleanly instead of failing (and
+    hanging the pipeline) on the first request.
     """
     problems = []
     for stage in range(len(sends) - 1):
@@ -155,7 +162,9 @@ def check_handoff_schemas(sends: list[Schema | None], expects: list[Schema | Non
         detail = _key_problems(want, out)
         for k in differ:
             detail.append(f"{k!r} is {out[k]} but expected {want[k]} (dims, dtype)")
-        problems.append(f"stage {stage} -> stage {stage + 1}: {'; '.join(detail)}")
+        problems.append(
+            f"stage {stage} -> stage {stage + 1} (tensors {sent_as}): {'; '.join(detail)}"
+        )
     if problems:
         raise StageInputMismatchError(
             "Pipeline stages disagree on the tensors they exchange: "

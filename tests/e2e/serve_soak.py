@@ -203,25 +203,31 @@ def refused_start(name: str, env_overrides: dict, cli_extra: list[str], expect: 
     return result
 
 
-def refused_stage_mismatch(out: Path, slot: Slot) -> dict:
-    """A model whose last stage expects a tensor the first never sends.
+#: Test models whose stages disagree on one exchanged tensor, and the message
+#: that must stop their start-up.
+MISMATCH_MODELS = [
+    ("stage-mismatch-model", "StageMismatchQwen3ForCausalLM", "missing keys ['aux']"),
+    ("undeclared-output-model", "UndeclaredOutputQwen3ForCausalLM",
+     "(tensors returned by the model's forward in the profiling run): unexpected keys ['aux']"),
+]
 
-    The model comes from the test-only vLLM plugin in
+
+def refused_mismatch_model(case: str, arch: str, expect: str, out: Path, slot: Slot) -> dict:
+    """Serve a model whose stages disagree on the tensors they exchange.
+
+    The models come from the test-only vLLM plugin in
     ``tests/e2e/stage_mismatch_model`` (``pp_e2e_models``), which must be
     installed next to this package.
     """
-    case = "stage-mismatch-model"
     if not any(ep.name == "pp_e2e_models" for ep in entry_points(group="vllm.general_plugins")):
         return {"case": case, "passed": False,
                 "problem": "test plugin not installed: pip install tests/e2e/stage_mismatch_model"}
-    from pp_e2e_models import STAGE_MISMATCH_ARCH
-
-    model_dir = write_model_dir(tempfile.mkdtemp(prefix="soak-mismatch-"), tokenizer=True)
+    model_dir = write_model_dir(tempfile.mkdtemp(prefix=f"soak-{case}-"), tokenizer=True)
     config = json.loads((model_dir / "config.json").read_text())
-    config["architectures"] = [STAGE_MISMATCH_ARCH]
+    config["architectures"] = [arch]
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     return refused_start(case, {"VLLM_PLUGINS": "pp_cudagraph,pp_e2e_models"}, [],
-                         "missing keys ['aux']", str(model_dir), out, slot, weights="dummy")
+                         expect, str(model_dir), out, slot, weights="dummy")
 
 
 REFUSALS = [
@@ -273,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.refusals:
         tasks += [lambda slot, r=refusal: refused_start(*r, model_dir, args.out, slot)
                   for refusal in REFUSALS]
-        tasks.append(lambda slot: refused_stage_mismatch(args.out, slot))
+        tasks += [lambda slot, m=model: refused_mismatch_model(*m, args.out, slot)
+                  for model in MISMATCH_MODELS]
     print(f"{len(tasks)} servers in {len(slots)} slots: "
           f"{', '.join(f'{s.gpus}:{s.port}' for s in slots)} {' '.join(extra + preemption)}",
           flush=True)

@@ -1,4 +1,4 @@
-"""Qwen3 whose last pipeline stage declares one input tensor more than is sent."""
+"""Qwen3 variants whose pipeline stages disagree on one exchanged tensor."""
 
 from __future__ import annotations
 
@@ -32,3 +32,17 @@ class StageMismatchQwen3ForCausalLM(Qwen3ForCausalLM):
             self.make_empty_intermediate_tensors = with_undeclared_key(
                 self.make_empty_intermediate_tensors
             )
+
+
+def with_undeclared_output(output, key: str = "aux"):
+    """A non-last stage's ``output`` plus one tensor its model never declared."""
+    if isinstance(output, IntermediateTensors):
+        output[key] = torch.zeros_like(output["hidden_states"])
+    return output
+
+
+class UndeclaredOutputQwen3ForCausalLM(Qwen3ForCausalLM):
+    """Qwen3, except that non-last stages also send an ``aux`` tensor."""
+
+    def forward(self, *args, **kwargs):
+        return with_undeclared_output(super().forward(*args, **kwargs))
