@@ -19,8 +19,8 @@
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
-#   soak-branch    (with soak, from a second checkout in $BRANCH_DIR installed into
-#                  $BRANCH_SITE) a short soak and the refusals of an unmerged branch
+#   soak-followup  (all four GPUs) preemption with the scheduler fix, breakable against
+#                  stock breakable, each also under batch invariance
 #
 #   bash benchmarks/gpu_matrix.sh start JOB          # one job on all four GPUs
 set -u
@@ -99,11 +99,23 @@ job_soak() {
   wait
 }
 
-job_soak-branch() {
+# What the first soak round left open: preemption with the plugin's scheduler fix
+# (eager under batch invariance, where stock differs from itself in ~5% of requests,
+# then piecewise), and breakable against stock's own breakable mode.
+job_soak-followup() {
+  local A=0,1 B=2,3
   unset CUDA_VISIBLE_DEVICES
-  sleep 30
-  cd "$BRANCH_DIR" && PYTHONPATH="$BRANCH_SITE:$PYTHONPATH" $SOAK --out "$RES/branch" \
-    --modes full_and_piecewise --requests 500 --refusals --gpus 2,3 0,1 --port 8500
+  $SOAK --out "$RES/soak-preemption-invariant" --modes eager --preemption --batch-invariant \
+    --gpus $A $B $A --port 8600 >"$RES/soak-preemption-invariant.txt" 2>&1 &
+  sleep 5
+  $SOAK --out "$RES/soak-breakable" --modes breakable --same-stock-mode --gpus $B $A $B \
+    --port 8700 >"$RES/soak-breakable.txt" 2>&1 &
+  sleep 5
+  $SOAK --out "$RES/soak-breakable-invariant" --modes breakable --same-stock-mode \
+    --batch-invariant --gpus $A $B $A --port 8800 >"$RES/soak-breakable-invariant.txt" 2>&1 &
+  wait
+  $SOAK --out "$RES/soak-preemption" --modes piecewise --preemption --gpus $A $B $A $B \
+    --servers-per-gpus 1 --port 8200 >"$RES/soak-preemption.txt" 2>&1
 }
 
 case "$1" in

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import pytest
 from aiohttp import web
 
 from vllm_pp_cudagraph.serve_load import (
+    LoadReport,
     LoadSpec,
+    RequestResult,
     differing_share,
+    divergence_word,
     preemptions_from_metrics,
     run_load,
     soak_verdict,
@@ -108,6 +112,20 @@ def test_same_server_twice_differs_nowhere_and_another_differs_everywhere():
     _, c = asyncio.run(serve_and_load(make_app(salt="x")[0]))
     assert differing_share(a, b) == 0.0
     assert differing_share(a, c) == pytest.approx(1.0)
+
+
+def _report(texts: list[str]) -> LoadReport:
+    return LoadReport([RequestResult(i, False, text=t) for i, t in enumerate(texts)], 1.0, 0, [])
+
+
+def test_divergence_word_tells_late_noise_from_an_early_wrong_token():
+    base = _report(["a b c d e f", "a b c d e f", "x y z w"])
+    late = _report(["a b c d e Q", "a b c d Q f", "x y z w"])
+    early = _report(["Q b c d e f", "a Q c d e f", "x y z w"])
+    assert differing_share(base, late) == differing_share(base, early) == pytest.approx(2 / 3)
+    assert divergence_word(base, late) == 4.5
+    assert divergence_word(base, early) == 0.5
+    assert math.isnan(divergence_word(base, base))
 
 
 def test_health_failures_are_counted():

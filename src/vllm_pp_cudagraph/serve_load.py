@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -93,10 +94,9 @@ class LoadReport:
         }
 
 
-def differing_share(a: LoadReport, b: LoadReport) -> float:
-    """Share of requests completed in both runs whose texts differ."""
+def _completed_pairs(a: LoadReport, b: LoadReport) -> list[tuple[RequestResult, RequestResult]]:
     by_index = {r.index: r for r in b.results}
-    pairs = [
+    return [
         (r, by_index[r.index])
         for r in a.results
         if r.index in by_index
@@ -105,9 +105,32 @@ def differing_share(a: LoadReport, b: LoadReport) -> float:
         and by_index[r.index].error is None
         and not by_index[r.index].cancelled
     ]
+
+
+def differing_share(a: LoadReport, b: LoadReport) -> float:
+    """Share of requests completed in both runs whose texts differ."""
+    pairs = _completed_pairs(a, b)
     if not pairs:
         return float("nan")
     return sum(x.text != y.text for x, y in pairs) / len(pairs)
+
+
+def divergence_word(a: LoadReport, b: LoadReport) -> float:
+    """Median position (in words) of the first difference, over requests that differ.
+
+    Numerical noise between runs flips a token late in a greedy sequence; a
+    request handled wrongly (a lost, repeated or foreign token) differs from
+    its first words. Comparing this median with stock's own tells the two apart
+    where the share of differing requests cannot. NaN when no request differs.
+    """
+    positions = []
+    for x, y in _completed_pairs(a, b):
+        if x.text == y.text:
+            continue
+        wx, wy = (x.text or "").split(), (y.text or "").split()
+        positions.append(next((i for i, (u, v) in enumerate(zip(wx, wy)) if u != v),
+                              min(len(wx), len(wy))))
+    return float(statistics.median(positions)) if positions else float("nan")
 
 
 def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
