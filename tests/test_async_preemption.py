@@ -126,9 +126,22 @@ def test_stock_scheduler_fails_the_same_runs(model_dir):
     assert any("assertion" not in p for p in problems), "expected a repeated token too"
 
 
+def test_reset_prefix_cache_still_discards_what_was_in_flight(model_dir, patched):
+    scheduler = make_scheduler(model_dir)
+    request = Request(request_id="r", prompt_token_ids=[5] * 20,
+                      sampling_params=SamplingParams(max_tokens=10, ignore_eos=True), pooling_params=None)
+    scheduler.add_request(request)
+    scheduler.schedule()
+    assert request.num_output_placeholders == 1
+    scheduler.reset_prefix_cache(reset_running_requests=True)
+    assert (request.async_tokens_to_discard, request.num_output_placeholders) == (1, 0)
+    scheduler.schedule()  # resumed: nothing stale left to convert
+    assert request.async_tokens_to_discard == 1
+
+
 def test_patch_is_undone_exactly():
-    had = "_preempt_request" in AsyncScheduler.__dict__
+    original = AsyncScheduler.__dict__["_update_after_schedule"]
     undo = patches._patch_async_preemption(None)
-    assert AsyncScheduler._preempt_request.__wrapped__ is not None
+    assert AsyncScheduler._update_after_schedule.__wrapped__ is original
     undo()
-    assert ("_preempt_request" in AsyncScheduler.__dict__) == had
+    assert AsyncScheduler.__dict__["_update_after_schedule"] is original

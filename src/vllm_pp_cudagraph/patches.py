@@ -111,20 +111,16 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo | None:
 
 
 def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
-    from vllm_pp_cudagraph.async_preemption import discarding_in_flight_output
+    from vllm_pp_cudagraph.async_preemption import dropping_stale_output_on_resume
 
     scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
     if not compat.async_preemption_keeps_stale_placeholders(scheduler_cls):
         return None
-    had_own = "_preempt_request" in scheduler_cls.__dict__
-    original = scheduler_cls.__dict__.get("_preempt_request")
-    scheduler_cls._preempt_request = discarding_in_flight_output(scheduler_cls._preempt_request)
+    original = scheduler_cls.__dict__["_update_after_schedule"]
+    scheduler_cls._update_after_schedule = dropping_stale_output_on_resume(original)
 
     def undo() -> None:
-        if had_own:
-            scheduler_cls._preempt_request = original
-        else:
-            del scheduler_cls._preempt_request
+        scheduler_cls._update_after_schedule = original
 
     return undo
 
@@ -173,14 +169,15 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         name="async-preemption",
-        target=f"{compat.ASYNC_SCHEDULER_MODULE}.AsyncScheduler._preempt_request",
+        target=f"{compat.ASYNC_SCHEDULER_MODULE}.AsyncScheduler._update_after_schedule",
         why=(
             "Under PP the async scheduler keeps several batches in flight. A request "
-            "preempted for KV-cache space kept the placeholders of its in-flight "
-            "output; resumed before that output returned, it drove the count below "
-            "zero and the engine core died on an assertion (stock vLLM 0.26 too). "
-            "The override drops the in-flight output as stale, with vLLM's own discard "
-            "counter, and clears the placeholders. Details: async_preemption.py."
+            "preempted for KV-cache space keeps the placeholders of its in-flight "
+            "output; resumed before that output returns, it repeats a token or drives "
+            "the count below zero and the engine core dies on an assertion (stock "
+            "vLLM 0.26 too). When such a request is scheduled again, the override "
+            "drops that output as stale, with vLLM's own discard counter, and clears "
+            "the placeholders. Details: async_preemption.py."
         ),
         drop_when=(
             "the installed vLLM marks preempted in-flight output stale itself "
