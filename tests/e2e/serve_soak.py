@@ -147,8 +147,9 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
                                 port=slot.port, extra_args=extra + slot.serve_args(),
                                 keep_texts=True)
         report["slot"] = {"gpus": slot.gpus, "port": slot.port, "kv_cache_gib": slot.kv_cache_gib}
-        print(f"[{mode} {tag}] gpus {slot.gpus}: "
-              f"{report.get('load') or report.get('error')}", flush=True)
+        print(f"[{mode} {tag}] gpus {slot.gpus}: {report.get('load') or report.get('error')}"
+              f", preemptions {report.get('preemptions')}, shutdown rc {report.get('shutdown_rc')}",
+              flush=True)
         return report
 
     return task
