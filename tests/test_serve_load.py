@@ -154,10 +154,16 @@ def test_soak_passes_when_plugin_differs_no_more_than_stock_from_itself():
     assert "5.0% of requests differ from stock" in problem and "3.0%" in problem
 
 
-def test_soak_under_batch_invariance_demands_identical_tokens():
+def test_soak_under_batch_invariance_demands_identical_tokens_where_stock_agrees_with_itself():
     assert soak_verdict(served(), 0.0, 0.0, batch_invariant=True) == []
-    [problem] = soak_verdict(served(), 0.01, 0.02, batch_invariant=True)
-    assert "under batch invariance" in problem
+    [problem] = soak_verdict(served(), 0.01, 0.0, batch_invariant=True)
+    assert "under batch invariance" in problem and "two stock runs agree" in problem
+
+
+def test_soak_under_batch_invariance_that_stock_does_not_keep_uses_stocks_own_share():
+    assert soak_verdict(served(), 0.055, 0.062, batch_invariant=True) == []
+    [problem] = soak_verdict(served(), 0.476, 0.303, batch_invariant=True)
+    assert "more than stock's own 30.3%" in problem
 
 
 def test_soak_names_every_serving_failure():

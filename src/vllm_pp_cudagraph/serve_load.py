@@ -138,9 +138,11 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
     """Why a soak of the plugin failed; an empty list means it passed.
 
     ``plugin`` is the plugin server's report (``load`` summary, ``shutdown_clean``).
-    Without batch invariance, the plugin may differ from stock in no larger a
-    share of requests than stock differs from itself between two runs; with
-    vLLM's batch-invariant mode, in none.
+    The plugin may differ from stock in no larger a share of requests than stock
+    differs from itself between two runs. Under vLLM's batch-invariant mode that
+    share should be zero, and then the plugin must match stock exactly. Under PP
+    (0.26, TRITON_ATTN) two stock runs still differ in that mode; the plugin is
+    then held to stock's own share, as without it.
     """
     summary = plugin.get("load")
     if summary is None:
@@ -154,8 +156,11 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
         problems.append(f"unclean shutdown (rc={plugin.get('shutdown_rc')})")
     if math.isnan(plugin_vs_stock) or math.isnan(stock_vs_stock):
         problems.append("no request completed in both runs of a comparison")
-    elif batch_invariant and plugin_vs_stock > 0:
-        problems.append(f"{plugin_vs_stock:.1%} of requests differ from stock under batch invariance")
+    elif batch_invariant and stock_vs_stock == 0 and plugin_vs_stock > 0:
+        problems.append(
+            f"{plugin_vs_stock:.1%} of requests differ from stock under batch invariance, "
+            "where two stock runs agree on every request"
+        )
     elif plugin_vs_stock > stock_vs_stock:
         problems.append(
             f"{plugin_vs_stock:.1%} of requests differ from stock, more than stock's own "

@@ -10,8 +10,8 @@ differing texts part (median first differing word): noise parts late, a
 mishandled request early. It must also have no request errors, answer every health check, and
 shut down cleanly. Options add preemption (a KV cache too small for the load,
 for the plugin only: stock vLLM 0.26 dies there),
-Ray, and vLLM's batch-invariant mode, under which plugin and stock must agree
-on every request. Start-up refusals (bad settings) are checked to fail with
+Ray, and vLLM's batch-invariant mode: where two stock runs then agree on every
+request, the plugin must too (under PP they did not; see the results README). Start-up refusals (bad settings) are checked to fail with
 the named setting and leave no process behind; one of them serves a model whose
 stages disagree on the tensors they exchange, from the test-only plugin in
 ``tests/e2e/stage_mismatch_model`` (install it next to this package).
@@ -272,13 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-gib", type=float, default=None,
                         help="fixed KV cache per server (needed when GPUs are shared)")
     parser.add_argument("--preemption", action="store_true",
-                        help="KV cache of 512 blocks: requests are preempted and resumed")
+                        help="plugin only: KV cache of 512 blocks, so requests are preempted and resumed")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
     parser.add_argument("--same-stock-mode", action="store_true",
                         help="compare breakable with stock breakable, not stock eager")
     parser.add_argument("--batch-invariant", action="store_true",
-                        help="VLLM_BATCH_INVARIANT=1 on every server: plugin and stock must then agree exactly")
+                        help="VLLM_BATCH_INVARIANT=1 on every server: where two stock runs then "
+                             "agree exactly, the plugin must too")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     slots = make_slots(args.gpus, args.servers_per_gpus, args.port, args.kv_cache_gib)
