@@ -7,17 +7,19 @@ differ between any two runs. The plugin passes when its share of differing
 requests against stock (the mean over both stock runs) is no higher than
 stock's share between its own two runs. Each comparison also reports where
 differing texts part (median first differing word): noise parts late, a
-mishandled request early. It must also have no request errors, answer every health check, and
-shut down cleanly. Options add preemption (a KV cache too small for the load,
-for the plugin only: stock vLLM 0.26 dies there),
-Ray, and vLLM's batch-invariant mode: where two stock runs then agree on every
-request, the plugin must too (under PP they did not; see the results README). Start-up refusals (bad settings) are checked to fail with
-the named setting and leave no process behind; one of them serves a model whose
-stages disagree on the tensors they exchange, from the test-only plugin in
-``tests/e2e/stage_mismatch_model`` (install it next to this package).
+mishandled request early. The plugin must also have no request errors, answer
+every health check, and shut down cleanly.
+
+Options add preemption (a KV cache too small for the load, for the plugin only:
+stock vLLM 0.26 dies there), Ray, and vLLM's batch-invariant mode: where two
+stock runs then agree on every request, the plugin must too (under PP they did
+not; see the results README). Start-up refusals (bad settings) are checked to
+fail with the named setting and leave no process behind; two of them serve
+models whose stages disagree on the tensors they exchange, from the test-only
+plugin in ``tests/e2e/stage_mismatch_model`` (install it next to this package).
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
-        [--batch-invariant] [--refusals]      (--modes "" --refusals: refusals only)
+        [--batch-invariant] [--same-stock-mode] [--refusals]   (--modes "" --refusals: refusals only)
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
