@@ -79,6 +79,22 @@ def test_valid_stock_graphs_are_all_kept(make_manager, mode, sizes, max_seqs, q)
     assert set(all_capture_descs(ours)) == expected
 
 
+def test_served_shape_dispatches_every_batch_as_stock_does(make_manager):
+    """The serving soak's shape (max_num_seqs 256, vLLM's default capture sizes):
+    stock captures only uniform FULL shapes there, so every batch must replay the
+    very graph stock would replay."""
+    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
+    stock = make_manager("FULL_AND_PIECEWISE", sizes, 256, cls=ModelCudaGraphManager)
+    ours = make_manager("FULL_AND_PIECEWISE", sizes, 256)
+    assert set(all_capture_descs(ours)) == set(all_capture_descs(stock))
+    stock._graphs_captured = ours._graphs_captured = True
+    for num_reqs in range(1, 257):
+        for num_tokens in (num_reqs, num_reqs + 1, num_reqs * 3, 512, 513):
+            uniform = 1 if num_tokens == num_reqs else None
+            assert ours.dispatch(num_reqs, num_tokens, uniform, 0) == stock.dispatch(
+                num_reqs, num_tokens, uniform, 0), (num_reqs, num_tokens)
+
+
 def test_non_uniform_full_shapes_exist_in_stock_and_are_dropped(make_manager):
     # max_num_seqs=8, capture size 13: stock captures 13 tokens over 8 requests.
     sizes = [1, 2, 4, 8, 13, 16]
