@@ -11,8 +11,8 @@ their median, and counts empty steps (nothing scheduled: the engine sends
 those while a pipelined batch is in flight) separately, with the time from
 one decode step to the next, which is what a request waits per token when
 all requests decode together, and the decode batch size. It also splits the
-wall time between prefill, decode and empty steps. Traces are large, so this runs where they
-were written and only the summary travels.
+wall time between prefill, decode and empty steps. Traces are large, so this
+runs where they were written and only the summary travels.
 """
 
 from __future__ import annotations
@@ -52,17 +52,17 @@ class Step:
     sync_ms: float
 
     @property
-    def decode_only(self) -> bool:
-        return self.context_reqs == 0 and self.generation_reqs > 0
-
-    @property
-    def empty(self) -> bool:
-        return self.context_reqs == 0 and self.generation_reqs == 0
-
-    @property
     def kind(self) -> str:
         """``prefill`` (any prompt tokens scheduled), ``decode`` or ``empty``."""
         return "prefill" if self.context_reqs else ("decode" if self.generation_reqs else "empty")
+
+    @property
+    def decode_only(self) -> bool:
+        return self.kind == "decode"
+
+    @property
+    def empty(self) -> bool:
+        return self.kind == "empty"
 
     @property
     def outside_forward_ms(self) -> float:
@@ -130,13 +130,14 @@ def summarize(all_steps: list[Step]) -> dict[str, float | int]:
     (prefill, decode, empty) and the wall time they span, so a run's time can
     be split between admitting prompts, decoding and idling.
     """
-    decode = [s for s in all_steps if s.decode_only]
-    empty = [s for s in all_steps if s.empty]
+    by_kind: dict[str, list[Step]] = {"prefill": [], "decode": [], "empty": []}
+    for step in all_steps:
+        by_kind[step.kind].append(step)
     summary: dict[str, float | int] = {"steps": len(all_steps)}
-    for kind in ("prefill", "decode", "empty"):
-        of_kind = [s for s in all_steps if s.kind == kind]
+    for kind, of_kind in by_kind.items():
         summary[f"{kind}_steps"] = len(of_kind)
         summary[f"{kind}_total_ms"] = round(sum(s.period_ms for s in of_kind), 3)
+    decode, empty = by_kind["decode"], by_kind["empty"]
     if empty:
         summary["median_empty_period_ms"] = round(statistics.median(s.period_ms for s in empty), 3)
     if not decode:

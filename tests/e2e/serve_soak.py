@@ -79,9 +79,9 @@ class Slot:
     def apply(self, spec: RunSpec) -> RunSpec:
         env = dict(spec.extra_env, CUDA_VISIBLE_DEVICES=self.gpus,
                    VLLM_CACHE_ROOT=str(Path(tempfile.gettempdir()) / f"soak-cache-{self.port}"))
-        if self.kv_cache_gib is None:
-            return replace(spec, extra_env=env)
-        return replace(spec, extra_env=env, gpu_memory_utilization=self.SHARED_UTILIZATION)
+        utilization = (spec.gpu_memory_utilization if self.kv_cache_gib is None
+                       else self.SHARED_UTILIZATION)
+        return replace(spec, extra_env=env, gpu_memory_utilization=utilization)
 
     def serve_args(self) -> list[str]:
         if self.kv_cache_gib is None:
