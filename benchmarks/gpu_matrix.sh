@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The GPU runs behind benchmarks/results/, on one 4-GPU host: two PP=2 engines side
-# by side, each on its own pair of GPUs, each job running its engines one at a time.
+# The GPU runs behind benchmarks/results/, on one host with two or four GPUs: two
+# PP=2 engines side by side, each on its own pair of GPUs, each job running its
+# engines one at a time.
 #
 #   bash benchmarks/gpu_matrix.sh start JOB_A JOB_B  # JOB_A on GPUs 0,1, JOB_B on 2,3, detached
+#   bash benchmarks/gpu_matrix.sh start JOB          # one job on every GPU of the host
+#   bash benchmarks/gpu_matrix.sh start JOB+JOB2     # jobs one after the other
 #   bash benchmarks/gpu_matrix.sh wait SECONDS       # wait, print progress, pack results into $OUT
 #
 # Jobs:
@@ -15,14 +18,16 @@
 #                  one batch), stock eager and piecewise run twice (stock's own noise),
 #                  then token equality on the 27-layer model incl. 0.92
 #   perf-128       V1 / stock / plugin FULL_AND_PIECEWISE, three engines each, interleaved
-#   perf-512       the same at 512 prompts, then one profiled engine each
+#   perf-512       the same at 512 prompts, then profile-512
+#   profile-512    one profiled engine each of V1, stock and the plugin at 512 prompts
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
-#   soak-followup  (all four GPUs) preemption with the scheduler fix, breakable against
+#   soak-followup  (all GPUs) preemption with the scheduler fix, breakable against
 #                  stock breakable, each also under batch invariance
-#
-#   bash benchmarks/gpu_matrix.sh start JOB          # one job on all four GPUs
+#   soak-tokens    (all GPUs) the runs soak-followup failed, with the token check:
+#                  preemption (eager under batch invariance, piecewise) and breakable
+#                  against stock breakable under batch invariance
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -71,14 +76,24 @@ job_perf-128() {
 
 job_perf-512() {
   $BENCH --prompts 512 --repeat 3 --timeout 240 --deadline 1100 --out "$RES/perf-512" --modes "${PERF_MODES%,}"
+  job_profile-512
+}
+
+job_profile-512() {
   $BENCH --prompts 512 --repeat 1 --profile --timeout 240 --deadline 400 --out "$RES/profile-512" \
     --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise
 }
 
 SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"
 
+# The soak's two GPU pairs; on a two-GPU host both are the one pair.
+gpu_pairs() {
+  A=0,1 B=2,3
+  [ "$(nvidia-smi -L | wc -l)" -ge 4 ] || B=0,1
+}
+
 job_soak() {
-  local A=0,1 B=2,3
+  local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
   $SOAK --out "$RES/soak-compiled" --modes piecewise,full_and_piecewise,full_decode_only \
     --refusals --gpus $A $B --servers-per-gpus 3 --port 8000 >"$RES/soak-compiled.txt" 2>&1 &
@@ -103,7 +118,7 @@ job_soak() {
 # (eager under batch invariance, where stock differs from itself in ~5% of requests,
 # then piecewise), and breakable against stock's own breakable mode.
 job_soak-followup() {
-  local A=0,1 B=2,3
+  local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
   $SOAK --out "$RES/soak-preemption-invariant" --modes eager --preemption --batch-invariant \
     --gpus $A $B $A --port 8600 >"$RES/soak-preemption-invariant.txt" 2>&1 &
@@ -118,11 +133,28 @@ job_soak-followup() {
     --servers-per-gpus 1 --port 8200 >"$RES/soak-preemption.txt" 2>&1
 }
 
+# The token check scores every output with a further stock server, so it tells a
+# mishandled token from rounding where the share of differing requests cannot.
+job_soak-tokens() {
+  local A B; gpu_pairs
+  unset CUDA_VISIBLE_DEVICES
+  $SOAK --token-check --out "$RES/tokens-preemption-invariant" --modes eager --preemption \
+    --batch-invariant --gpus $A $B $A --port 8600 >"$RES/tokens-preemption-invariant.txt" 2>&1 &
+  sleep 5
+  $SOAK --token-check --out "$RES/tokens-breakable-invariant" --modes breakable --same-stock-mode \
+    --batch-invariant --gpus $B $A $B --port 8700 >"$RES/tokens-breakable-invariant.txt" 2>&1 &
+  sleep 5
+  $SOAK --token-check --out "$RES/tokens-preemption" --modes piecewise --preemption \
+    --gpus $A $B $A --port 8800 >"$RES/tokens-preemption.txt" 2>&1 &
+  wait
+}
+
 case "$1" in
   start)
     mkdir -p "$RES"
     if [ $# -eq 2 ]; then
-      setsid bash "$0" run "$2" 0,1,2,3 >"$RES/$2.out" 2>&1 </dev/null &
+      all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd,)
+      setsid bash "$0" run "$2" "$all" >"$RES/$2.out" 2>&1 </dev/null &
     else
       setsid bash "$0" run "$2" 0,1 >"$RES/$2.out" 2>&1 </dev/null &
       setsid bash "$0" run "$3" 2,3 >"$RES/$3.out" 2>&1 </dev/null &
@@ -130,7 +162,9 @@ case "$1" in
     sleep 2; echo started ;;
   run)
     export CUDA_VISIBLE_DEVICES=$3 VLLM_CACHE_ROOT=/tmp/vcache-$2
-    "job_$2"; echo "JOB DONE rc=$?" ;;
+    rc=0
+    for job in ${2//+/ }; do "job_$job" || rc=$?; done
+    echo "JOB DONE rc=$rc" ;;
   wait)
     end=$((SECONDS + $2))
     while [ $SECONDS -lt $end ]; do
@@ -138,7 +172,7 @@ case "$1" in
       sleep 10
     done
     for f in "$RES"/*.out "$RES"/*.txt; do
-      [ -f "$f" ] && { echo "== $f"; grep -E '^\[|^\{|JOB DONE|agree|Error|servers in' "$f" | cut -c1-400 | tail -25; }
+      [ -f "$f" ] && { echo "== $f"; grep -E '^\[|^\{|JOB DONE|agree|Error|servers in|token check' "$f" | cut -c1-400 | tail -25; }
     done
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
     # traces stay behind (large); their per-step summaries are in the JSON

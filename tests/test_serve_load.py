@@ -17,10 +17,15 @@ from vllm_pp_cudagraph.serve_load import (
     LoadReport,
     LoadSpec,
     RequestResult,
+    GreedyCheck,
+    completed_sequences,
     differing_share,
     divergence_word,
+    greedy_margins,
+    greedy_verdict,
     preemptions_from_metrics,
     run_load,
+    score_greedy,
     soak_verdict,
 )
 
@@ -28,6 +33,10 @@ from vllm_pp_cudagraph.serve_load import (
 def completion_words(prompt: str, n: int, salt: str = "") -> list[str]:
     base = sum(map(ord, prompt + salt))
     return [f"w{(base * 31 + i) % 151936}" for i in range(n)]
+
+
+def word_ids(words: list[str]) -> list[int]:
+    return [int(w[1:]) for w in words]
 
 
 def make_app(salt: str = "", fail_health_every: int = 0):
@@ -42,13 +51,17 @@ def make_app(salt: str = "", fail_health_every: int = 0):
     async def completions(request):
         body = await request.json()
         words = completion_words(body["prompt"], body["max_tokens"], salt)
+        prompt_ids = word_ids(body["prompt"].split())
         if not body.get("stream"):
-            return web.json_response({"choices": [{"text": " ".join(words)}]})
+            return web.json_response({"choices": [{
+                "text": " ".join(words), "token_ids": word_ids(words),
+                "prompt_token_ids": prompt_ids}]})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         try:
             for i, w in enumerate(words):
-                chunk = {"choices": [{"text": (" " if i else "") + w}]}
+                chunk = {"choices": [{"text": (" " if i else "") + w, "token_ids": word_ids([w]),
+                                      "prompt_token_ids": None if i else prompt_ids}]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(0.001)
             await resp.write(b"data: [DONE]\n\n")
@@ -98,10 +111,12 @@ def test_mixed_load_completes_streams_and_cancels_as_planned():
     assert summary["health_checks"] > 0 and summary["health_failures"] == 0
     for r in report.results:
         words = completion_words(spec.prompts[r.index % 20], 16)
+        assert r.prompt_token_ids == word_ids(spec.prompts[r.index % 20].split())
         if r.cancelled:
             assert r.text == " ".join(words[: spec.max_tokens // 4])
         else:
             assert r.text == " ".join(words)
+            assert r.token_ids == word_ids(words)
     assert summary["tpot_mean_ms"] > 0 and summary["ttft_mean_ms"] > 0
     assert state["dropped"] >= 1  # the server saw cancelled streams go away
 
@@ -185,3 +200,105 @@ def test_preemptions_are_read_from_vllm_metrics():
     ])
     assert preemptions_from_metrics(text) == 17
     assert preemptions_from_metrics("vllm:prompt_tokens_total 1.0") is None
+
+
+# A scoring peer for the token check: its model's first choice after token t is
+# next_token(t), at log-probability -0.1; any other token scores GAP lower.
+GAP = 3.0
+
+
+def next_token(t: int) -> int:
+    return (t * 31 + 7) % 1000
+
+
+def make_scoring_app():
+    seen = []
+
+    async def completions(request):
+        body = await request.json()
+        assert body["prompt_logprobs"] == 1 and body["max_tokens"] == 1
+        ids = body["prompt"]
+        seen.append(ids)
+        logprobs = [None]
+        for prev, tok in zip(ids, ids[1:]):
+            top = next_token(prev)
+            entry = {str(top): {"logprob": -0.1, "rank": 1, "decoded_token": "x"}}
+            if tok != top:
+                entry[str(tok)] = {"logprob": -0.1 - GAP, "rank": 7, "decoded_token": "y"}
+            logprobs.append(entry)
+        return web.json_response({"choices": [{"text": "", "prompt_logprobs": logprobs}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    return app, seen
+
+
+def greedy_run(prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(next_token(ids[-1]))
+    return ids
+
+
+async def score_on_peer(sequences):
+    app, seen = make_scoring_app()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        return await score_greedy(f"http://127.0.0.1:{port}", "m", sequences, concurrency=4), seen
+    finally:
+        await runner.cleanup()
+
+
+def test_token_check_finds_a_repeated_token_and_nothing_in_greedy_outputs():
+    clean = {i: (greedy_run([i, i + 1], 20), 2) for i in range(8)}
+    check, seen = asyncio.run(score_on_peer(clean))
+    assert (check.requests, check.positions, check.not_first_choice, check.max_margin) == (8, 160, 0, 0.0)
+    assert sorted(map(tuple, seen)) == sorted(tuple(ids) for ids, _ in clean.values())
+
+    broken = dict(clean)
+    ids = greedy_run([3, 4], 10)
+    # token 5 of the output repeated, as a lost placeholder would serve it
+    broken[3] = (ids[:2 + 5] + [ids[2 + 4]] + greedy_run([ids[2 + 4]], 9)[1:], 2)
+    check, _ = asyncio.run(score_on_peer(broken))
+    assert check.not_first_choice == 1
+    assert check.max_margin == pytest.approx(GAP)
+    assert check.worst[0][:2] == (3, 5)
+
+
+def test_token_check_scores_only_the_output_part():
+    # The prompt itself is not greedy under the peer's model; only outputs count.
+    check, _ = asyncio.run(score_on_peer({0: ([5, 900, 17] + greedy_run([17], 4)[1:], 3)}))
+    assert (check.positions, check.not_first_choice) == (4, 0)
+
+
+def test_greedy_margins_read_vllm_prompt_logprobs():
+    payload = [None, {"12": {"logprob": -0.5}}, {"40": {"logprob": -1.25}, "41": {"logprob": -1.0}}]
+    assert greedy_margins(payload, [3, 12, 40], 1) == [0.0, pytest.approx(0.25)]
+
+
+def test_completed_sequences_skip_cancelled_and_failed_requests():
+    report = LoadReport([
+        RequestResult(0, False, text="a", prompt_token_ids=[1, 2], token_ids=[3]),
+        RequestResult(1, True, cancelled=True, prompt_token_ids=[1], token_ids=[4]),
+        RequestResult(2, False, error="HTTP 500"),
+        RequestResult(3, True, text="b", prompt_token_ids=[9], token_ids=[8, 7]),
+    ], 1.0, 0, [])
+    assert completed_sequences(report) == {0: ([1, 2, 3], 2), 3: ([9, 8, 7], 1)}
+
+
+def check(max_margin: float, errors=()) -> GreedyCheck:
+    return GreedyCheck(10, 100, int(max_margin > 0), max_margin,
+                       [(4, 17, max_margin)] if max_margin else [], list(errors))
+
+
+def test_token_verdict_allows_the_rounding_stock_itself_shows():
+    assert greedy_verdict(check(0.03), check(0.02)) == []
+    assert greedy_verdict(check(0.0), check(0.0)) == []
+    [problem] = greedy_verdict(check(2.5), check(0.02))
+    assert "2.500 nats below the top choice" in problem and "(4, 17)" in problem and "0.020" in problem
+    [problem] = greedy_verdict(check(0.0), check(0.0, errors=["request 3: HTTP 400: bad"]))
+    assert "stock: 1+ scoring errors" in problem and "HTTP 400" in problem

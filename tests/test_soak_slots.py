@@ -13,7 +13,8 @@ import pytest
 from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from e2e.serve_soak import Slot, make_slots, run_in_slots
+from e2e.serve_soak import Slot, make_slots, run_in_slots, token_check_result
+from vllm_pp_cudagraph.serve_load import GreedyCheck
 from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
 from vllm_pp_cudagraph.serve_run import serve_command
 
@@ -78,3 +79,25 @@ def test_pool_never_runs_two_servers_in_one_slot_and_keeps_task_order():
     assert [r["task"] for r in results] == list(range(8))
     assert {r["port"] for r in results} == {s.port for s in slots}
     assert peak[0] == len(slots)
+
+
+def _check(max_margin: float) -> GreedyCheck:
+    return GreedyCheck(5, 50, int(max_margin > 0), max_margin,
+                       [(1, 2, max_margin)] if max_margin else [], [])
+
+
+def test_token_check_holds_the_plugin_to_the_rounding_of_either_stock_run():
+    # stock_b's outputs reach 0.05 nats below the top choice: the plugin may reach 0.1.
+    ok = token_check_result({"checks": {"plugin": _check(0.09), "stock_a": _check(0.01),
+                                        "stock_b": _check(0.05)}})
+    assert ok["problems"] == [] and ok["plugin"]["max_margin"] == 0.09
+    bad = token_check_result({"checks": {"plugin": _check(0.2), "stock_a": _check(0.01),
+                                         "stock_b": _check(0.05)}})
+    assert "0.200 nats" in bad["problems"][0] and "0.050" in bad["problems"][0]
+
+
+def test_token_check_that_could_not_run_fails_the_mode():
+    [problem] = token_check_result({"checks": {}, "error": "server exited with rc=1"})["problems"]
+    assert "did not run" in problem and "rc=1" in problem
+    [problem] = token_check_result({"checks": {"plugin": _check(0.0)}, "error": None})["problems"]
+    assert "missing runs" in problem

@@ -3,9 +3,14 @@
 Sends ``num_requests`` greedy completions at a fixed concurrency, a share of
 them streamed, a share of the streamed ones cancelled mid-stream (the client
 closes the connection, as a user pressing stop does), while a side task polls
-``/health``. Records per-request outcome, text, time to first token and time
-per output token. Which requests stream or cancel depends only on the seed, so
-two servers can be compared request by request.
+``/health``. Records per-request outcome, text, token ids, time to first token and time per
+output token. Which requests stream or cancel depends only on the seed, so two
+servers can be compared request by request.
+
+It also checks outputs token by token (:func:`score_greedy`): a server scores
+each completed sequence, prompt and output fed back as one prompt, and every
+output token is measured by how far its log-probability falls below the
+server's own top choice at that position.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import aiohttp
 
@@ -56,6 +61,8 @@ class RequestResult:
     cancelled: bool = False
     error: str | None = None
     text: str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
     ttft_s: float | None = None
     chunk_times: list[float] = field(default_factory=list)
 
@@ -169,6 +176,105 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
     return problems
 
 
+def greedy_margins(prompt_logprobs: list, token_ids: list[int], start: int) -> list[float]:
+    """How far each token from ``start`` on fell below the top choice, in nats.
+
+    ``prompt_logprobs`` is vLLM's completion field for ``token_ids`` scored as a
+    prompt with ``prompt_logprobs=1``: per position a mapping from token id (a
+    string in JSON) to ``{"logprob": ...}``, holding that position's token and
+    the most likely one. 0 means the token was the model's first choice.
+    """
+    margins = []
+    for position in range(start, len(token_ids)):
+        entry = prompt_logprobs[position]
+        actual = entry[str(token_ids[position])]["logprob"]
+        margins.append(max(v["logprob"] for v in entry.values()) - actual)
+    return margins
+
+
+@dataclass
+class GreedyCheck:
+    """Token-by-token check of one server's greedy outputs, scored by another."""
+
+    requests: int
+    positions: int
+    not_first_choice: int
+    max_margin: float
+    #: (request index, output position, margin) of the largest margins
+    worst: list[tuple[int, int, float]]
+    errors: list[str]
+
+    def summary(self) -> dict:
+        return asdict(self)
+
+
+def completed_sequences(report: LoadReport) -> dict[int, tuple[list[int], int]]:
+    """Request index -> (prompt + output token ids, where the output starts)."""
+    return {
+        r.index: (r.prompt_token_ids + r.token_ids, len(r.prompt_token_ids))
+        for r in report.results
+        if r.error is None and not r.cancelled and r.prompt_token_ids and r.token_ids
+    }
+
+
+async def score_greedy(base_url: str, model: str, sequences: dict[int, tuple[list[int], int]],
+                       concurrency: int = 64, worst: int = 10) -> GreedyCheck:
+    """Feed each sequence back as a prompt and measure its output tokens' margins.
+
+    Under numerical noise a greedy output only ever takes a token whose
+    log-probability is within rounding of the top one; a lost, repeated or
+    foreign token stands out by the logit spread of the model.
+    """
+    gate = asyncio.Semaphore(concurrency)
+    errors: list[str] = []
+    found: list[tuple[int, int, float]] = []
+    positions = 0
+
+    async def one(session: aiohttp.ClientSession, index: int, ids: list[int], start: int) -> None:
+        nonlocal positions
+        body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 1}
+        async with gate:
+            try:
+                async with session.post(f"{base_url}/v1/completions", json=body) as resp:
+                    if resp.status != 200:
+                        errors.append(f"request {index}: HTTP {resp.status}: {(await resp.text())[:200]}")
+                        return
+                    payload = await resp.json()
+                margins = greedy_margins(payload["choices"][0]["prompt_logprobs"], ids, start)
+            except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as exc:
+                errors.append(f"request {index}: {type(exc).__name__}: {exc}")
+                return
+        positions += len(margins)
+        found.extend((index, i, m) for i, m in enumerate(margins) if m > 0)
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(one(session, i, ids, start) for i, (ids, start) in sequences.items()))
+    found.sort(key=lambda f: -f[2])
+    return GreedyCheck(len(sequences), positions, len(found),
+                       found[0][2] if found else 0.0, found[:worst], errors[:10])
+
+
+def greedy_verdict(plugin: GreedyCheck, stock: GreedyCheck, slack: float = 2.0) -> list[str]:
+    """Why the plugin's outputs fail the token check against stock's own; [] if they pass.
+
+    Both servers' outputs are scored by a third (stock) server. Stock's own
+    outputs show how far below the top choice rounding alone puts a served
+    token; the plugin may go ``slack`` times as far, no further.
+    """
+    problems = [f"{name}: {len(c.errors)}+ scoring errors, first: {c.errors[0]}"
+                for name, c in (("plugin", plugin), ("stock", stock)) if c.errors]
+    if not plugin.positions or not stock.positions:
+        problems.append("no output tokens were scored")
+    elif plugin.max_margin > slack * stock.max_margin + 1e-3:
+        problems.append(
+            f"a plugin output token lies {plugin.max_margin:.3f} nats below the top choice "
+            f"(request, position: {plugin.worst[0][:2]}); stock's own outputs reach "
+            f"{stock.max_margin:.3f}")
+    return problems
+
+
 async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> RequestResult:
     stream, cancel_after = spec.plan(index)
     result = RequestResult(index=index, stream=stream)
@@ -179,6 +285,7 @@ async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> Re
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": stream,
+        "return_token_ids": True,
     }
     start = time.perf_counter()
     try:
@@ -188,10 +295,14 @@ async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> Re
                 return result
             if not stream:
                 payload = await resp.json()
-                result.text = payload["choices"][0]["text"]
+                choice = payload["choices"][0]
+                result.text = choice["text"]
+                result.prompt_token_ids = choice.get("prompt_token_ids")
+                result.token_ids = choice.get("token_ids")
                 result.ttft_s = time.perf_counter() - start
                 return result
             pieces = []
+            token_ids: list[int] = []
             async for raw in resp.content:
                 line = raw.decode().strip()
                 if not line.startswith("data:"):
@@ -203,12 +314,17 @@ async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> Re
                 if result.ttft_s is None:
                     result.ttft_s = now - start
                 result.chunk_times.append(now)
-                pieces.append(json.loads(data)["choices"][0]["text"])
+                choice = json.loads(data)["choices"][0]
+                pieces.append(choice["text"])
+                token_ids += choice.get("token_ids") or []
+                if choice.get("prompt_token_ids") is not None:
+                    result.prompt_token_ids = choice["prompt_token_ids"]
                 if cancel_after is not None and len(pieces) >= cancel_after:
                     result.cancelled = True
                     resp.close()  # drop the connection: the server must abort the request
                     break
             result.text = "".join(pieces)
+            result.token_ids = token_ids
     except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result

@@ -2,8 +2,8 @@
 
 Starts ``vllm serve`` on a built-in model shape with a generated tokenizer in its
 own process group (log streamed to a file), waits for ``/health``, sends the
-load (:mod:`vllm_pp_cudagraph.serve_load`), then stops the server with SIGINT
-and records whether it shut down cleanly.
+load (:mod:`vllm_pp_cudagraph.serve_load`) or any other client call, then stops
+the server with SIGINT and records whether it shut down cleanly.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,56 @@ def serve_command(
     return cmd + mode_cli_args(spec.mode) + list(extra_args)
 
 
+def serve_and_call(
+    spec: RunSpec,
+    model_dir: str,
+    log_path: Path,
+    call: Callable[[str], Awaitable[dict[str, Any]]],
+    port: int = 8000,
+    startup_timeout_s: float = 600,
+    shutdown_timeout_s: float = 60,
+    extra_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Serve ``spec`` on ``port``, run ``call(base_url)`` once it is healthy, stop it.
+
+    The report holds what ``call`` returned, or ``error`` when the server never
+    became healthy, and always ``shutdown_rc`` / ``shutdown_clean``.
+    """
+    report: dict[str, Any] = {"spec": asdict(spec), "serve": True}
+    base_url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            serve_command(spec, model_dir, port, extra_args),
+            env=engine_env(spec),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            healthy = asyncio.run(
+                wait_until_healthy(base_url, startup_timeout_s, lambda: proc.poll() is None)
+            )
+            if not healthy:
+                rc = proc.poll()
+                report["error"] = (
+                    f"server not healthy within {startup_timeout_s} s"
+                    if rc is None
+                    else f"server exited with rc={rc} before answering /health; see {log_path.name}"
+                )
+                return report
+            report.update(asyncio.run(call(base_url)))
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    report["shutdown_rc"] = proc.wait(timeout=shutdown_timeout_s)
+                except subprocess.TimeoutExpired:
+                    report["shutdown_rc"] = None
+                    stop_process_group(proc)
+            report["shutdown_clean"] = report.get("shutdown_rc") == 0
+    return report
+
+
 def run_serve_mode(
     spec: RunSpec,
     model_dir: str,
@@ -72,49 +122,24 @@ def run_serve_mode(
     summary, a digest of completed texts, and with ``keep_texts`` the
     :class:`~vllm_pp_cudagraph.serve_load.LoadReport` itself (key ``load_report``).
     """
-    report: dict[str, Any] = {"spec": asdict(spec), "serve": True}
-    load.base_url = f"http://127.0.0.1:{port}"
     load.model = "dummy"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            serve_command(spec, model_dir, port, extra_args),
-            env=engine_env(spec),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            healthy = asyncio.run(
-                wait_until_healthy(load.base_url, startup_timeout_s, lambda: proc.poll() is None)
-            )
-            if not healthy:
-                rc = proc.poll()
-                report["error"] = (
-                    f"server not healthy within {startup_timeout_s} s"
-                    if rc is None
-                    else f"server exited with rc={rc} before answering /health; see {log_path.name}"
-                )
-                return report
-            result = asyncio.run(run_load(load))
-            report["load"] = result.summary()
-            report["preemptions"] = asyncio.run(fetch_preemptions(load.base_url))
-            report["req_per_s"] = report["load"]["req_per_s"]
-            for key in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
-                report[key] = report["load"][key]
-            completed = [
-                r.text if (r.error is None and not r.cancelled) else None
-                for r in sorted(result.results, key=lambda r: r.index)
-            ]
-            report["digest"] = output_digest(completed)
-            if keep_texts:
-                report["load_report"] = result
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    report["shutdown_rc"] = proc.wait(timeout=shutdown_timeout_s)
-                except subprocess.TimeoutExpired:
-                    report["shutdown_rc"] = None
-                    stop_process_group(proc)
-            report["shutdown_clean"] = report.get("shutdown_rc") == 0
-    return report
+
+    async def send_load(base_url: str) -> dict[str, Any]:
+        load.base_url = base_url
+        result = await run_load(load)
+        summary = result.summary()
+        report: dict[str, Any] = {"load": summary, "req_per_s": summary["req_per_s"]}
+        report["preemptions"] = await fetch_preemptions(base_url)
+        for key in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
+            report[key] = summary[key]
+        completed = [
+            r.text if (r.error is None and not r.cancelled) else None
+            for r in sorted(result.results, key=lambda r: r.index)
+        ]
+        report["digest"] = output_digest(completed)
+        if keep_texts:
+            report["load_report"] = result
+        return report
+
+    return serve_and_call(spec, model_dir, log_path, send_load, port, startup_timeout_s,
+                          shutdown_timeout_s, extra_args)

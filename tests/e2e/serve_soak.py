@@ -10,6 +10,14 @@ differing texts part (median first differing word): noise parts late, a
 mishandled request early. The plugin must also have no request errors, answer
 every health check, and shut down cleanly.
 
+``--token-check`` adds a check that does not depend on how batches formed: a
+further stock server scores every completed output of the plugin and of both
+stock runs, token by token (prompt and output fed back as a prompt). Rounding
+only ever lets a greedy run take a token within rounding of the top choice;
+the plugin's tokens may fall at most twice as far below the top choice as
+stock's own do. A lost, repeated or foreign token falls by the model's logit
+spread.
+
 Options add preemption (a KV cache too small for the load, for the plugin only:
 stock vLLM 0.26 dies there), Ray, and vLLM's batch-invariant mode: where two
 stock runs then agree on every request, the plugin must too (under PP they did
@@ -19,7 +27,7 @@ models whose stages disagree on the tensors they exchange, from the test-only
 plugin in ``tests/e2e/stage_mismatch_model`` (install it next to this package).
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
-        [--batch-invariant] [--same-stock-mode] [--refusals]   (--modes "" --refusals: refusals only)
+        [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals]   (--modes "" --refusals: refusals only)
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
@@ -49,8 +57,17 @@ from pathlib import Path
 
 from vllm_pp_cudagraph.dummy_model import token_word, write_model_dir
 from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
-from vllm_pp_cudagraph.serve_load import LoadSpec, differing_share, divergence_word, soak_verdict
-from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_command
+from vllm_pp_cudagraph.serve_load import (
+    GreedyCheck,
+    LoadSpec,
+    completed_sequences,
+    differing_share,
+    divergence_word,
+    greedy_verdict,
+    score_greedy,
+    soak_verdict,
+)
+from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_and_call, serve_command
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
 #: Stock graph mode each plugin mode is compared with, by default (the issue's
@@ -136,9 +153,13 @@ def mode_servers(mode: str, same_stock_mode: bool = False) -> list[tuple[str, st
             ("stock", stock_mode, "stock-b")]
 
 
+def server_env(args: argparse.Namespace) -> dict[str, str]:
+    return {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
+
+
 def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.Namespace,
                model_dir: str, extra: list[str]) -> Callable[[Slot], dict]:
-    env = {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
+    env = server_env(args)
 
     def task(slot: Slot) -> dict:
         spec = slot.apply(RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs,
@@ -155,6 +176,40 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
         return report
 
     return task
+
+
+def token_check_task(mode: str, reports: dict[str, dict], args: argparse.Namespace,
+                     model_dir: str) -> Callable[[Slot], dict]:
+    """A stock server, in the mode the plugin is compared with, scoring every run's outputs."""
+    runs = {name: completed_sequences(rep["load_report"]) for name, rep in reports.items()
+            if "load_report" in rep}
+
+    async def score_all(base_url: str) -> dict:
+        return {name: await score_greedy(base_url, "dummy", seqs) for name, seqs in runs.items()}
+
+    def task(slot: Slot) -> dict:
+        spec = slot.apply(RunSpec("stock", stock_mode_for(mode, args.same_stock_mode), pp=2,
+                                  max_num_seqs=args.max_num_seqs, extra_env=server_env(args)))
+        report = serve_and_call(spec, model_dir, args.out / f"{mode}-token-check.log", score_all,
+                                port=slot.port, extra_args=slot.serve_args())
+        checks = {name: report[name] for name in runs if name in report}
+        print(f"[{mode} token check] "
+              f"{ {n: (c.positions, c.not_first_choice, round(c.max_margin, 4)) for n, c in checks.items()} }"
+              f"{report.get('error') or ''}", flush=True)
+        return {"checks": checks, "error": report.get("error")}
+
+    return task
+
+
+def token_check_result(check: dict) -> dict:
+    """Summaries and verdict of one mode's token check: the plugin against both stock runs."""
+    checks: dict[str, GreedyCheck] = check["checks"]
+    if check.get("error") or not {"plugin", "stock_a", "stock_b"} <= checks.keys():
+        return {"problems": [f"token check did not run: {check.get('error') or 'missing runs'}"]}
+    a, b = checks["stock_a"], checks["stock_b"]
+    stock = a if a.max_margin >= b.max_margin else b
+    return {**{name: c.summary() for name, c in checks.items()},
+            "problems": greedy_verdict(checks["plugin"], stock)}
 
 
 def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
@@ -279,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
     parser.add_argument("--same-stock-mode", action="store_true",
                         help="compare breakable with stock breakable, not stock eager")
+    parser.add_argument("--token-check", action="store_true",
+                        help="score every output token with a further stock server (see above)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="VLLM_BATCH_INVARIANT=1 on every server: where two stock runs then "
                              "agree exactly, the plugin must too")
@@ -306,11 +363,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(f'{s.gpus}:{s.port}' for s in slots)} {' '.join(extra + preemption)}",
           flush=True)
     reports = run_in_slots(tasks, slots)
+    by_mode = [dict(zip(("plugin", "stock_a", "stock_b"), reports[3 * i:3 * i + 3]))
+               for i in range(len(modes))]
+    checks = (run_in_slots([token_check_task(mode, three, args, model_dir)
+                            for mode, three in zip(modes, by_mode)], slots)
+              if args.token_check else [None] * len(modes))
     results = []
-    for i, mode in enumerate(modes):
-        three = dict(zip(("plugin", "stock_a", "stock_b"), reports[3 * i:3 * i + 3]))
-        results.append(mode_result(mode, three, args, extra + preemption))
-        print(json.dumps({k: results[-1].get(k) for k in
+    for mode, three, check in zip(modes, by_mode, checks):
+        result = mode_result(mode, three, args, extra + preemption)
+        if check is not None:
+            result["token_check"] = token_check_result(check)
+            result["problems"] += result["token_check"]["problems"]
+            result["passed"] = not result["problems"]
+        results.append(result)
+        print(json.dumps({k: result.get(k) for k in
                           ("mode", "passed", "plugin_vs_stock", "stock_vs_stock",
                            "plugin_vs_stock_a_divergence_word", "stock_vs_stock_divergence_word",
                            "problems")}), flush=True)
