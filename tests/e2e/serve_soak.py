@@ -193,8 +193,9 @@ def token_check_task(mode: str, reports: dict[str, dict], args: argparse.Namespa
         report = serve_and_call(spec, model_dir, args.out / f"{mode}-token-check.log", score_all,
                                 port=slot.port, extra_args=slot.serve_args())
         checks = {name: report[name] for name in runs if name in report}
-        print(f"[{mode} token check] "
-              f"{ {n: (c.positions, c.not_first_choice, round(c.max_margin, 4)) for n, c in checks.items()} }"
+        scored = {name: (c.positions, c.not_first_choice, round(c.max_margin, 4))
+                  for name, c in checks.items()}
+        print(f"[{mode} token check] (tokens, not top choice, largest margin): {scored} "
               f"{report.get('error') or ''}", flush=True)
         return {"checks": checks, "error": report.get("error")}
 
