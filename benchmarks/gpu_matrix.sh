@@ -172,7 +172,7 @@ case "$1" in
       sleep 10
     done
     for f in "$RES"/*.out "$RES"/*.txt; do
-      [ -f "$f" ] && { echo "== $f"; grep -E '^\[|^\{|JOB DONE|agree|Error|servers in|token check' "$f" | cut -c1-400 | tail -25; }
+      [ -f "$f" ] && { echo "== $f"; grep -E '^\[|^\{|JOB DONE|agree|Error|servers in' "$f" | cut -c1-400 | tail -25; }
     done
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
     # traces stay behind (large); their per-step summaries are in the JSON

@@ -67,6 +67,11 @@ class RequestResult:
     chunk_times: list[float] = field(default_factory=list)
 
     @property
+    def completed(self) -> bool:
+        """Answered in full: neither failed nor cancelled."""
+        return self.error is None and not self.cancelled
+
+    @property
     def tpot_s(self) -> float | None:
         if len(self.chunk_times) < 2:
             return None
@@ -83,7 +88,7 @@ class LoadReport:
     health_failures: list[str]
 
     def summary(self) -> dict[str, float | int]:
-        done = [r for r in self.results if r.error is None and not r.cancelled]
+        done = [r for r in self.results if r.completed]
         ttft = [r.ttft_s * 1000 for r in self.results if r.stream and r.ttft_s is not None]
         tpot = [r.tpot_s * 1000 for r in done if r.stream and r.tpot_s is not None]
         return {
@@ -102,16 +107,8 @@ class LoadReport:
 
 
 def _completed_pairs(a: LoadReport, b: LoadReport) -> list[tuple[RequestResult, RequestResult]]:
-    by_index = {r.index: r for r in b.results}
-    return [
-        (r, by_index[r.index])
-        for r in a.results
-        if r.index in by_index
-        and r.error is None
-        and not r.cancelled
-        and by_index[r.index].error is None
-        and not by_index[r.index].cancelled
-    ]
+    by_index = {r.index: r for r in b.results if r.completed}
+    return [(r, by_index[r.index]) for r in a.results if r.completed and r.index in by_index]
 
 
 def differing_share(a: LoadReport, b: LoadReport) -> float:
@@ -213,7 +210,7 @@ def completed_sequences(report: LoadReport) -> dict[int, tuple[list[int], int]]:
     return {
         r.index: (r.prompt_token_ids + r.token_ids, len(r.prompt_token_ids))
         for r in report.results
-        if r.error is None and not r.cancelled and r.prompt_token_ids and r.token_ids
+        if r.completed and r.prompt_token_ids and r.token_ids
     }
 
 

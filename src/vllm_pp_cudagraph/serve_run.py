@@ -133,7 +133,7 @@ def run_serve_mode(
         for key in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
             report[key] = summary[key]
         completed = [
-            r.text if (r.error is None and not r.cancelled) else None
+            r.text if r.completed else None
             for r in sorted(result.results, key=lambda r: r.index)
         ]
         report["digest"] = output_digest(completed)

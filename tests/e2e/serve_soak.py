@@ -207,8 +207,7 @@ def token_check_result(check: dict) -> dict:
     checks: dict[str, GreedyCheck] = check["checks"]
     if check.get("error") or not {"plugin", "stock_a", "stock_b"} <= checks.keys():
         return {"problems": [f"token check did not run: {check.get('error') or 'missing runs'}"]}
-    a, b = checks["stock_a"], checks["stock_b"]
-    stock = a if a.max_margin >= b.max_margin else b
+    stock = max(checks["stock_a"], checks["stock_b"], key=lambda c: c.max_margin)
     return {**{name: c.summary() for name, c in checks.items()},
             "problems": greedy_verdict(checks["plugin"], stock)}
 
