@@ -20,6 +20,11 @@
 #   perf-128       V1 / stock / plugin FULL_AND_PIECEWISE, three engines each, interleaved
 #   perf-512       the same at 512 prompts, then profile-512
 #   profile-512    one profiled engine each of V1, stock and the plugin at 512 prompts
+#   fill-128       FULL_AND_PIECEWISE: the plugin, the plugin keeping vLLM's PP decode cadence
+#                  (plugin-cadence), V1, twice each interleaved, and stock once (tokens)
+#   fill-512       the plugin, V1 and plugin-cadence at 512 prompts, then one profiled
+#                  plugin engine (are the empty steps gone?)
+#   fill-modes     eager, PIECEWISE and breakable, the plugin against stock, 128 prompts
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -82,6 +87,23 @@ job_perf-512() {
 job_profile-512() {
   $BENCH --prompts 512 --repeat 1 --profile --timeout 240 --deadline 400 --out "$RES/profile-512" \
     --modes v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise
+}
+
+job_fill-128() {
+  $BENCH --repeat 3 --timeout 240 --deadline 900 --out "$RES/fill-128" \
+    --modes plugin:full_and_piecewise,plugin-cadence:full_and_piecewise,v1:full_and_piecewise,stock:full_and_piecewise,plugin:full_and_piecewise,plugin-cadence:full_and_piecewise,v1:full_and_piecewise
+}
+
+job_fill-512() {
+  $BENCH --prompts 512 --repeat 3 --timeout 240 --deadline 500 --out "$RES/fill-512" \
+    --modes plugin:full_and_piecewise,v1:full_and_piecewise,plugin-cadence:full_and_piecewise
+  $BENCH --prompts 512 --repeat 1 --profile --timeout 240 --deadline 240 --out "$RES/fill-profile-512" \
+    --modes plugin:full_and_piecewise
+}
+
+job_fill-modes() {
+  $BENCH --repeat 3 --timeout 240 --deadline 700 --out "$RES/fill-modes" \
+    --modes plugin:eager,plugin:piecewise,plugin:breakable,stock:eager,stock:piecewise,stock:breakable
 }
 
 SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"

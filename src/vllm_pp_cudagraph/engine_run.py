@@ -53,6 +53,8 @@ MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
 #: Runners: environment that selects each.
 RUNNERS: dict[str, dict[str, str]] = {
     "plugin": {"VLLM_PLUGINS": "pp_cudagraph"},
+    # The plugin keeping vLLM's PP decode cadence: measures what filling idle steps gives.
+    "plugin-cadence": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
 }

@@ -11,12 +11,18 @@ from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.worker.gpu.buffer_utils import async_copy_to_gpu
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import graph_memory
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+from vllm_pp_cudagraph.decode_cadence import (
+    batch_req_indices,
+    sampled_outputs_of,
+    take_entries_needed_by,
+)
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 from vllm_pp_cudagraph.stage_inputs import (
     DECLARED,
@@ -59,14 +65,16 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     vLLM's worker builds it in place of ``GPUModelRunner`` when the plugin is
     enabled; it can also be constructed directly with the same arguments.
     Beyond vLLM's runner it checks every stage hand-off against the persistent
-    input buffers, measures graph memory before the KV cache is sized, and
-    runs :class:`PPCudaGraphManager`.
+    input buffers, measures graph memory before the KV cache is sized,
+    runs :class:`PPCudaGraphManager`, and on the first stages applies the last
+    stage's sampled tokens as soon as a step needs them (decode_cadence.py).
     """
 
     cudagraph_manager: PPCudaGraphManager | None
     _graph_memory_estimate: int | None = None
     _received_tokens: int | None = None
     _produced_schema: Schema | None = None
+    _step_cached_req_ids: list[str] | None = None
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         check_graph_settings(vllm_config)
@@ -173,15 +181,34 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                 self.pp_stage,
                 tp_size=self.tp_size,
             )
+        if not dummy_run:
+            self._step_cached_req_ids = scheduler_output.scheduled_cached_reqs.req_ids
         try:
             output = super().execute_model(
                 scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs
             )
         finally:
             self._received_tokens = None
+            self._step_cached_req_ids = None
         if dummy_run and self._produced_schema is None and isinstance(output, IntermediateTensors):
             self._produced_schema = schema_of(output.tensors)
         return output
+
+    def update_pp_decode_requests(self) -> None:
+        # vLLM applies the tokens sampled pp_size steps ago; a request that
+        # decodes again sooner (decode_cadence.py) needs its newer ones too.
+        super().update_pp_decode_requests()
+        handler = self.pp_handler
+        if handler is None or handler.is_last_rank or not self._step_cached_req_ids:
+            return
+        needed = batch_req_indices(self._step_cached_req_ids, self.req_states.req_id_to_index)
+        for entry in take_entries_needed_by(handler, needed):
+            outputs = sampled_outputs_of(handler, entry, self._copy_to_device)
+            if outputs is not None:
+                self.postprocess_sampled(**outputs)
+
+    def _copy_to_device(self, array):
+        return async_copy_to_gpu(array, device=self.device)
 
     def prepare_inputs(
         self, scheduler_output: SchedulerOutput, batch_desc: BatchExecutionDescriptor

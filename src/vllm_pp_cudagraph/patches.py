@@ -125,6 +125,24 @@ def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
     return undo
 
 
+def _patch_fill_idle_steps(settings: PPCudaGraphSettings) -> Undo | None:
+    if not settings.fill_idle_steps:
+        return None
+    from vllm_pp_cudagraph.decode_cadence import filling_idle_steps
+
+    scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
+    own = scheduler_cls.__dict__.get("schedule")
+    scheduler_cls.schedule = filling_idle_steps(scheduler_cls.schedule)
+
+    def undo() -> None:
+        if own is None:
+            del scheduler_cls.schedule
+        else:
+            scheduler_cls.schedule = own
+
+    return undo
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="v2-runner-default",
@@ -185,6 +203,22 @@ PATCHES: tuple[Patch, ...] = (
             "parameter, and then not applied)."
         ),
         apply=_patch_async_preemption,
+    ),
+    Patch(
+        name="fill-idle-steps",
+        target=f"{compat.ASYNC_SCHEDULER_MODULE}.AsyncScheduler.schedule (with VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS, default on)",
+        why=(
+            "With MRV2 and PP a request may decode only every pp_size-th step, so "
+            "when all running requests decode together every other step (at PP=2) "
+            "is empty, a full engine and worker round trip. Before scheduling, "
+            "when no running request is eligible, the group that would become "
+            "eligible first is made eligible now; the plugin's runner applies the "
+            "last stage's newer tokens on the first stages before such a step. "
+            "Steps that have eligible work are scheduled as in vLLM. Details: "
+            "decode_cadence.py."
+        ),
+        drop_when="vLLM's scheduler lets a lone decode group run on consecutive steps under PP.",
+        apply=_patch_fill_idle_steps,
     ),
 )
 

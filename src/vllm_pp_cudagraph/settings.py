@@ -60,6 +60,15 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
+    fill_idle_steps: EnvBool = Field(
+        default=True,
+        description=(
+            "Under PP, when every running request is waiting out vLLM's decode "
+            "cadence (one decode per pp_size steps), let the group that can go "
+            "first decode instead of running an empty step. 0 keeps vLLM's cadence."
+        ),
+    )
+
     @staticmethod
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()

@@ -1,0 +1,169 @@
+"""Decode on every engine step under pipeline parallelism, not every ``pp_size``-th.
+
+With Model Runner V2 and PP, vLLM's async scheduler lets a request decode again
+only ``pp_size`` steps after its last decode (``next_decode_eligible_step``).
+The first stages follow the same ring: the tokens the last stage sampled at
+step T are applied to a first stage's request state at step T + ``pp_size``
+(``PPHandler``). With several groups of requests this interleaves them through
+the pipeline. But when all running requests decode together, as they do once a
+batch has formed, every step between two decodes is empty: the engine core
+schedules nothing, every worker takes a round trip, and at PP=2 the empty steps
+took 35% of the step time (docs/performance.md, fourth round).
+
+The two halves below remove those empty steps without changing what any step
+computes:
+
+* Scheduler (:func:`filling_idle_steps`): when no running request may decode
+  at this step because all of them are waiting out the cadence, and no waiting
+  request can be admitted either, the group that would become eligible first
+  decodes now. Nothing else changes: a step that has any eligible request, or
+  room for a new one, is scheduled exactly as vLLM does, so new requests still
+  form their own group in an idle step and groups keep overlapping in the
+  pipeline.
+* First stages (:func:`take_entries_needed_by`): before a step runs, every
+  sampled-token entry still waiting in the ring that holds a request this step
+  decodes is applied, oldest first. The step's forward then waits on the GPU
+  for the last stage's tokens of the step before, not on the host. Entries
+  nobody needs yet keep vLLM's timing, so interleaved groups still overlap.
+
+The worker half depends only on what a step schedules, so it is correct for
+any schedule; the scheduler half is the policy, and it only turns steps that
+would have been empty into decode steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from vllm.v1.core.sched.interface import PauseState
+
+ScheduleFn = Callable[..., Any]
+
+
+def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
+    """Let the soonest-eligible group decode at ``step`` if no request may; return its size.
+
+    ``running`` are the scheduler's running requests, ``step`` the value
+    ``current_step`` will have in this ``schedule()`` call. If any running
+    request is already eligible (or there is none), nothing changes.
+    Otherwise the requests with the smallest ``next_decode_eligible_step``
+    become eligible now. Lifting only that group keeps other groups where
+    they are, so with ``pp_size > 2`` groups still fill different steps.
+    """
+    held = []
+    for request in running:
+        if request.next_decode_eligible_step <= step:
+            return 0
+        held.append(request)
+    if not held:
+        return 0
+    soonest = min(r.next_decode_eligible_step for r in held)
+    lifted = [r for r in held if r.next_decode_eligible_step == soonest]
+    for request in lifted:
+        request.next_decode_eligible_step = step
+    return len(lifted)
+
+
+def cadence_applies(scheduler: Any) -> bool:
+    """Whether ``scheduler`` runs vLLM's MRV2 PP decode cadence that this module fills.
+
+    Speculative decoding is left alone: its rejected draft tokens are applied
+    to the first stages' state through the same ring, and that path has not
+    been measured with consecutive decodes.
+    """
+    return (
+        getattr(scheduler, "pp_size", 1) > 1
+        and bool(getattr(scheduler, "use_v2_model_runner", False))
+        and not getattr(scheduler, "num_spec_tokens", 0)
+    )
+
+
+def may_admit(scheduler: Any) -> bool:
+    """Whether this step could admit a waiting request, as ``Scheduler.schedule`` checks it.
+
+    KV-cache space is not checked: a step that then admits nothing stays idle,
+    as in vLLM.
+    """
+    if not (scheduler.waiting or scheduler.skipped_waiting):
+        return False
+    if getattr(scheduler, "_pause_state", None) not in (None, PauseState.UNPAUSED):
+        return False
+    occupied = len(scheduler.running) + getattr(scheduler, "num_waiting_for_streaming_input", 0)
+    return occupied < scheduler.max_num_running_reqs
+
+
+def filling_idle_steps(original: ScheduleFn) -> ScheduleFn:
+    """Wrap ``Scheduler.schedule`` for the async scheduler as described above."""
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if cadence_applies(self) and not may_admit(self):
+            lift_idle_cadence(self.running, self.current_step + 1)
+        return original(self, *args, **kwargs)
+
+    schedule.__wrapped__ = original  # type: ignore[attr-defined]
+    return schedule
+
+
+def batch_req_indices(req_ids: Sequence[str], req_id_to_index: dict[str, int]) -> np.ndarray:
+    """Request-state indices of the cached requests a step schedules."""
+    found = [req_id_to_index[r] for r in req_ids if r in req_id_to_index]
+    return np.fromiter(found, dtype=np.int32, count=len(found))
+
+
+def _live_rows(handler: Any, entry: Any) -> np.ndarray:
+    """Rows of a ring entry whose request still needs its sampled tokens."""
+    alive = handler.req_idx_gen_np[entry.idx_mapping_np] == entry.gen_at_receive_np
+    return alive & entry.need_sampled_mask
+
+
+def take_entries_needed_by(handler: Any, req_indices: np.ndarray) -> list[Any]:
+    """Remove from ``handler``'s ring the entries a step with ``req_indices`` needs.
+
+    ``handler`` is vLLM's ``PPHandler`` on a first stage, after this step's
+    ``get_prev_sampled_outputs``: its queue then holds one slot per step still
+    in flight, oldest first, the last one reserved for this step. Every entry
+    up to the newest that holds a live request of this step is taken, oldest
+    first, and its slot left as ``None`` so the ring keeps its length and
+    vLLM's later consume of that slot finds nothing to do.
+    """
+    if req_indices.size == 0:
+        return []
+    pending = list(handler.queue)[:-1]
+    newest = -1
+    for position, entry in enumerate(pending):
+        if entry is None:
+            continue
+        rows = entry.idx_mapping_np[_live_rows(handler, entry)]
+        if np.isin(rows, req_indices).any():
+            newest = position
+    taken = []
+    for position in range(newest + 1):
+        entry = handler.queue[position]
+        if entry is not None:
+            taken.append(entry)
+            handler.queue[position] = None
+    return taken
+
+
+def sampled_outputs_of(handler: Any, entry: Any, to_device: Callable[[np.ndarray], Any]) -> dict | None:
+    """Arguments for ``GPUModelRunner.postprocess_sampled`` from a taken entry.
+
+    Rows whose request was freed since, or needs no tokens, are masked with -1
+    (vLLM's post-update kernel skips them); the main stream waits for the
+    entry's broadcast. None when no row is left.
+    """
+    live = _live_rows(handler, entry)
+    if not live.any():
+        return None
+    idx_mapping = entry.idx_mapping
+    if not live.all():
+        idx_mapping = to_device(np.where(live, entry.idx_mapping_np, -1).astype(np.int32))
+    handler.main_stream.wait_event(entry.event)
+    return dict(
+        sampled_tokens=entry.sampled_tokens,
+        num_sampled=entry.num_sampled,
+        num_rejected=entry.num_rejected,
+        idx_mapping=idx_mapping,
+    )

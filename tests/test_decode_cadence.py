@@ -1,0 +1,305 @@
+"""Filling idle PP steps: fewer engine steps, and every first-stage input still right.
+
+vLLM's real ``AsyncScheduler`` at ``pipeline_parallel_size=2`` is driven the
+way the engine core drives it (``pp_size + 1`` batches in flight). Each step is
+also played through a first stage: vLLM's real ``PPHandler`` ring holds the
+last stage's sampled tokens per step, consumed as vLLM's runner does, plus the
+plugin's early consume. A request that decodes on a first stage must read the
+token the last stage sampled at its previous step: that is the agreement
+between the scheduler's cadence and the worker's ring that a wrong patch
+breaks (the first stage would embed a stale token, with no error anywhere).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+from _scheduler import make_scheduler
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.worker.gpu import pp_utils
+from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
+
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.decode_cadence import (
+    batch_req_indices,
+    cadence_applies,
+    lift_idle_cadence,
+    sampled_outputs_of,
+    take_entries_needed_by,
+)
+from vllm_pp_cudagraph.dummy_model import write_model_dir
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+MAX_REQS = 16
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(write_model_dir(tmp_path_factory.mktemp("model"), tokenizer=False))
+
+
+@pytest.fixture
+def fill():
+    undo = patches._patch_fill_idle_steps(PPCudaGraphSettings())
+    assert undo is not None
+    yield
+    undo()
+
+
+@pytest.fixture
+def preemption_fix():
+    undo = patches._patch_async_preemption(None)
+    yield
+    if undo is not None:
+        undo()
+
+
+@pytest.fixture(autouse=True)
+def host_copies(monkeypatch):
+    # vLLM's ring copies a masked index list to the GPU through pinned memory,
+    # which needs a GPU; here the "device" is the CPU.
+    monkeypatch.setattr(pp_utils, "async_copy_to_gpu", lambda array, device=None: torch.from_numpy(array))
+
+
+class _HostStream:
+    """Stands in for the CUDA stream that waits on a broadcast: on CPU, tokens are there."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+
+class FirstStage:
+    """A first pipeline stage's request state, fed through vLLM's ``PPHandler`` ring."""
+
+    def __init__(self, pp_size: int, early_consume: bool):
+        handler = PPHandler.__new__(PPHandler)
+        handler.is_last_rank = False
+        handler.device = torch.device("cpu")
+        handler.main_stream = _HostStream()
+        handler.queue = deque([None] * pp_size)
+        handler.req_idx_gen_np = np.zeros(MAX_REQS, dtype=np.int32)
+        self.handler = handler
+        self.early_consume = early_consume
+        self.index: dict[str, int] = {}
+        self.free = list(range(MAX_REQS))
+        self.last_sampled = np.full(MAX_REQS, -1, dtype=np.int64)
+
+    def _apply(self, outputs: dict | None) -> None:
+        if outputs is None:
+            return
+        rows = outputs["idx_mapping"].numpy()
+        for row, req_idx in enumerate(rows):
+            count = int(outputs["num_sampled"][row])
+            if req_idx >= 0 and count:
+                self.last_sampled[req_idx] = int(outputs["sampled_tokens"][row, count - 1])
+
+    def start_step(self, output) -> dict[str, int]:
+        """What the runner does before the forward; returns each cached request's input token."""
+        self._apply(self.handler.get_prev_sampled_outputs())
+        if self.early_consume:
+            needed = batch_req_indices(output.scheduled_cached_reqs.req_ids, self.index)
+            for entry in take_entries_needed_by(self.handler, needed):
+                self._apply(sampled_outputs_of(self.handler, entry, torch.from_numpy))
+        for req_id in output.finished_req_ids | (output.preempted_req_ids or set()):
+            self._free(req_id)
+        for data in output.scheduled_new_reqs:
+            self._free(data.req_id)
+            self.index[data.req_id] = self.free.pop()
+        return {r: int(self.last_sampled[self.index[r]]) for r in output.scheduled_cached_reqs.req_ids}
+
+    def _free(self, req_id: str) -> None:
+        req_idx = self.index.pop(req_id, None)
+        if req_idx is not None:
+            self.handler.on_req_idx_freed(req_idx)
+            self.free.append(req_idx)
+
+    def receive(self, output, sampled: dict[str, int]) -> None:
+        """The broadcast of the last stage's tokens for this step, as ``PPHandler.receive`` queues it."""
+        ids = list(output.num_scheduled_tokens)
+        if not any(r in sampled for r in ids):
+            return
+        idx = np.array([self.index[r] for r in ids], dtype=np.int32)
+        self.handler.queue[-1] = PendingRecv(
+            event=None,
+            sampled_tokens=torch.tensor([[sampled.get(r, -1)] for r in ids]),
+            num_sampled=torch.tensor([int(r in sampled) for r in ids]),
+            num_rejected=torch.zeros(len(ids), dtype=torch.int32),
+            idx_mapping=torch.from_numpy(idx),
+            idx_mapping_np=idx,
+            need_sampled_mask=np.array([r in sampled for r in ids]),
+            gen_at_receive_np=self.handler.req_idx_gen_np[idx].copy(),
+        )
+
+
+class Run:
+    """What one simulated serving run produced."""
+
+    def __init__(self):
+        self.requests: list[Request] = []
+        self.steps: list[frozenset[str]] = []
+        self.problems: list[str] = []
+
+
+def serve(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int],
+          early_consume: bool = True) -> Run:
+    run = Run()
+    run.requests = requests
+    stage = FirstStage(scheduler.pp_size, early_consume)
+    previous_token: dict[str, int | None] = {}
+    pending = deque(sorted(zip(arrivals, range(len(requests)))))
+    in_flight: deque = deque()
+    for step in range(3000):
+        while pending and pending[0][0] <= step:
+            scheduler.add_request(requests[pending.popleft()[1]])
+        if scheduler.has_requests():
+            output = scheduler.schedule()
+            run.steps.append(frozenset(output.num_scheduled_tokens))
+            inputs = stage.start_step(output)
+            for req_id, token in inputs.items():
+                expected = previous_token.get(req_id)
+                if expected is not None and token != expected:
+                    run.problems.append(f"step {step} request {req_id}: first stage read {token}, "
+                                        f"last stage sampled {expected}")
+            for data in output.scheduled_new_reqs:
+                previous_token[data.req_id] = None
+            # The last stage samples each request's position once its tokens are all computed.
+            sampled = {rid: scheduler.requests[rid].num_computed_tokens
+                       for rid in output.num_scheduled_tokens
+                       if scheduler.requests[rid].num_computed_tokens >= scheduler.requests[rid].num_tokens}
+            for rid in output.num_scheduled_tokens:
+                previous_token[rid] = sampled.get(rid)
+            stage.receive(output, sampled)
+            in_flight.append((output, sampled))
+            if len(in_flight) < scheduler.pp_size + 1 and scheduler.has_requests():
+                continue
+        if not in_flight:
+            if not pending:
+                break
+            continue
+        output, sampled = in_flight.popleft()
+        ids = list(output.num_scheduled_tokens)
+        scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=[[sampled[rid]] if rid in sampled else [] for rid in ids]))
+    for r in requests:
+        expected = list(range(r.num_prompt_tokens, r.num_prompt_tokens + r.max_tokens))
+        if list(r.output_token_ids) != expected:
+            run.problems.append(f"request {r.request_id} output {list(r.output_token_ids)}")
+    return run
+
+
+def make_requests(count: int, rng: random.Random, prompt=(2, 30), output=(5, 40)) -> list[Request]:
+    return [Request(request_id=str(i), prompt_token_ids=[5] * rng.randint(*prompt),
+                    sampling_params=SamplingParams(max_tokens=rng.randint(*output), ignore_eos=True),
+                    pooling_params=None) for i in range(count)]
+
+
+def lone_group(model_dir: str, pp: int = 2) -> Run:
+    requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(40, 40))
+    return serve(make_scheduler(model_dir, num_blocks=64, pp=pp), requests, [0] * 8)
+
+
+def empty_steps(run: Run) -> int:
+    return sum(1 for s in run.steps if not s)
+
+
+def test_lone_group_decodes_on_every_step(model_dir, fill):
+    run = lone_group(model_dir)
+    assert run.problems == []
+    assert empty_steps(run) <= 2, run.steps
+    assert len(run.steps) <= 45  # one prefill step and 40 tokens, a few steps of tail
+
+
+def test_vllm_cadence_leaves_every_other_step_empty(model_dir):
+    run = lone_group(model_dir)
+    assert run.problems == []
+    assert empty_steps(run) >= 35
+    assert len(run.steps) >= 75
+
+
+def test_pp4_lone_group_decodes_on_every_step(model_dir, fill):
+    run = lone_group(model_dir, pp=4)
+    assert run.problems == []
+    assert empty_steps(run) <= 4
+
+
+def test_interleaved_groups_are_scheduled_as_vllm_does(model_dir):
+    """Two groups that fill alternate steps: no step is idle, so nothing is lifted."""
+
+    def two_groups() -> Run:
+        requests = make_requests(8, random.Random(1), output=(30, 30))
+        return serve(make_scheduler(model_dir, num_blocks=64), requests, [0, 0, 0, 0, 1, 1, 1, 1])
+
+    stock = two_groups()
+    undo = patches._patch_fill_idle_steps(PPCudaGraphSettings())
+    try:
+        patched = two_groups()
+    finally:
+        undo()
+    assert patched.problems == stock.problems == []
+    assert len(set(stock.steps[2:20])) == 2, "stock should alternate two groups"
+    assert patched.steps[:20] == stock.steps[:20]
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_dir, fill, preemption_fix, pp):
+    problems, preemptions = [], 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        arrivals = [rng.randint(0, 40) for _ in range(12)]
+        run = serve(make_scheduler(model_dir, pp=pp), make_requests(12, rng), arrivals)
+        problems += [f"seed {seed}: {p}" for p in run.problems]
+        preemptions += sum(r.num_preemptions for r in run.requests)
+    assert preemptions > 0, "the KV cache never ran short: nothing was tested"
+    assert problems == []
+
+
+def test_first_stage_reads_stale_tokens_without_the_early_consume(model_dir, fill):
+    """The scheduler half alone is wrong: this is what the runner half prevents."""
+    requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(40, 40))
+    run = serve(make_scheduler(model_dir, num_blocks=64), requests, [0] * 8, early_consume=False)
+    assert any("first stage read" in p for p in run.problems)
+
+
+def _request(name: str, eligible_at: int) -> Request:
+    request = Request(request_id=name, prompt_token_ids=[1, 2], pooling_params=None,
+                      sampling_params=SamplingParams(max_tokens=4))
+    request.next_decode_eligible_step = eligible_at
+    return request
+
+
+def test_lift_takes_only_the_group_eligible_first():
+    a, b, c = _request("a", 7), _request("b", 6), _request("c", 6)
+    assert lift_idle_cadence([a, b, c], step=5) == 2
+    assert [r.next_decode_eligible_step for r in (a, b, c)] == [7, 5, 5]
+
+
+def test_lift_leaves_a_step_with_eligible_work_alone():
+    a, b = _request("a", 7), _request("b", 5)
+    assert lift_idle_cadence([a, b], step=5) == 0
+    assert lift_idle_cadence([], step=5) == 0
+    assert a.next_decode_eligible_step == 7
+
+
+def test_cadence_applies_only_to_v2_pp_without_draft_tokens(model_dir):
+    scheduler = make_scheduler(model_dir)
+    assert cadence_applies(scheduler)
+    scheduler.num_spec_tokens = 2
+    assert not cadence_applies(scheduler)
+    assert not cadence_applies(make_scheduler(model_dir, pp=1))
+
+
+def test_patch_is_undone_exactly_and_off_when_disabled():
+    assert "schedule" not in AsyncScheduler.__dict__
+    assert patches._patch_fill_idle_steps(PPCudaGraphSettings(fill_idle_steps=False)) is None
+    undo = patches._patch_fill_idle_steps(PPCudaGraphSettings())
+    assert AsyncScheduler.schedule.__wrapped__ is AsyncScheduler.__mro__[1].schedule
+    undo()
+    assert "schedule" not in AsyncScheduler.__dict__
