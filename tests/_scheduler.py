@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import random
+from collections import deque
+from collections.abc import Callable
+
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 BLOCK = 16
@@ -31,3 +38,61 @@ def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seq
     # cadence is what is under test, and it follows this flag.
     scheduler.use_v2_model_runner = True
     return scheduler
+
+
+def make_requests(count: int, rng: random.Random, prompt=(2, 30), output=(5, 40)) -> list[Request]:
+    """Greedy requests with random prompt and output lengths in the given ranges."""
+    return [Request(request_id=str(i), prompt_token_ids=[5] * rng.randint(*prompt),
+                    sampling_params=SamplingParams(max_tokens=rng.randint(*output), ignore_eos=True),
+                    pooling_params=None) for i in range(count)]
+
+
+def sampled_positions(scheduler: AsyncScheduler, output) -> dict[str, int]:
+    """The stand-in last stage: each request whose tokens are all computed samples its position.
+
+    A request's output must then read ``prompt_len, prompt_len + 1, ...`` exactly.
+    """
+    return {rid: scheduler.requests[rid].num_computed_tokens for rid in output.num_scheduled_tokens
+            if scheduler.requests[rid].num_computed_tokens >= scheduler.requests[rid].num_tokens}
+
+
+def drive(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int],
+          on_step: Callable[[object, dict[str, int]], None] | None = None) -> None:
+    """Run ``requests`` to completion the way the engine core does under PP.
+
+    ``arrivals[i]`` is the loop step at which request i is added. Up to
+    ``pp_size + 1`` batches are in flight; the oldest output is processed once the
+    queue is full. ``on_step(output, sampled)`` sees each step as it is scheduled.
+    """
+    pending = deque(sorted(zip(arrivals, range(len(requests)))))
+    in_flight: deque = deque()
+    for step in range(3000):
+        while pending and pending[0][0] <= step:
+            scheduler.add_request(requests[pending.popleft()[1]])
+        if scheduler.has_requests():
+            output = scheduler.schedule()
+            sampled = sampled_positions(scheduler, output)
+            if on_step is not None:
+                on_step(output, sampled)
+            in_flight.append((output, sampled))
+            if len(in_flight) < scheduler.pp_size + 1 and scheduler.has_requests():
+                continue
+        if not in_flight:
+            if not pending:
+                break
+            continue
+        output, sampled = in_flight.popleft()
+        ids = list(output.num_scheduled_tokens)
+        scheduler.update_from_output(output, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
+            sampled_token_ids=[[sampled[rid]] if rid in sampled else [] for rid in ids]))
+
+
+def wrong_outputs(requests: list[Request]) -> list[str]:
+    """Requests whose output is not their positions, each token once (see sampled_positions)."""
+    problems = []
+    for r in requests:
+        expected = list(range(r.num_prompt_tokens, r.num_prompt_tokens + r.max_tokens))
+        if list(r.output_token_ids) != expected:
+            problems.append(f"request {r.request_id}: {list(r.output_token_ids)}")
+    return problems

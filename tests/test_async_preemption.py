@@ -11,13 +11,11 @@ of what it knows, the token's own position, so a request's output must read
 from __future__ import annotations
 
 import random
-from collections import deque
 
 import pytest
-from _scheduler import make_scheduler
+from _scheduler import drive, make_requests, make_scheduler, wrong_outputs
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from vllm_pp_cudagraph import compat, patches
@@ -34,31 +32,8 @@ def model_dir(tmp_path_factory):
 def serve(scheduler: AsyncScheduler, seed: int) -> list[Request]:
     """Twelve requests arriving over 40 steps; run until all finish."""
     rng = random.Random(seed)
-    requests = [Request(request_id=str(i), prompt_token_ids=[5] * rng.randint(2, 30),
-                        sampling_params=SamplingParams(max_tokens=rng.randint(5, 40), ignore_eos=True),
-                        pooling_params=None) for i in range(12)]
-    arrivals = deque(sorted(zip((rng.randint(0, 40) for _ in requests), range(12))))
-    in_flight: deque = deque()
-    for step in range(2000):
-        while arrivals and arrivals[0][0] <= step:
-            scheduler.add_request(requests[arrivals.popleft()[1]])
-        if scheduler.has_requests():
-            output = scheduler.schedule()
-            sampled = {rid: scheduler.requests[rid].num_computed_tokens
-                       for rid in output.num_scheduled_tokens
-                       if scheduler.requests[rid].num_computed_tokens >= scheduler.requests[rid].num_tokens}
-            in_flight.append((output, sampled))
-            if len(in_flight) < scheduler.pp_size + 1 and scheduler.has_requests():
-                continue
-        if not in_flight:
-            if not arrivals:
-                break
-            continue
-        output, sampled = in_flight.popleft()
-        ids = list(output.num_scheduled_tokens)
-        scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=[[sampled[rid]] if rid in sampled else [] for rid in ids]))
+    requests = make_requests(12, rng)
+    drive(scheduler, requests, [rng.randint(0, 40) for _ in requests])
     return requests
 
 
@@ -72,10 +47,7 @@ def broken_runs(model_dir: str) -> list[str]:
             problems.append(f"seed {seed}: engine core assertion")
             continue
         preemptions += sum(r.num_preemptions for r in requests)
-        for r in requests:
-            expected = list(range(r.num_prompt_tokens, r.num_prompt_tokens + r.max_tokens))
-            if list(r.output_token_ids) != expected:
-                problems.append(f"seed {seed} request {r.request_id}: {list(r.output_token_ids)}")
+        problems += [f"seed {seed} {p}" for p in wrong_outputs(requests)]
     assert preemptions > 0, "the KV cache never ran short: nothing was tested"
     return problems
 

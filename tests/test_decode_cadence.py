@@ -18,10 +18,9 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
-from _scheduler import make_scheduler
+from _scheduler import drive, make_requests, make_scheduler, wrong_outputs
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.worker.gpu import pp_utils
 from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
@@ -149,56 +148,26 @@ class Run:
 
 def serve(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int],
           early_consume: bool = True) -> Run:
+    """Run the requests through the scheduler and a first stage; collect what went wrong."""
     run = Run()
     run.requests = requests
     stage = FirstStage(scheduler.pp_size, early_consume)
     previous_token: dict[str, int | None] = {}
-    pending = deque(sorted(zip(arrivals, range(len(requests)))))
-    in_flight: deque = deque()
-    for step in range(3000):
-        while pending and pending[0][0] <= step:
-            scheduler.add_request(requests[pending.popleft()[1]])
-        if scheduler.has_requests():
-            output = scheduler.schedule()
-            run.steps.append(frozenset(output.num_scheduled_tokens))
-            inputs = stage.start_step(output)
-            for req_id, token in inputs.items():
-                expected = previous_token.get(req_id)
-                if expected is not None and token != expected:
-                    run.problems.append(f"step {step} request {req_id}: first stage read {token}, "
-                                        f"last stage sampled {expected}")
-            for data in output.scheduled_new_reqs:
-                previous_token[data.req_id] = None
-            # The last stage samples each request's position once its tokens are all computed.
-            sampled = {rid: scheduler.requests[rid].num_computed_tokens
-                       for rid in output.num_scheduled_tokens
-                       if scheduler.requests[rid].num_computed_tokens >= scheduler.requests[rid].num_tokens}
-            for rid in output.num_scheduled_tokens:
-                previous_token[rid] = sampled.get(rid)
-            stage.receive(output, sampled)
-            in_flight.append((output, sampled))
-            if len(in_flight) < scheduler.pp_size + 1 and scheduler.has_requests():
-                continue
-        if not in_flight:
-            if not pending:
-                break
-            continue
-        output, sampled = in_flight.popleft()
-        ids = list(output.num_scheduled_tokens)
-        scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
-            sampled_token_ids=[[sampled[rid]] if rid in sampled else [] for rid in ids]))
-    for r in requests:
-        expected = list(range(r.num_prompt_tokens, r.num_prompt_tokens + r.max_tokens))
-        if list(r.output_token_ids) != expected:
-            run.problems.append(f"request {r.request_id} output {list(r.output_token_ids)}")
+
+    def on_step(output, sampled: dict[str, int]) -> None:
+        run.steps.append(frozenset(output.num_scheduled_tokens))
+        for req_id, token in stage.start_step(output).items():
+            expected = previous_token.get(req_id)
+            if expected is not None and token != expected:
+                run.problems.append(f"step {len(run.steps)} request {req_id}: first stage read "
+                                    f"{token}, last stage sampled {expected}")
+        for rid in output.num_scheduled_tokens:
+            previous_token[rid] = sampled.get(rid)
+        stage.receive(output, sampled)
+
+    drive(scheduler, requests, arrivals, on_step)
+    run.problems += wrong_outputs(requests)
     return run
-
-
-def make_requests(count: int, rng: random.Random, prompt=(2, 30), output=(5, 40)) -> list[Request]:
-    return [Request(request_id=str(i), prompt_token_ids=[5] * rng.randint(*prompt),
-                    sampling_params=SamplingParams(max_tokens=rng.randint(*output), ignore_eos=True),
-                    pooling_params=None) for i in range(count)]
 
 
 def lone_group(model_dir: str, pp: int = 2) -> Run:
