@@ -29,9 +29,8 @@ from vllm_pp_cudagraph import patches
 from vllm_pp_cudagraph.decode_cadence import (
     batch_req_indices,
     cadence_applies,
+    consume_entries_needed_by,
     lift_idle_cadence,
-    sampled_outputs_of,
-    take_entries_needed_by,
 )
 from vllm_pp_cudagraph.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -104,8 +103,8 @@ class FirstStage:
         self._apply(self.handler.get_prev_sampled_outputs())
         if self.early_consume:
             needed = batch_req_indices(output.scheduled_cached_reqs.req_ids, self.index)
-            for entry in take_entries_needed_by(self.handler, needed):
-                self._apply(sampled_outputs_of(self.handler, entry, torch.from_numpy))
+            for outputs in consume_entries_needed_by(self.handler, needed):
+                self._apply(outputs)
         for req_id in output.finished_req_ids | (output.preempted_req_ids or set()):
             self._free(req_id)
         for data in output.scheduled_new_reqs:

@@ -20,7 +20,7 @@ computes:
   room for a new one, is scheduled exactly as vLLM does, so new requests still
   form their own group in an idle step and groups keep overlapping in the
   pipeline.
-* First stages (:func:`take_entries_needed_by`): before a step runs, every
+* First stages (:func:`consume_entries_needed_by`): before a step runs, every
   sampled-token entry still waiting in the ring that holds a request this step
   decodes is applied, oldest first. The step's forward then waits on the GPU
   for the last stage's tokens of the step before, not on the host. Entries
@@ -118,15 +118,16 @@ def _live_rows(handler: Any, entry: Any) -> np.ndarray:
     return alive & entry.need_sampled_mask
 
 
-def take_entries_needed_by(handler: Any, req_indices: np.ndarray) -> list[Any]:
-    """Remove from ``handler``'s ring the entries a step with ``req_indices`` needs.
+def consume_entries_needed_by(handler: Any, req_indices: np.ndarray) -> list[dict]:
+    """Consume from ``handler``'s ring, early, the entries a step with ``req_indices`` needs.
 
     ``handler`` is vLLM's ``PPHandler`` on a first stage, after this step's
     ``get_prev_sampled_outputs``: its queue then holds one slot per step still
     in flight, oldest first, the last one reserved for this step. Every entry
-    up to the newest that holds a live request of this step is taken, oldest
+    up to the newest that holds a live request of this step is consumed, oldest
     first, and its slot left as ``None`` so the ring keeps its length and
-    vLLM's later consume of that slot finds nothing to do.
+    vLLM's later consume of that slot finds nothing to do. Returns the
+    ``postprocess_sampled`` arguments of each entry that still has live rows.
     """
     if req_indices.size == 0:
         return []
@@ -138,32 +139,25 @@ def take_entries_needed_by(handler: Any, req_indices: np.ndarray) -> list[Any]:
         rows = entry.idx_mapping_np[_live_rows(handler, entry)]
         if np.isin(rows, req_indices).any():
             newest = position
-    taken = []
+    consumed = []
     for position in range(newest + 1):
         entry = handler.queue[position]
         if entry is not None:
-            taken.append(entry)
             handler.queue[position] = None
-    return taken
+            outputs = _consume_now(handler, entry)
+            if outputs is not None:
+                consumed.append(outputs)
+    return consumed
 
 
-def sampled_outputs_of(handler: Any, entry: Any, to_device: Callable[[np.ndarray], Any]) -> dict | None:
-    """Arguments for ``GPUModelRunner.postprocess_sampled`` from a taken entry.
+def _consume_now(handler: Any, entry: Any) -> dict | None:
+    """vLLM's own consume of one entry: freed and unneeded rows masked, the broadcast awaited.
 
-    Rows whose request was freed since, or needs no tokens, are masked with -1
-    (vLLM's post-update kernel skips them); the main stream waits for the
-    entry's broadcast. None when no row is left.
+    ``get_prev_sampled_outputs`` consumes the head of the ring and reserves a
+    slot at its tail, so the entry is put at the head and that slot taken off
+    again, leaving the ring as it was.
     """
-    live = _live_rows(handler, entry)
-    if not live.any():
-        return None
-    idx_mapping = entry.idx_mapping
-    if not live.all():
-        idx_mapping = to_device(np.where(live, entry.idx_mapping_np, -1).astype(np.int32))
-    handler.main_stream.wait_event(entry.event)
-    return dict(
-        sampled_tokens=entry.sampled_tokens,
-        num_sampled=entry.num_sampled,
-        num_rejected=entry.num_rejected,
-        idx_mapping=idx_mapping,
-    )
+    handler.queue.appendleft(entry)
+    outputs = handler.get_prev_sampled_outputs()
+    handler.queue.pop()
+    return outputs

@@ -11,18 +11,13 @@ from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
-from vllm.v1.worker.gpu.buffer_utils import async_copy_to_gpu
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import graph_memory
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
-from vllm_pp_cudagraph.decode_cadence import (
-    batch_req_indices,
-    sampled_outputs_of,
-    take_entries_needed_by,
-)
+from vllm_pp_cudagraph.decode_cadence import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 from vllm_pp_cudagraph.stage_inputs import (
     DECLARED,
@@ -202,13 +197,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if handler is None or handler.is_last_rank or not self._step_cached_req_ids:
             return
         needed = batch_req_indices(self._step_cached_req_ids, self.req_states.req_id_to_index)
-        for entry in take_entries_needed_by(handler, needed):
-            outputs = sampled_outputs_of(handler, entry, self._copy_to_device)
-            if outputs is not None:
-                self.postprocess_sampled(**outputs)
-
-    def _copy_to_device(self, array):
-        return async_copy_to_gpu(array, device=self.device)
+        for outputs in consume_entries_needed_by(handler, needed):
+            self.postprocess_sampled(**outputs)
 
     def prepare_inputs(
         self, scheduler_output: SchedulerOutput, batch_desc: BatchExecutionDescriptor

@@ -211,11 +211,11 @@ PATCHES: tuple[Patch, ...] = (
             "With MRV2 and PP a request may decode only every pp_size-th step, so "
             "when all running requests decode together every other step (at PP=2) "
             "is empty, a full engine and worker round trip. Before scheduling, "
-            "when no running request is eligible, the group that would become "
-            "eligible first is made eligible now; the plugin's runner applies the "
-            "last stage's newer tokens on the first stages before such a step. "
-            "Steps that have eligible work are scheduled as in vLLM. Details: "
-            "decode_cadence.py."
+            "when no running request is eligible and none can be admitted, the group "
+            "that would become eligible first is made eligible now; the plugin's "
+            "runner applies the last stage's newer tokens on the first stages before "
+            "such a step. Steps that have eligible work, or room for a new request, "
+            "are scheduled as in vLLM. Details: decode_cadence.py."
         ),
         drop_when="vLLM's scheduler lets a lone decode group run on consecutive steps under PP.",
         apply=_patch_fill_idle_steps,
