@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from vllm_pp_cudagraph.trace_analysis import analyze_dir, steps, summarize
+from vllm_pp_cudagraph.trace_analysis import analyze_dir, host_ops, steps, summarize
 
 
 def x(cat, name, ts, dur, **args):
@@ -22,6 +22,8 @@ def synthetic_trace():
         # step 2: decode, 4000..7000 us: one graph launch, one NCCL send, one host sync
         x("user_annotation", "execute_context_0(0)_generation_128(128)", 4000, 1000),
         x("cuda_runtime", "cudaGraphLaunch", 4100, 20),
+        x("cpu_op", "vllm::unified_attention_with_output", 4150, 300),
+        x("cpu_op", "vllm::unified_attention_with_output", 4600, 100),
         x("kernel", "ncclDevKernel_SendRecv", 4300, 200),
         x("kernel", "triton_attn", 4200, 900),
         x("cuda_runtime", "cudaStreamSynchronize", 5500, 700),
@@ -31,6 +33,8 @@ def synthetic_trace():
         # step 4: decode, 7500..9500 us, labelled in the detailed format
         x("user_annotation", "execute_128_context_0(sq0sk0sqsq0sqsk0)_generation_128(sq128sk300sqsq128sqsk300)", 7500, 600),
         x("cuda_runtime", "cudaGraphLaunch", 7550, 20),
+        x("cpu_op", "vllm::unified_attention_with_output", 7600, 200),
+        x("cpu_op", "aten::copy_", 8200, 40),
         x("kernel", "triton_attn", 7600, 700),
         # step 5: start only (end unknown: not counted)
         x("user_annotation", "execute_context_0(0)_generation_128(128)", 9500, 600),
@@ -81,3 +85,31 @@ def test_directory_of_gzipped_traces_is_keyed_by_rank(tmp_path):
     result = analyze_dir(tmp_path)
     assert set(result) == {"rank0", "rank1"}
     assert result["rank0"]["decode_steps"] == 2
+
+
+def test_host_ops_rank_what_a_decode_step_spends_per_window():
+    trace = synthetic_trace()
+    decode = [s for s in steps(trace) if s.decode_only]
+    ops = host_ops(trace, decode)
+    forward = {op["name"]: op for op in ops["forward"]}
+    # three attention calls in two decode steps, 600 us in all; the prefill's
+    # launches and the step labels themselves are not counted
+    assert ops["forward"][0] == {
+        "name": "vllm::unified_attention_with_output", "calls": 1.5, "us": 300.0
+    }
+    assert forward["cudaGraphLaunch"] == {"name": "cudaGraphLaunch", "calls": 1.0, "us": 20.0}
+    assert "cudaLaunchKernel" not in forward
+    assert not any(op["name"].startswith("execute_") for op in ops["forward"] + ops["outside"])
+    # after the forward: the sync and copy of step 2, the copy of step 4
+    outside = {op["name"]: (op["calls"], op["us"]) for op in ops["outside"]}
+    assert outside == {
+        "cudaStreamSynchronize": (0.5, 350.0),
+        "aten::copy_": (0.5, 20.0),
+        "cudaMemcpyAsync": (0.5, 5.0),
+    }
+
+
+def test_directory_summary_carries_the_host_breakdown(tmp_path):
+    (tmp_path / "rank-0.pt.trace.json").write_text(json.dumps(synthetic_trace()))
+    summary = analyze_dir(tmp_path)["rank1"]
+    assert summary["host_ops"]["forward"][0]["name"] == "vllm::unified_attention_with_output"

@@ -330,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(reports))
     for r in reports:
         for rank, summary in sorted(r.get("profile", {}).items()):
-            print(f"profile {r['spec']['runner']}:{r['spec']['mode']} {rank}: {summary}")
+            medians = {k: v for k, v in summary.items() if k != "host_ops"}
+            print(f"profile {r['spec']['runner']}:{r['spec']['mode']} {rank}: {medians}")
+            for window, ops in summary.get("host_ops", {}).items():
+                top = ", ".join(f"{op['name']} {op['calls']}x {op['us']} us" for op in ops[:6])
+                print(f"  host per decode step, {window}: {top}")
     disagree = [r for r in reports if r.get("tokens_agree") is False]
     for r in disagree:
         if not r["repeats_itself"]:

@@ -11,8 +11,10 @@ their median, and counts empty steps (nothing scheduled: the engine sends
 those while a pipelined batch is in flight) separately, with the time from
 one decode step to the next, which is what a request waits per token when
 all requests decode together, and the decode batch size. It also splits the
-wall time between prefill, decode and empty steps. Traces are large, so this
-runs where they were written and only the summary travels.
+wall time between prefill, decode and empty steps, and names where a decode
+step's host time goes: the host operations and CUDA runtime calls inside and
+after the forward, by time per step. Traces are large, so this runs where they
+were written and only the summary travels.
 """
 
 from __future__ import annotations
@@ -152,13 +154,64 @@ def summarize(all_steps: list[Step]) -> dict[str, float | int]:
     return summary
 
 
-def analyze_dir(directory: Path) -> dict[str, dict[str, float | int]]:
+_HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "user_annotation")
+
+
+def host_ops(
+    trace: dict[str, Any], decode_steps: list[Step], top: int = 12
+) -> dict[str, list[dict[str, Any]]]:
+    """The host events that cost a decode step most, inside and after its forward.
+
+    For each window (``forward``: the ``execute_model`` label; ``outside``: from
+    its end to the next step) every host operation, CUDA runtime call and
+    annotation is grouped by name, and the ``top`` names by time are listed with
+    their calls and microseconds per decode step. Operations nest (an
+    ``aten::linear`` holds its ``aten::mm``), so times overlap between names.
+    """
+    events = sorted(
+        (
+            e
+            for e in trace.get("traceEvents", [])
+            if e.get("ph") == "X"
+            and e.get("cat") in _HOST_CATEGORIES
+            and not _STEP.match(e.get("name", ""))
+        ),
+        key=lambda e: e["ts"],
+    )
+    stamps = [e["ts"] for e in events]
+    result: dict[str, list[dict[str, Any]]] = {}
+    for window in ("forward", "outside"):
+        calls: dict[str, int] = {}
+        micros: dict[str, float] = {}
+        for step in decode_steps:
+            start = step.start_ms * 1000
+            forward_end = start + step.forward_ms * 1000
+            lo, hi = (start, forward_end) if window == "forward" else (
+                forward_end, start + step.period_ms * 1000
+            )
+            for event in events[bisect.bisect_left(stamps, lo) : bisect.bisect_left(stamps, hi)]:
+                name = event["name"]
+                calls[name] = calls.get(name, 0) + 1
+                micros[name] = micros.get(name, 0.0) + event["dur"]
+        n = max(len(decode_steps), 1)
+        ranked = sorted(micros, key=lambda name: micros[name], reverse=True)[:top]
+        result[window] = [
+            {"name": name, "calls": round(calls[name] / n, 2), "us": round(micros[name] / n, 1)}
+            for name in ranked
+        ]
+    return result
+
+
+def analyze_dir(directory: Path) -> dict[str, dict[str, Any]]:
     """Summaries keyed by ``rank<N>`` (or file name) for every trace in ``directory``."""
     result = {}
     for path in sorted(directory.glob("*.pt.trace.json*")):
         trace = load_trace(path)
         rank = trace_rank(trace, path)
-        result[f"rank{rank}" if rank is not None else path.name] = summarize(steps(trace))
+        all_steps = steps(trace)
+        summary: dict[str, Any] = summarize(all_steps)
+        summary["host_ops"] = host_ops(trace, [s for s in all_steps if s.decode_only])
+        result[f"rank{rank}" if rank is not None else path.name] = summary
     return result
 
 
