@@ -116,7 +116,7 @@ job_fill-modes() {
 SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"
 
 job_recheck() {
-  $BENCH --repeat 3 --timeout 240 --deadline 420 --out "$RES/recheck-128" \
+  $BENCH --repeat 3 --timeout 240 --deadline 520 --out "$RES/recheck-128" \
     --modes plugin:full_and_piecewise,stock:full_and_piecewise,plugin-cadence:full_and_piecewise,v1:full_and_piecewise
   $BENCH --repeat 3 --timeout 200 --deadline 200 --out "$RES/full-decode-only" \
     --modes plugin:full_decode_only,stock:full_decode_only
@@ -131,9 +131,9 @@ job_recheck() {
 }
 
 job_pw() {
-  $BENCH --repeat 1 --profile --timeout 240 --deadline 330 --out "$RES/pw-profile" \
+  $BENCH --repeat 1 --profile --timeout 240 --deadline 450 --out "$RES/pw-profile" \
     --modes plugin:piecewise,plugin:eager,plugin:breakable
-  $BENCH --repeat 3 --timeout 240 --deadline 560 --out "$RES/pw-128" \
+  $BENCH --repeat 3 --timeout 240 --deadline 640 --out "$RES/pw-128" \
     --modes plugin:piecewise,stock:piecewise,plugin:eager,plugin-cadence:piecewise,plugin:piecewise,stock:piecewise,plugin:eager
 }
 
