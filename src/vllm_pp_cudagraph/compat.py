@@ -23,6 +23,10 @@ V2_CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 BREAKABLE_DECORATED_MODULES = ("vllm.model_executor.layers.attention.attention",)
 #: Module of the scheduler used with async scheduling.
 ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
+#: Module of ``CompilationConfig``, which picks the piecewise split points.
+COMPILATION_CONFIG_MODULE = "vllm.config.compilation"
+#: The KV-cache-write ops vLLM splits piecewise graphs at (0.26).
+KV_CACHE_UPDATE_OPS = ("vllm::unified_kv_cache_update", "vllm::unified_mla_kv_cache_update")
 
 
 @dataclass(frozen=True)
@@ -92,3 +96,13 @@ def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool
 
     params = inspect.signature(async_scheduler_cls._update_request_with_output).parameters
     return "is_stale" not in params
+
+
+def layer_names_are_hoisted() -> bool:
+    """Whether custom ops take layer names as hoisted opaque values (torch >= 2.11).
+
+    Then one compiled piece serves every layer even with a layer-named op inside.
+    """
+    from vllm.utils import torch_utils
+
+    return bool(getattr(torch_utils, "_USE_LAYERNAME", False))

@@ -55,6 +55,8 @@ RUNNERS: dict[str, dict[str, str]] = {
     "plugin": {"VLLM_PLUGINS": "pp_cudagraph"},
     # The plugin keeping vLLM's PP decode cadence: measures what filling idle steps gives.
     "plugin-cadence": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"},
+    # The plugin with vLLM's piecewise split at the KV-cache write.
+    "plugin-kvsplit": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
 }

@@ -143,6 +143,21 @@ def _patch_fill_idle_steps(settings: PPCudaGraphSettings) -> Undo | None:
     return undo
 
 
+def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo | None:
+    if not settings.kv_update_in_graphs:
+        return None
+    from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
+
+    config_cls = importlib.import_module(compat.COMPILATION_CONFIG_MODULE).CompilationConfig
+    original = config_cls.__dict__["set_splitting_ops_for_v1"]
+    config_cls.set_splitting_ops_for_v1 = keeping_kv_update_in_graphs(original)
+
+    def undo() -> None:
+        config_cls.set_splitting_ops_for_v1 = original
+
+    return undo
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="v2-runner-default",
@@ -219,6 +234,27 @@ PATCHES: tuple[Patch, ...] = (
         ),
         drop_when="vLLM's scheduler lets a lone decode group run on consecutive steps under PP.",
         apply=_patch_fill_idle_steps,
+    ),
+    Patch(
+        name="kv-update-in-graphs",
+        target=(
+            f"{compat.COMPILATION_CONFIG_MODULE}.CompilationConfig.set_splitting_ops_for_v1 "
+            "(with VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS, default on)"
+        ),
+        why=(
+            "vLLM splits piecewise graphs at each layer's KV-cache write as well as at "
+            "its attention, so the write runs eagerly: a host round trip per layer that "
+            "is a third of a PIECEWISE decode step's host time under PP. The split "
+            "existed so Inductor could reuse one piece for every layer, which torch "
+            "2.11's hoisted layer names allow with the write inside. When vLLM picks "
+            "the split points itself, compiles piecewise itself, and layer names are "
+            "hoisted, the write ops are left out of them. Details: piecewise_split.py."
+        ),
+        drop_when=(
+            "vLLM stops splitting at unified_kv_cache_update when layer names are "
+            "hoisted (the comment at its default split points, vLLM issue #33267)."
+        ),
+        apply=_patch_kv_update_in_graphs,
     ),
 )
 

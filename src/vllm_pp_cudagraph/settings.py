@@ -69,6 +69,16 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
+    kv_update_in_graphs: EnvBool = Field(
+        default=True,
+        description=(
+            "Keep each layer's KV-cache write inside torch.compile's piecewise CUDA "
+            "graphs instead of running it eagerly between them (vLLM's default split). "
+            "Applies when vLLM picks the split points and torch hoists layer names "
+            "(2.11+). 0 keeps vLLM's split."
+        ),
+    )
+
     @staticmethod
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()
