@@ -26,12 +26,13 @@
 #                  plugin engine (are the empty steps gone?)
 #   fill-modes     eager, PIECEWISE and breakable, the plugin against stock, 128 prompts
 #   recheck        FULL_AND_PIECEWISE at 128 prompts: the plugin, stock, plugin-cadence and V1
-#                  once each (tokens and speed after a runner change), FULL_DECODE_ONLY
-#                  against stock, then the serving soak with idle steps filled: FULL_AND_PIECEWISE
-#                  and preemption, each with the token check
-#   pw             one profiled engine each of plugin PIECEWISE, eager and breakable (where a
-#                  decode step's host time goes), then PIECEWISE: plugin and stock twice each,
-#                  plugin eager twice, plugin-cadence once, interleaved
+#                  once each (tokens and speed after a runner change), the serving soak with
+#                  idle steps filled (FULL_AND_PIECEWISE, and with preemption, each with the
+#                  token check), then FULL_DECODE_ONLY against stock
+#   kv             PIECEWISE: the plugin, the plugin with vLLM's split at the KV-cache write
+#                  (plugin-kvsplit), twice each, stock and plugin eager once, interleaved;
+#                  then one profiled plugin PIECEWISE engine (where a decode step's host
+#                  time goes)
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -116,10 +117,8 @@ job_fill-modes() {
 SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"
 
 job_recheck() {
-  $BENCH --repeat 3 --timeout 240 --deadline 520 --out "$RES/recheck-128" \
+  $BENCH --repeat 3 --timeout 240 --deadline 400 --out "$RES/recheck-128" \
     --modes plugin:full_and_piecewise,stock:full_and_piecewise,plugin-cadence:full_and_piecewise,v1:full_and_piecewise
-  $BENCH --repeat 3 --timeout 200 --deadline 200 --out "$RES/full-decode-only" \
-    --modes plugin:full_decode_only,stock:full_decode_only
   local gpus=$CUDA_VISIBLE_DEVICES
   unset CUDA_VISIBLE_DEVICES
   $SOAK --token-check --out "$RES/soak-fill" --modes full_and_piecewise --gpus $gpus $gpus $gpus \
@@ -128,13 +127,15 @@ job_recheck() {
   $SOAK --token-check --out "$RES/soak-fill-preemption" --modes full_and_piecewise --preemption \
     --gpus $gpus $gpus $gpus --port 9000 >"$RES/soak-fill-preemption.txt" 2>&1 &
   wait
+  export CUDA_VISIBLE_DEVICES=$gpus
+  $BENCH --repeat 3 --timeout 200 --deadline 200 --out "$RES/full-decode-only" \
+    --modes plugin:full_decode_only,stock:full_decode_only
 }
 
-job_pw() {
-  $BENCH --repeat 1 --profile --timeout 240 --deadline 450 --out "$RES/pw-profile" \
-    --modes plugin:piecewise,plugin:eager,plugin:breakable
-  $BENCH --repeat 3 --timeout 240 --deadline 640 --out "$RES/pw-128" \
-    --modes plugin:piecewise,stock:piecewise,plugin:eager,plugin-cadence:piecewise,plugin:piecewise,stock:piecewise,plugin:eager
+job_kv() {
+  $BENCH --repeat 3 --timeout 240 --deadline 560 --out "$RES/kv-128" \
+    --modes plugin:piecewise,plugin-kvsplit:piecewise,stock:piecewise,plugin:eager,plugin:piecewise,plugin-kvsplit:piecewise
+  $BENCH --repeat 1 --profile --timeout 330 --deadline 330 --out "$RES/kv-profile" --modes plugin:piecewise
 }
 
 # The soak's two GPU pairs; on a two-GPU host both are the one pair.
