@@ -243,8 +243,8 @@ PATCHES: tuple[Patch, ...] = (
         ),
         why=(
             "vLLM splits piecewise graphs at each layer's KV-cache write as well as at "
-            "its attention, so the write runs eagerly: a host round trip per layer that "
-            "is a third of a PIECEWISE decode step's host time under PP. The split "
+            "its attention, so the write runs eagerly: a host round trip per layer, some "
+            "30% of the forward's host time in a PIECEWISE decode step under PP. The split "
             "existed so Inductor could reuse one piece for every layer, which torch "
             "2.11's hoisted layer names allow with the write inside. When vLLM picks "
             "the split points itself, compiles piecewise itself, and layer names are "
