@@ -25,6 +25,7 @@ import json
 import re
 import statistics
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -179,25 +180,23 @@ def host_ops(
         key=lambda e: e["ts"],
     )
     stamps = [e["ts"] for e in events]
+    windows = {
+        "forward": lambda step: (step.start_ms, step.start_ms + step.forward_ms),
+        "outside": lambda step: (step.start_ms + step.forward_ms, step.start_ms + step.period_ms),
+    }
+    n = max(len(decode_steps), 1)
     result: dict[str, list[dict[str, Any]]] = {}
-    for window in ("forward", "outside"):
-        calls: dict[str, int] = {}
-        micros: dict[str, float] = {}
+    for window, bounds in windows.items():
+        calls: Counter[str] = Counter()
+        micros: Counter[str] = Counter()
         for step in decode_steps:
-            start = step.start_ms * 1000
-            forward_end = start + step.forward_ms * 1000
-            lo, hi = (start, forward_end) if window == "forward" else (
-                forward_end, start + step.period_ms * 1000
-            )
+            lo, hi = (ms * 1000 for ms in bounds(step))
             for event in events[bisect.bisect_left(stamps, lo) : bisect.bisect_left(stamps, hi)]:
-                name = event["name"]
-                calls[name] = calls.get(name, 0) + 1
-                micros[name] = micros.get(name, 0.0) + event["dur"]
-        n = max(len(decode_steps), 1)
-        ranked = sorted(micros, key=lambda name: micros[name], reverse=True)[:top]
+                calls[event["name"]] += 1
+                micros[event["name"]] += event["dur"]
         result[window] = [
-            {"name": name, "calls": round(calls[name] / n, 2), "us": round(micros[name] / n, 1)}
-            for name in ranked
+            {"name": name, "calls": round(calls[name] / n, 2), "us": round(total / n, 1)}
+            for name, total in micros.most_common(top)
         ]
     return result
 
