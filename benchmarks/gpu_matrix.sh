@@ -33,6 +33,11 @@
 #                  (plugin-kvsplit), twice each, stock and plugin eager once, interleaved;
 #                  then one profiled plugin PIECEWISE engine (where a decode step's host
 #                  time goes)
+#   final          every goal of the performance issue at one commit: FULL_AND_PIECEWISE
+#                  against V1 at 128 and 512 prompts, PIECEWISE, breakable and eager
+#                  against each other and against stock
+#   fresh-compile  PIECEWISE tokens after fresh compiles: stock, plugin-kvsplit and the
+#                  plugin, twice each, each engine with its own compile cache
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -112,6 +117,27 @@ job_fill-512() {
 job_fill-modes() {
   $BENCH --repeat 3 --timeout 240 --deadline 700 --out "$RES/fill-modes" \
     --modes plugin:eager,plugin:piecewise,plugin:breakable,stock:eager,stock:piecewise,stock:breakable
+}
+
+# Every goal of the performance issue on one commit, in one run per prompt count.
+job_final() {
+  $BENCH --repeat 3 --timeout 240 --deadline 1200 --out "$RES/final-128" \
+    --modes plugin:full_and_piecewise,v1:full_and_piecewise,plugin:piecewise,plugin:breakable,plugin:eager,stock:eager,stock:breakable,stock:piecewise
+  $BENCH --prompts 512 --repeat 3 --timeout 240 --deadline 480 --out "$RES/final-512" \
+    --modes plugin:full_and_piecewise,v1:full_and_piecewise
+}
+
+# Tokens after a fresh compile of vLLM's split: stock and the plugin with that split,
+# twice each, every engine with a cache of its own (one such plugin engine once gave
+# other tokens than the same configuration loaded from its cache).
+job_fresh-compile() {
+  local i r
+  for i in 1 2; do
+    for r in stock plugin-kvsplit plugin; do
+      VLLM_CACHE_ROOT=/tmp/vcache-fresh-$r-$i $BENCH --repeat 1 --timeout 240 \
+        --out "$RES/fresh-$r-$i" --modes $r:piecewise
+    done
+  done
 }
 
 SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"
