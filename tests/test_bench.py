@@ -243,3 +243,14 @@ def test_one_batch_generation_calls_what_vllms_llm_offers():
     assert {"prompts", "sampling_params", "use_tqdm"} <= params["enqueue"]
     assert {"tags"} <= params["wake_up"]
     assert {"use_tqdm"} <= params["wait_for_completion"]
+
+
+def test_engine_status_tells_a_stopped_engine_from_a_failed_one():
+    engine_status = bench.engine_status
+    ran = {"digest": "01c2acb7", "req_per_s": 68.07, "tpot_mean_ms": 3.57, "returncode": 0}
+    assert engine_status(ran, "plugin-piecewise") == "68.07 req/s, TPOT 3.57 ms"
+    stopped = {"returncode": -6, "timed_out_after_s": 72.19}
+    line = engine_status(stopped, "v1-full_and_piecewise")
+    assert line.startswith("STOPPED after 72 s") and "--deadline" in line
+    assert "v1-full_and_piecewise.log" in line
+    assert engine_status({"returncode": 1}, "x") == "FAILED (rc=1, see x.log)"

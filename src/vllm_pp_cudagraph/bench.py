@@ -264,6 +264,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def engine_status(report: dict[str, Any], log_name: str) -> str:
+    """One console line for an engine: its speed, or why it gave none."""
+    if report.get("digest"):
+        return f"{report['req_per_s']} req/s, TPOT {report.get('tpot_mean_ms')} ms"
+    if "timed_out_after_s" in report:
+        return (
+            f"STOPPED after {report['timed_out_after_s']:.0f} s, its time limit "
+            f"(--timeout, shortened by --deadline); see {log_name}.log"
+        )
+    return f"FAILED (rc={report['returncode']}, see {log_name}.log)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -318,12 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
         reports.append(report)
-        status = (
-            f"{report['req_per_s']} req/s, TPOT {report.get('tpot_mean_ms')} ms"
-            if report.get("digest")
-            else f"FAILED (rc={report['returncode']}, see {log_name}.log)"
-        )
-        print(f"    {status}  [{time.monotonic() - started:.0f} s elapsed]", flush=True)
+        elapsed = time.monotonic() - started
+        print(f"    {engine_status(report, log_name)}  [{elapsed:.0f} s elapsed]", flush=True)
 
     check_agreement(reports)
     print()
