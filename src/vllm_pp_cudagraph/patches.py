@@ -52,6 +52,24 @@ def _swap_module_attr(module_name: str, attr: str, value: object) -> Undo:
     return undo
 
 
+def _wrap_class_attr(cls: type, attr: str, wrap: Callable[[Callable], Callable]) -> Undo:
+    """Replace ``cls.attr`` by ``wrap`` of what it resolves to now (own or inherited).
+
+    Undo restores the class's own attribute, or removes the wrapper when the
+    attribute was inherited, so the class is exactly as it was.
+    """
+    own = cls.__dict__.get(attr)
+    setattr(cls, attr, wrap(getattr(cls, attr)))
+
+    def undo() -> None:
+        if own is None:
+            delattr(cls, attr)
+        else:
+            setattr(cls, attr, own)
+
+    return undo
+
+
 def _set_env(name: str, value: str) -> Undo:
     previous = os.environ.get(name)
     os.environ[name] = value
@@ -116,13 +134,9 @@ def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
     scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
     if not compat.async_preemption_keeps_stale_placeholders(scheduler_cls):
         return None
-    original = scheduler_cls.__dict__["_update_after_schedule"]
-    scheduler_cls._update_after_schedule = dropping_stale_output_on_resume(original)
-
-    def undo() -> None:
-        scheduler_cls._update_after_schedule = original
-
-    return undo
+    return _wrap_class_attr(
+        scheduler_cls, "_update_after_schedule", dropping_stale_output_on_resume
+    )
 
 
 def _patch_fill_idle_steps(settings: PPCudaGraphSettings) -> Undo | None:
@@ -131,16 +145,7 @@ def _patch_fill_idle_steps(settings: PPCudaGraphSettings) -> Undo | None:
     from vllm_pp_cudagraph.decode_cadence import filling_idle_steps
 
     scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
-    own = scheduler_cls.__dict__.get("schedule")
-    scheduler_cls.schedule = filling_idle_steps(scheduler_cls.schedule)
-
-    def undo() -> None:
-        if own is None:
-            del scheduler_cls.schedule
-        else:
-            scheduler_cls.schedule = own
-
-    return undo
+    return _wrap_class_attr(scheduler_cls, "schedule", filling_idle_steps)
 
 
 def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo | None:
@@ -149,13 +154,7 @@ def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo | None:
     from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
 
     config_cls = importlib.import_module(compat.COMPILATION_CONFIG_MODULE).CompilationConfig
-    original = config_cls.__dict__["set_splitting_ops_for_v1"]
-    config_cls.set_splitting_ops_for_v1 = keeping_kv_update_in_graphs(original)
-
-    def undo() -> None:
-        config_cls.set_splitting_ops_for_v1 = original
-
-    return undo
+    return _wrap_class_attr(config_cls, "set_splitting_ops_for_v1", keeping_kv_update_in_graphs)
 
 
 PATCHES: tuple[Patch, ...] = (
