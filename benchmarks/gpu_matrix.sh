@@ -36,8 +36,8 @@
 #   final          every goal of the performance issue at one commit: FULL_AND_PIECEWISE
 #                  against V1 at 128 and 512 prompts, PIECEWISE, breakable and eager
 #                  against each other and against stock
-#   fresh-compile  PIECEWISE tokens after fresh compiles: stock, plugin-kvsplit and the
-#                  plugin, twice each, each engine with its own compile cache
+#   fresh-compile  PIECEWISE tokens after fresh compiles: the plugin then plugin-kvsplit in
+#                  one cache, then stock and plugin-kvsplit twice each, each with its own cache
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -127,13 +127,16 @@ job_final() {
     --modes plugin:full_and_piecewise,v1:full_and_piecewise
 }
 
-# Tokens after a fresh compile of vLLM's split: stock and the plugin with that split,
-# twice each, every engine with a cache of its own (one such plugin engine once gave
-# other tokens than the same configuration loaded from its cache).
+# Tokens after a fresh compile of vLLM's split. One plugin-kvsplit engine once gave other
+# tokens than the same configuration loaded from its cache; it had compiled right after a
+# plugin engine, in the same cache. That order first, then stock and plugin-kvsplit twice
+# each, every engine with a cache of its own.
 job_fresh-compile() {
   local i r
+  VLLM_CACHE_ROOT=/tmp/vcache-fresh-seq $BENCH --repeat 1 --timeout 240 --deadline 480 \
+    --out "$RES/fresh-seq" --modes plugin:piecewise,plugin-kvsplit:piecewise
   for i in 1 2; do
-    for r in stock plugin-kvsplit plugin; do
+    for r in plugin-kvsplit stock; do
       VLLM_CACHE_ROOT=/tmp/vcache-fresh-$r-$i $BENCH --repeat 1 --timeout 240 \
         --out "$RES/fresh-$r-$i" --modes $r:piecewise
     done
