@@ -38,6 +38,8 @@
 #                  against each other and against stock
 #   fresh-compile  PIECEWISE tokens after fresh compiles: the plugin then plugin-kvsplit in
 #                  one cache, then stock and plugin-kvsplit twice each, each with its own cache
+#   soak-fill-modes (all GPUs) the serving soak with idle steps filled, PIECEWISE and
+#                  breakable, with the token check
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -192,6 +194,19 @@ job_soak() {
     $SOAK --out "$RES/soak-ray" --modes full_and_piecewise --ray --gpus $A --port 8400 \
       >"$RES/soak-ray.txt" 2>&1 &
   fi
+  wait
+}
+
+# The soak with idle steps filled (the default since the fifth round) in PIECEWISE and
+# breakable, each with the token check; breakable against stock breakable.
+job_soak-fill-modes() {
+  local A B; gpu_pairs
+  unset CUDA_VISIBLE_DEVICES
+  $SOAK --token-check --out "$RES/soak-fill-piecewise" --modes piecewise --gpus $A $A $A \
+    --port 8900 >"$RES/soak-fill-piecewise.txt" 2>&1 &
+  sleep 3
+  $SOAK --token-check --out "$RES/soak-fill-breakable" --modes breakable --same-stock-mode \
+    --gpus $B $B $B --port 9000 >"$RES/soak-fill-breakable.txt" 2>&1 &
   wait
 }
 
