@@ -40,6 +40,8 @@
 #                  one cache, then stock and plugin-kvsplit twice each, each with its own cache
 #   soak-fill-modes (all GPUs) the serving soak with idle steps filled, PIECEWISE and
 #                  breakable, with the token check
+#   soak-fill-rest (all GPUs) the other soaks with idle steps filled: eager, FULL_DECODE_ONLY,
+#                  preemption (PIECEWISE; eager under batch invariance), batch invariance
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -207,6 +209,26 @@ job_soak-fill-modes() {
   sleep 3
   $SOAK --token-check --out "$RES/soak-fill-breakable" --modes breakable --same-stock-mode \
     --gpus $B $B $B --port 9000 >"$RES/soak-fill-breakable.txt" 2>&1 &
+  wait
+}
+
+# The rest of the soak with idle steps filled, each with the token check: eager and
+# FULL_DECODE_ONLY, preemption in PIECEWISE and in eager under batch invariance, and
+# FULL_AND_PIECEWISE under batch invariance. Two soaks share each GPU pair.
+job_soak-fill-rest() {
+  local A B; gpu_pairs
+  unset CUDA_VISIBLE_DEVICES
+  $SOAK --token-check --out "$RES/soak-fill-eager-fdo" --modes eager,full_decode_only \
+    --gpus $A $A $A --port 8900 >"$RES/soak-fill-eager-fdo.txt" 2>&1 &
+  sleep 3
+  $SOAK --token-check --out "$RES/soak-fill-preemption-piecewise" --modes piecewise --preemption \
+    --gpus $A $A $A --port 9000 >"$RES/soak-fill-preemption-piecewise.txt" 2>&1 &
+  sleep 3
+  $SOAK --token-check --out "$RES/soak-fill-invariant" --modes full_and_piecewise --batch-invariant \
+    --gpus $B $B $B --port 9100 >"$RES/soak-fill-invariant.txt" 2>&1 &
+  sleep 3
+  $SOAK --token-check --out "$RES/soak-fill-preemption-eager-invariant" --modes eager --preemption \
+    --batch-invariant --gpus $B $B $B --port 9200 >"$RES/soak-fill-preemption-eager-invariant.txt" 2>&1 &
   wait
 }
 
