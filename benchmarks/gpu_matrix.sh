@@ -149,16 +149,22 @@ job_fresh-compile() {
 
 SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"
 
+# One soak in the background, its console in $RES/NAME.txt; the next starts 5 s later.
+soak_bg() {
+  local name=$1; shift
+  $SOAK --out "$RES/$name" "$@" >"$RES/$name.txt" 2>&1 &
+  sleep 5
+}
+
 job_recheck() {
   $BENCH --repeat 3 --timeout 240 --deadline 400 --out "$RES/recheck-128" \
     --modes plugin:full_and_piecewise,stock:full_and_piecewise,plugin-cadence:full_and_piecewise,v1:full_and_piecewise
   local gpus=$CUDA_VISIBLE_DEVICES
   unset CUDA_VISIBLE_DEVICES
-  $SOAK --token-check --out "$RES/soak-fill" --modes full_and_piecewise --gpus $gpus $gpus $gpus \
-    --port 8900 >"$RES/soak-fill.txt" 2>&1 &
-  sleep 5
-  $SOAK --token-check --out "$RES/soak-fill-preemption" --modes full_and_piecewise --preemption \
-    --gpus $gpus $gpus $gpus --port 9000 >"$RES/soak-fill-preemption.txt" 2>&1 &
+  soak_bg soak-fill --token-check --modes full_and_piecewise --gpus $gpus $gpus $gpus \
+    --port 8900
+  soak_bg soak-fill-preemption --token-check --modes full_and_piecewise --preemption \
+    --gpus $gpus $gpus $gpus --port 9000
   wait
   export CUDA_VISIBLE_DEVICES=$gpus
   $BENCH --repeat 3 --timeout 200 --deadline 200 --out "$RES/full-decode-only" \
@@ -180,21 +186,14 @@ gpu_pairs() {
 job_soak() {
   local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
-  $SOAK --out "$RES/soak-compiled" --modes piecewise,full_and_piecewise,full_decode_only \
-    --refusals --gpus $A $B --servers-per-gpus 3 --port 8000 >"$RES/soak-compiled.txt" 2>&1 &
-  sleep 5
-  $SOAK --out "$RES/soak-eager" --modes eager,breakable --gpus $B $A --port 8100 \
-    >"$RES/soak-eager.txt" 2>&1 &
-  sleep 5
-  $SOAK --out "$RES/soak-preemption" --modes piecewise --preemption --gpus $A $B $A --port 8200 \
-    >"$RES/soak-preemption.txt" 2>&1 &
-  sleep 5
-  $SOAK --out "$RES/soak-invariant" --modes full_and_piecewise --batch-invariant \
-    --gpus $B $A $B --port 8300 >"$RES/soak-invariant.txt" 2>&1 &
+  soak_bg soak-compiled --modes piecewise,full_and_piecewise,full_decode_only --refusals \
+    --gpus $A $B --servers-per-gpus 3 --port 8000
+  soak_bg soak-eager --modes eager,breakable --gpus $B $A --port 8100
+  soak_bg soak-preemption --modes piecewise --preemption --gpus $A $B $A --port 8200
+  soak_bg soak-invariant --modes full_and_piecewise --batch-invariant --gpus $B $A $B \
+    --port 8300
   if python3 -c "import ray" 2>/dev/null; then
-    sleep 5
-    $SOAK --out "$RES/soak-ray" --modes full_and_piecewise --ray --gpus $A --port 8400 \
-      >"$RES/soak-ray.txt" 2>&1 &
+    soak_bg soak-ray --modes full_and_piecewise --ray --gpus $A --port 8400
   fi
   wait
 }
@@ -204,11 +203,9 @@ job_soak() {
 job_soak-fill-modes() {
   local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
-  $SOAK --token-check --out "$RES/soak-fill-piecewise" --modes piecewise --gpus $A $A $A \
-    --port 8900 >"$RES/soak-fill-piecewise.txt" 2>&1 &
-  sleep 3
-  $SOAK --token-check --out "$RES/soak-fill-breakable" --modes breakable --same-stock-mode \
-    --gpus $B $B $B --port 9000 >"$RES/soak-fill-breakable.txt" 2>&1 &
+  soak_bg soak-fill-piecewise --token-check --modes piecewise --gpus $A $A $A --port 8900
+  soak_bg soak-fill-breakable --token-check --modes breakable --same-stock-mode \
+    --gpus $B $B $B --port 9000
   wait
 }
 
@@ -218,17 +215,14 @@ job_soak-fill-modes() {
 job_soak-fill-rest() {
   local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
-  $SOAK --token-check --out "$RES/soak-fill-eager-fdo" --modes eager,full_decode_only \
-    --gpus $A $A $A --port 8900 >"$RES/soak-fill-eager-fdo.txt" 2>&1 &
-  sleep 3
-  $SOAK --token-check --out "$RES/soak-fill-preemption-piecewise" --modes piecewise --preemption \
-    --gpus $A $A $A --port 9000 >"$RES/soak-fill-preemption-piecewise.txt" 2>&1 &
-  sleep 3
-  $SOAK --token-check --out "$RES/soak-fill-invariant" --modes full_and_piecewise --batch-invariant \
-    --gpus $B $B $B --port 9100 >"$RES/soak-fill-invariant.txt" 2>&1 &
-  sleep 3
-  $SOAK --token-check --out "$RES/soak-fill-preemption-eager-invariant" --modes eager --preemption \
-    --batch-invariant --gpus $B $B $B --port 9200 >"$RES/soak-fill-preemption-eager-invariant.txt" 2>&1 &
+  soak_bg soak-fill-eager-fdo --token-check --modes eager,full_decode_only --gpus $A $A $A \
+    --port 8900
+  soak_bg soak-fill-preemption-piecewise --token-check --modes piecewise --preemption \
+    --gpus $A $A $A --port 9000
+  soak_bg soak-fill-invariant --token-check --modes full_and_piecewise --batch-invariant \
+    --gpus $B $B $B --port 9100
+  soak_bg soak-fill-preemption-eager-invariant --token-check --modes eager --preemption \
+    --batch-invariant --gpus $B $B $B --port 9200
   wait
 }
 
@@ -238,14 +232,11 @@ job_soak-fill-rest() {
 job_soak-followup() {
   local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
-  $SOAK --out "$RES/soak-preemption-invariant" --modes eager --preemption --batch-invariant \
-    --gpus $A $B $A --port 8600 >"$RES/soak-preemption-invariant.txt" 2>&1 &
-  sleep 5
-  $SOAK --out "$RES/soak-breakable" --modes breakable --same-stock-mode --gpus $B $A $B \
-    --port 8700 >"$RES/soak-breakable.txt" 2>&1 &
-  sleep 5
-  $SOAK --out "$RES/soak-breakable-invariant" --modes breakable --same-stock-mode \
-    --batch-invariant --gpus $A $B $A --port 8800 >"$RES/soak-breakable-invariant.txt" 2>&1 &
+  soak_bg soak-preemption-invariant --modes eager --preemption --batch-invariant \
+    --gpus $A $B $A --port 8600
+  soak_bg soak-breakable --modes breakable --same-stock-mode --gpus $B $A $B --port 8700
+  soak_bg soak-breakable-invariant --modes breakable --same-stock-mode --batch-invariant \
+    --gpus $A $B $A --port 8800
   wait
   $SOAK --out "$RES/soak-preemption" --modes piecewise --preemption --gpus $A $B $A $B \
     --servers-per-gpus 1 --port 8200 >"$RES/soak-preemption.txt" 2>&1
@@ -256,14 +247,12 @@ job_soak-followup() {
 job_soak-tokens() {
   local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
-  $SOAK --token-check --out "$RES/tokens-preemption-invariant" --modes eager --preemption \
-    --batch-invariant --gpus $A $B $A --port 8600 >"$RES/tokens-preemption-invariant.txt" 2>&1 &
-  sleep 5
-  $SOAK --token-check --out "$RES/tokens-breakable-invariant" --modes breakable --same-stock-mode \
-    --batch-invariant --gpus $B $A $B --port 8700 >"$RES/tokens-breakable-invariant.txt" 2>&1 &
-  sleep 5
-  $SOAK --token-check --out "$RES/tokens-preemption" --modes piecewise --preemption \
-    --gpus $A $B $A --port 8800 >"$RES/tokens-preemption.txt" 2>&1 &
+  soak_bg tokens-preemption-invariant --token-check --modes eager --preemption \
+    --batch-invariant --gpus $A $B $A --port 8600
+  soak_bg tokens-breakable-invariant --token-check --modes breakable --same-stock-mode \
+    --batch-invariant --gpus $B $A $B --port 8700
+  soak_bg tokens-preemption --token-check --modes piecewise --preemption --gpus $A $B $A \
+    --port 8800
   wait
 }
 

@@ -128,10 +128,10 @@ def run_serve_mode(
         load.base_url = base_url
         result = await run_load(load)
         summary = result.summary()
-        report: dict[str, Any] = {"load": summary, "req_per_s": summary["req_per_s"]}
-        report["preemptions"] = await fetch_preemptions(base_url)
-        for key in ("ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
+        report: dict[str, Any] = {"load": summary}
+        for key in ("req_per_s", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
             report[key] = summary[key]
+        report["preemptions"] = await fetch_preemptions(base_url)
         completed = [
             r.text if r.completed else None
             for r in sorted(result.results, key=lambda r: r.index)
