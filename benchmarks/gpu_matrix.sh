@@ -42,6 +42,9 @@
 #                  breakable, with the token check
 #   soak-fill-rest (all GPUs) the other soaks with idle steps filled: eager, FULL_DECODE_ONLY,
 #                  preemption (PIECEWISE; eager under batch invariance), batch invariance
+#   soak-repeat    (all GPUs) eager and FULL_DECODE_ONLY once more, and preemption with stock
+#                  preempted too (PIECEWISE; eager under batch invariance), each with the
+#                  token check
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -222,6 +225,22 @@ job_soak-fill-rest() {
   soak_bg soak-fill-invariant --token-check --modes full_and_piecewise --batch-invariant \
     --gpus $B $B $B --port 9100
   soak_bg soak-fill-preemption-eager-invariant --token-check --modes eager --preemption \
+    --batch-invariant --gpus $B $B $B --port 9200
+  wait
+}
+
+# A second sample of eager and FULL_DECODE_ONLY with idle steps filled (each missed
+# stock's own share by about one point, under one run's sampling noise), and the
+# preemption soaks again, now with stock preempted as well: its servers load the
+# plugin's scheduler fix alone. Two soaks share each GPU pair.
+job_soak-repeat() {
+  local A B; gpu_pairs
+  unset CUDA_VISIBLE_DEVICES
+  soak_bg soak-repeat-eager --token-check --modes eager --gpus $A $A $A --port 8900
+  soak_bg soak-repeat-fdo --token-check --modes full_decode_only --gpus $A $A $A --port 9000
+  soak_bg soak-preemption-both-piecewise --token-check --modes piecewise --preemption \
+    --gpus $B $B $B --port 9100
+  soak_bg soak-preemption-both-eager-invariant --token-check --modes eager --preemption \
     --batch-invariant --gpus $B $B $B --port 9200
   wait
 }

@@ -6,6 +6,7 @@ checks pin down what each instance is given and how the pool hands out slots.
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 
@@ -13,8 +14,18 @@ import pytest
 from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from e2e.serve_soak import Slot, make_slots, run_in_slots, token_check_result
-from vllm_pp_cudagraph.serve_load import GreedyCheck
+from e2e.serve_soak import (
+    PREEMPTION_ARGS,
+    PREEMPTION_FIX_PLUGIN,
+    Slot,
+    make_slots,
+    mode_result,
+    mode_servers,
+    run_in_slots,
+    server_spec,
+    token_check_result,
+)
+from vllm_pp_cudagraph.serve_load import GreedyCheck, LoadReport, RequestResult
 from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
 from vllm_pp_cudagraph.serve_run import serve_command
 
@@ -101,3 +112,41 @@ def test_token_check_that_could_not_run_fails_the_mode():
     assert "did not run" in problem and "rc=1" in problem
     [problem] = token_check_result({"checks": {"plugin": _check(0.0)}, "error": None})["problems"]
     assert "missing runs" in problem
+
+
+def test_under_preemption_every_server_preempts_and_stock_gets_only_the_fix(tmp_path, monkeypatch):
+    import vllm.platforms
+
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
+    args = argparse.Namespace(preemption=True, batch_invariant=False, max_num_seqs=256)
+    plugins = {}
+    for runner, mode, tag in mode_servers("piecewise"):
+        spec = server_spec(runner, mode, args)
+        plugins[tag] = engine_env(spec)["VLLM_PLUGINS"]
+        cmd = serve_command(spec, str(tmp_path), 8000, PREEMPTION_ARGS)
+        parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("serve") + 1:])
+        assert parsed.num_gpu_blocks_override == 512
+    assert plugins == {"plugin": "pp_cudagraph", "stock-a": PREEMPTION_FIX_PLUGIN,
+                       "stock-b": PREEMPTION_FIX_PLUGIN}
+    args.preemption = False
+    assert engine_env(server_spec("stock", "piecewise", args))["VLLM_PLUGINS"] == ""
+
+
+def _served(preemptions: int, texts: list[str]) -> dict:
+    report = LoadReport([RequestResult(i, stream=False, text=t) for i, t in enumerate(texts)],
+                        elapsed_s=1.0, health_checks=1, health_failures=[])
+    return {"load_report": report, "load": report.summary(), "preemptions": preemptions,
+            "shutdown_clean": True, "shutdown_rc": 0}
+
+
+def test_a_preemption_soak_fails_when_any_run_was_not_preempted():
+    args = argparse.Namespace(preemption=True, batch_invariant=False, same_stock_mode=False)
+    texts = ["a b", "c d"]
+    reports = {"plugin": _served(3000, texts), "stock_a": _served(2900, texts),
+               "stock_b": _served(0, texts)}
+    result = mode_result("piecewise", reports, args, PREEMPTION_ARGS)
+    assert not result["passed"]
+    [problem] = result["problems"]
+    assert problem.startswith("stock_b: no request was preempted")
+    reports["stock_b"] = _served(2800, texts)
+    assert mode_result("piecewise", reports, args, PREEMPTION_ARGS)["passed"]

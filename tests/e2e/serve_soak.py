@@ -18,13 +18,16 @@ the plugin's tokens may fall at most twice as far below the top choice as
 stock's own do. A lost, repeated or foreign token falls by the model's logit
 spread.
 
-Options add preemption (a KV cache too small for the load, for the plugin only:
-stock vLLM 0.26 dies there), Ray, and vLLM's batch-invariant mode: where two
-stock runs then agree on every request, the plugin must too (under PP they did
-not; see the results README). Start-up refusals (bad settings) are checked to
-fail with the named setting and leave no process behind; two of them serve
-models whose stages disagree on the tensors they exchange, from the test-only
-plugin in ``tests/e2e/stage_mismatch_model`` (install it next to this package).
+Options add preemption, Ray, and vLLM's batch-invariant mode: where two stock
+runs then agree on every request, the plugin must too. Under preemption every
+server gets a KV cache too small for the load. Stock vLLM 0.26 dies there under
+PP, so its servers load the plugin's scheduler fix alone (the test-only
+``pp_e2e_preemption_fix``) and keep vLLM's runner, graphs and schedule; each
+run must have preempted. Start-up refusals (bad settings) are checked to fail
+with the named setting and leave no process behind; two of them serve models
+whose stages disagree on the tensors they exchange (the test-only
+``pp_e2e_models``). Both test plugins are in ``tests/e2e/soak_plugins``;
+install it next to this package.
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
         [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals]   (--modes "" --refusals: refusals only)
@@ -153,17 +156,37 @@ def mode_servers(mode: str, same_stock_mode: bool = False) -> list[tuple[str, st
             ("stock", stock_mode, "stock-b")]
 
 
-def server_env(args: argparse.Namespace) -> dict[str, str]:
-    return {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
+#: The KV cache of every server under --preemption: small enough for ~3,000
+#: preemptions per 2,000 requests.
+PREEMPTION_ARGS = ["--num-gpu-blocks-override", "512", "--max-model-len", "2048"]
+#: Stock's plugins under --preemption: the scheduler fix alone (see above).
+PREEMPTION_FIX_PLUGIN = "pp_e2e_preemption_fix"
+
+
+def missing_test_plugin(name: str) -> str | None:
+    """Why a test plugin from ``tests/e2e/soak_plugins`` cannot load, or None."""
+    if any(ep.name == name for ep in entry_points(group="vllm.general_plugins")):
+        return None
+    return f"test plugin {name} not installed: pip install tests/e2e/soak_plugins"
+
+
+def server_env(args: argparse.Namespace, preemption_fix: bool = False) -> dict[str, str]:
+    env = {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
+    if preemption_fix:
+        env["VLLM_PLUGINS"] = PREEMPTION_FIX_PLUGIN
+    return env
+
+
+def server_spec(runner: str, run_mode: str, args: argparse.Namespace) -> RunSpec:
+    """One soak server's engine; under --preemption stock loads the scheduler fix alone."""
+    return RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs,
+                   extra_env=server_env(args, preemption_fix=args.preemption and runner == "stock"))
 
 
 def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.Namespace,
                model_dir: str, extra: list[str]) -> Callable[[Slot], dict]:
-    env = server_env(args)
-
     def task(slot: Slot) -> dict:
-        spec = slot.apply(RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs,
-                                  extra_env=env))
+        spec = slot.apply(server_spec(runner, run_mode, args))
         load = LoadSpec("", "", soak_prompts(), args.requests, args.concurrency, args.max_tokens,
                         stream_fraction=0.5, cancel_fraction=0.1)
         report = run_serve_mode(spec, model_dir, load, args.out / f"{mode}-{tag}.log",
@@ -233,10 +256,11 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
         result["plugin_vs_stock"] = (result["plugin_vs_stock_a"] + result["plugin_vs_stock_b"]) / 2
         result["problems"] = soak_verdict(plugin, result["plugin_vs_stock"],
                                           result["stock_vs_stock"], args.batch_invariant)
-        if args.preemption and not plugin.get("preemptions"):
-            result["problems"].append(
-                f"no request was preempted (vllm:num_preemptions={plugin.get('preemptions')}); "
-                "lower --num-gpu-blocks-override")
+        if args.preemption:
+            result["problems"] += [
+                f"{name}: no request was preempted (vllm:num_preemptions="
+                f"{rep.get('preemptions')}); lower --num-gpu-blocks-override"
+                for name, rep in reports.items() if not rep.get("preemptions")]
     else:
         result["problems"] = [f"{name}: {rep.get('error')}" for name, rep in reports.items()
                               if "load_report" not in rep]
@@ -287,13 +311,11 @@ MISMATCH_MODELS = [
 def refused_mismatch_model(case: str, arch: str, expect: str, out: Path, slot: Slot) -> dict:
     """Serve a model whose stages disagree on the tensors they exchange.
 
-    The models come from the test-only vLLM plugin in
-    ``tests/e2e/stage_mismatch_model`` (``pp_e2e_models``), which must be
-    installed next to this package.
+    The models come from the test-only vLLM plugin ``pp_e2e_models``.
     """
-    if not any(ep.name == "pp_e2e_models" for ep in entry_points(group="vllm.general_plugins")):
-        return {"case": case, "passed": False,
-                "problem": "test plugin not installed: pip install tests/e2e/stage_mismatch_model"}
+    missing = missing_test_plugin("pp_e2e_models")
+    if missing:
+        return {"case": case, "passed": False, "problem": missing}
     model_dir = write_model_dir(tempfile.mkdtemp(prefix=f"soak-{case}-"), tokenizer=True)
     config = json.loads((model_dir / "config.json").read_text())
     config["architectures"] = [arch]
@@ -329,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-gib", type=float, default=None,
                         help="fixed KV cache per server (needed when GPUs are shared)")
     parser.add_argument("--preemption", action="store_true",
-                        help="plugin only: KV cache of 512 blocks, so requests are preempted and resumed")
+                        help="KV cache of 512 blocks on every server, so requests are preempted and "
+                             "resumed; stock runs with the plugin's scheduler fix alone")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
     parser.add_argument("--same-stock-mode", action="store_true",
@@ -340,19 +363,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="VLLM_BATCH_INVARIANT=1 on every server: where two stock runs then "
                              "agree exactly, the plugin must too")
     args = parser.parse_args(argv)
+    if args.preemption and (missing := missing_test_plugin(PREEMPTION_FIX_PLUGIN)):
+        parser.error(f"--preemption: {missing}")
     args.out.mkdir(parents=True, exist_ok=True)
     slots = make_slots(args.gpus, args.servers_per_gpus, args.port, args.kv_cache_gib)
     model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), tokenizer=True, weights=True))
     extra = ["--distributed-executor-backend", "ray"] if args.ray else []
-    # Stock vLLM 0.26 dies under PP preemption (see async_preemption.py), so under
-    # --preemption only the plugin gets the small KV cache; stock serves the same load
-    # with its usual one, which still shows its own share of differing requests.
-    preemption = ["--num-gpu-blocks-override", "512", "--max-model-len", "2048"] if args.preemption else []
+    preemption = PREEMPTION_ARGS if args.preemption else []
     modes = [m for m in args.modes.split(",") if m]
     servers = [(mode, *server) for mode in modes
                for server in mode_servers(mode, args.same_stock_mode)]
-    tasks = [serve_task(mode, runner, run_mode, tag, args, model_dir,
-                        extra + (preemption if runner == "plugin" else []))
+    tasks = [serve_task(mode, runner, run_mode, tag, args, model_dir, extra + preemption)
              for mode, runner, run_mode, tag in servers]
     if args.refusals:
         tasks += [lambda slot, r=refusal: refused_start(*r, model_dir, args.out, slot)

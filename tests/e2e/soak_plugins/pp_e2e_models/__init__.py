@@ -8,6 +8,9 @@ at the first request with a bare ``KeyError``.
 tensor (``aux``) their model never declares. Stock vLLM silently drops it.
 
 The plugin must refuse both at start-up, naming the key.
+
+``preemption_fix`` is a second plugin in this package, the preemption soak's
+stock baseline (see its docstring).
 """
 
 STAGE_MISMATCH_ARCH = "StageMismatchQwen3ForCausalLM"

@@ -1,0 +1,129 @@
+"""The serving soak's test-only vLLM plugins, in ``tests/e2e/soak_plugins``.
+
+``pp_e2e_models`` registers models for the stage-mismatch refusals; these checks
+make sure that what it registers really is a mismatch the plugin's start-up
+check reports with the text the soak looks for. ``pp_e2e_preemption_fix`` is
+the preemption soak's stock baseline; it must change the scheduler's
+preemption handling and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
+
+from vllm_pp_cudagraph import compat, patches
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, check_handoff_schemas, schema_of
+
+PACKAGE_DIR = Path(__file__).parent / "e2e" / "soak_plugins"
+
+
+@pytest.fixture
+def e2e_models(monkeypatch):
+    monkeypatch.syspath_prepend(str(PACKAGE_DIR))
+    import pp_e2e_models
+
+    return pp_e2e_models
+
+
+def test_entry_points_name_the_register_functions(e2e_models):
+    from pp_e2e_models import preemption_fix
+
+    project = tomllib.loads((PACKAGE_DIR / "pyproject.toml").read_text())
+    plugins = project["project"]["entry-points"]["vllm.general_plugins"]
+    assert plugins == {"pp_e2e_models": "pp_e2e_models:register",
+                       "pp_e2e_preemption_fix": "pp_e2e_models.preemption_fix:register"}
+    assert callable(preemption_fix.register)
+
+
+def test_register_adds_the_architecture_to_vllms_registry(e2e_models):
+    from vllm import ModelRegistry
+
+    try:
+        e2e_models.register()
+        archs = ModelRegistry.get_supported_archs()
+        assert e2e_models.STAGE_MISMATCH_ARCH in archs
+        assert e2e_models.UNDECLARED_OUTPUT_ARCH in archs
+    finally:
+        ModelRegistry.models.pop(e2e_models.STAGE_MISMATCH_ARCH, None)
+        ModelRegistry.models.pop(e2e_models.UNDECLARED_OUTPUT_ARCH, None)
+
+
+def test_last_stage_expects_a_key_the_first_never_sends(e2e_models):
+    from pp_e2e_models.stage_mismatch import with_undeclared_key
+
+    declared = make_empty_intermediate_tensors_factory(["hidden_states", "residual"], 16)
+    last_stage = with_undeclared_key(declared)
+    sent = schema_of(declared(4, torch.bfloat16, torch.device("cpu")).tensors)
+    expected = schema_of(last_stage(4, torch.bfloat16, torch.device("cpu")).tensors)
+    assert expected["aux"] == expected["hidden_states"]
+    with pytest.raises(StageInputMismatchError, match=r"missing keys \['aux'\]"):
+        check_handoff_schemas([sent, None], [None, expected])
+
+
+def test_forward_output_carries_a_key_the_next_stage_never_declared(e2e_models):
+    from pp_e2e_models.stage_mismatch import with_undeclared_output
+    from vllm.sequence import IntermediateTensors
+
+    from vllm_pp_cudagraph.stage_inputs import PRODUCED
+
+    declared = make_empty_intermediate_tensors_factory(["hidden_states", "residual"], 16)
+    buffers = schema_of(declared(4, torch.bfloat16, torch.device("cpu")).tensors)
+    output = with_undeclared_output(declared(4, torch.bfloat16, torch.device("cpu")))
+    assert isinstance(output, IntermediateTensors)
+    with pytest.raises(StageInputMismatchError, match=r"unexpected keys \['aux'\]") as err:
+        check_handoff_schemas([schema_of(output.tensors), None], [None, buffers], PRODUCED)
+    assert "returned by the model's forward" in str(err.value)
+    hidden = torch.ones(4, 16)  # the last stage returns plain hidden states: left alone
+    assert with_undeclared_output(hidden) is hidden
+
+
+@pytest.fixture
+def preemption_fix(e2e_models):
+    from pp_e2e_models import preemption_fix
+
+    assert not patches.is_applied()
+    yield preemption_fix
+    preemption_fix.undo()
+
+
+def _scheduler_cls():
+    return importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
+
+
+def test_preemption_fix_wraps_the_scheduler_once_and_nothing_else(preemption_fix):
+    runner_module = importlib.import_module(compat.V2_RUNNER_MODULE)
+    scheduler = _scheduler_cls()
+    stock_update, stock_schedule = scheduler._update_after_schedule, scheduler.schedule
+    stock_runner, stock_env = runner_module.GPUModelRunner, dict(os.environ)
+
+    preemption_fix.register()
+    fixed = scheduler._update_after_schedule
+    assert fixed is not stock_update
+    assert fixed.__qualname__.startswith("dropping_stale_output_on_resume")
+    preemption_fix.register()  # vLLM registers plugins in every process, some twice
+    assert scheduler._update_after_schedule is fixed
+    assert scheduler.schedule is stock_schedule  # vLLM's decode cadence is kept
+    assert runner_module.GPUModelRunner is stock_runner
+    assert dict(os.environ) == stock_env
+
+    preemption_fix.undo()
+    assert scheduler._update_after_schedule is stock_update
+
+
+def test_preemption_fix_leaves_the_scheduler_to_the_full_plugin(preemption_fix):
+    scheduler = _scheduler_cls()
+    try:
+        patches.apply_all(PPCudaGraphSettings.from_env({}))
+        fixed = scheduler._update_after_schedule
+        preemption_fix.register()
+        assert scheduler._update_after_schedule is fixed
+    finally:
+        patches.undo_all()
