@@ -45,6 +45,8 @@
 #   soak-repeat    (all GPUs) eager and FULL_DECODE_ONLY once more, and preemption with stock
 #                  preempted too (PIECEWISE; eager under batch invariance), each with the
 #                  token check
+#   soak-fdo-cadence (all GPUs) FULL_DECODE_ONLY soaks side by side: the plugin with idle
+#                  steps filled, and keeping vLLM's decode cadence (plugin-cadence)
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -242,6 +244,18 @@ job_soak-repeat() {
     --gpus $B $B $B --port 9100
   soak_bg soak-preemption-both-eager-invariant --token-check --modes eager --preemption \
     --batch-invariant --gpus $B $B $B --port 9200
+  wait
+}
+
+# FULL_DECODE_ONLY differed from stock more often than stock from itself in both soaks
+# with idle steps filled: the same soak with the plugin keeping vLLM's decode cadence
+# tells whether the fill's different batches account for it.
+job_soak-fdo-cadence() {
+  local A B; gpu_pairs
+  unset CUDA_VISIBLE_DEVICES
+  soak_bg soak-fdo-fill --modes full_decode_only --gpus $A $A $A --port 8900
+  soak_bg soak-fdo-cadence --modes full_decode_only --plugin-runner plugin-cadence \
+    --gpus $B $B $B --port 9000
   wait
 }
 

@@ -140,7 +140,8 @@ def _served(preemptions: int, texts: list[str]) -> dict:
 
 
 def test_a_preemption_soak_fails_when_any_run_was_not_preempted():
-    args = argparse.Namespace(preemption=True, batch_invariant=False, same_stock_mode=False)
+    args = argparse.Namespace(preemption=True, batch_invariant=False, same_stock_mode=False,
+                              plugin_runner="plugin")
     texts = ["a b", "c d"]
     reports = {"plugin": _served(3000, texts), "stock_a": _served(2900, texts),
                "stock_b": _served(0, texts)}
@@ -150,3 +151,12 @@ def test_a_preemption_soak_fails_when_any_run_was_not_preempted():
     assert problem.startswith("stock_b: no request was preempted")
     reports["stock_b"] = _served(2800, texts)
     assert mode_result("piecewise", reports, args, PREEMPTION_ARGS)["passed"]
+
+
+def test_the_plugin_side_of_a_soak_can_keep_vllms_decode_cadence():
+    args = argparse.Namespace(preemption=False, batch_invariant=False, max_num_seqs=256)
+    [(runner, mode, tag), *_] = mode_servers("full_decode_only", plugin_runner="plugin-cadence")
+    assert (runner, mode, tag) == ("plugin-cadence", "full_decode_only", "plugin")
+    env = engine_env(server_spec(runner, mode, args))
+    assert env["VLLM_PLUGINS"] == "pp_cudagraph"
+    assert env["VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS"] == "0"

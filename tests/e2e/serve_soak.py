@@ -59,7 +59,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from vllm_pp_cudagraph.dummy_model import token_word, write_model_dir
-from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
+from vllm_pp_cudagraph.engine_run import RUNNERS, RunSpec, engine_env
 from vllm_pp_cudagraph.serve_load import (
     GreedyCheck,
     LoadSpec,
@@ -149,10 +149,11 @@ def stock_mode_for(mode: str, same_stock_mode: bool = False) -> str:
     return mode if same_stock_mode else STOCK_REFERENCE.get(mode, mode)
 
 
-def mode_servers(mode: str, same_stock_mode: bool = False) -> list[tuple[str, str, str]]:
+def mode_servers(mode: str, same_stock_mode: bool = False,
+                 plugin_runner: str = "plugin") -> list[tuple[str, str, str]]:
     """(runner, graph mode, tag) of the three servers one mode's soak compares."""
     stock_mode = stock_mode_for(mode, same_stock_mode)
-    return [("plugin", mode, "plugin"), ("stock", stock_mode, "stock-a"),
+    return [(plugin_runner, mode, "plugin"), ("stock", stock_mode, "stock-a"),
             ("stock", stock_mode, "stock-b")]
 
 
@@ -239,7 +240,8 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
     """One mode's verdict from its plugin, stock_a and stock_b reports."""
     plugin, stock_a, stock_b = reports["plugin"], reports["stock_a"], reports["stock_b"]
-    result: dict = {"mode": mode, "stock_mode": stock_mode_for(mode, args.same_stock_mode),
+    result: dict = {"mode": mode, "plugin_runner": args.plugin_runner,
+                    "stock_mode": stock_mode_for(mode, args.same_stock_mode),
                     "extra_args": extra, "batch_invariant": args.batch_invariant}
     for name, rep in reports.items():
         result[name] = {k: rep.get(k) for k in
@@ -353,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preemption", action="store_true",
                         help="KV cache of 512 blocks on every server, so requests are preempted and "
                              "resumed; stock runs with the plugin's scheduler fix alone")
+    parser.add_argument("--plugin-runner", default="plugin",
+                        choices=[r for r in RUNNERS if r.startswith("plugin")],
+                        help="the plugin's engine: plugin-cadence keeps vLLM's PP decode cadence "
+                             "(idle steps not filled), plugin-kvsplit vLLM's split at the KV-cache write")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
     parser.add_argument("--same-stock-mode", action="store_true",
@@ -372,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     preemption = PREEMPTION_ARGS if args.preemption else []
     modes = [m for m in args.modes.split(",") if m]
     servers = [(mode, *server) for mode in modes
-               for server in mode_servers(mode, args.same_stock_mode)]
+               for server in mode_servers(mode, args.same_stock_mode, args.plugin_runner)]
     tasks = [serve_task(mode, runner, run_mode, tag, args, model_dir, extra + preemption)
              for mode, runner, run_mode, tag in servers]
     if args.refusals:
