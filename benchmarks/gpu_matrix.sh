@@ -47,6 +47,10 @@
 #                  token check
 #   soak-fdo-cadence (all GPUs) FULL_DECODE_ONLY soaks side by side: the plugin with idle
 #                  steps filled, and keeping vLLM's decode cadence (plugin-cadence)
+#   tokens-mixed   token equality when prefills share batches with decodes (staggered
+#                  output lengths, more prompts than --max-num-seqs): FULL_DECODE_ONLY (stock
+#                  twice, plugin-cadence, plugin), then PIECEWISE, FULL_AND_PIECEWISE and eager
+#                  (stock, plugin-cadence)
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -257,6 +261,19 @@ job_soak-fdo-cadence() {
   soak_bg soak-fdo-cadence --modes full_decode_only --plugin-runner plugin-cadence \
     --gpus $B $B $B --port 9000
   wait
+}
+
+# The bench's batches are prefill-only then decode-only; under serving, prefills join
+# decode batches. Staggered output lengths with more prompts than --max-num-seqs
+# admit queued requests one by one, so prefills share batches with decodes on
+# every run alike. With vLLM's decode cadence (plugin-cadence) the plugin schedules
+# as stock does, so its tokens must equal stock's.
+MIXED="--prompts 256 --max-num-seqs 64 --output-len 256 --output-len-spread 128 --repeat 1"
+job_tokens-mixed() {
+  $BENCH $MIXED --timeout 200 --deadline 500 --out "$RES/mixed-fdo" \
+    --modes stock:full_decode_only,plugin-cadence:full_decode_only,plugin:full_decode_only,stock:full_decode_only
+  $BENCH $MIXED --timeout 200 --deadline 560 --out "$RES/mixed-modes" \
+    --modes stock:piecewise,plugin-cadence:piecewise,stock:full_and_piecewise,plugin-cadence:full_and_piecewise,stock:eager,plugin-cadence:eager
 }
 
 # What the first soak round left open: preemption with the plugin's scheduler fix

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from vllm_pp_cudagraph import bench
-from vllm_pp_cudagraph.engine_run import make_prompts
+from vllm_pp_cudagraph.engine_run import RunSpec, make_prompts, output_lengths
 from vllm_pp_cudagraph.stats import output_digest
 from vllm_pp_cudagraph.stats import (
     RequestTiming,
@@ -62,6 +62,26 @@ def test_workload_is_deterministic_and_shaped():
     assert prompts == make_prompts(128, 2)
     assert len(prompts) == 128 and all(len(p) == 2 for p in prompts)
     assert prompts != make_prompts(128, 2, seed=1)
+
+
+def test_without_a_spread_every_request_decodes_the_same_length():
+    assert output_lengths(RunSpec("stock", "eager", prompts=4, output_len=64)) == [64] * 4
+
+
+def test_a_spread_staggers_when_requests_finish():
+    lengths = output_lengths(RunSpec("stock", "eager", prompts=256, output_len=256,
+                                     output_len_spread=128))
+    assert len(lengths) == 256 and min(lengths) == 128 and max(lengths) == 256
+    assert len(set(lengths)) == 129  # every length in the range, so finishes are spread out
+    with pytest.raises(ValueError, match="output_len_spread=256 must be below output_len=256"):
+        output_lengths(RunSpec("stock", "eager", output_len=256, output_len_spread=256))
+
+
+def test_bench_refuses_a_spread_as_long_as_the_output(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--output-len", "64", "--output-len-spread", "64", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--output-len-spread=64 must be at least 0 and below --output-len=64" in capsys.readouterr().err
 
 
 def test_output_digest_depends_on_order_and_content():

@@ -220,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=2)
     parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument(
+        "--output-len-spread",
+        type=int,
+        default=0,
+        help="requests ask for up to this many tokens fewer than --output-len; with more "
+        "--prompts than --max-num-seqs, prefills then share batches with decodes",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument(
         "--modes",
@@ -277,7 +284,11 @@ def engine_status(report: dict[str, Any], log_name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0 <= args.output_len_spread < args.output_len:
+        parser.error(f"--output-len-spread={args.output_len_spread} must be at least 0 and "
+                     f"below --output-len={args.output_len}")
     args.out.mkdir(parents=True, exist_ok=True)
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
     if model is None and (args.serve or args.weights == "random"):
@@ -307,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts=args.prompts,
             input_len=args.input_len,
             output_len=args.output_len,
+            output_len_spread=args.output_len_spread,
             max_num_seqs=args.max_num_seqs,
             repeat=args.repeat,
             shape=shape,

@@ -81,6 +81,11 @@ class RunSpec:
     prompts: int = 128
     input_len: int = 2
     output_len: int = 512
+    output_len_spread: int = 0
+    """If above 0, requests ask for up to this many tokens fewer than output_len, so
+    they finish at different steps; with more prompts than max_num_seqs, queued
+    requests are then admitted one by one and their prefills share batches with
+    decodes (deterministically, unlike under serving traffic)."""
     max_num_seqs: int = 128
     repeat: int = 1
     shape: str = "qwen3-0.6b"
@@ -102,6 +107,16 @@ class RunSpec:
 def make_prompts(count: int, length: int, vocab: int = 151936, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(count)]
+
+
+def output_lengths(spec: RunSpec) -> list[int]:
+    """Each request's output length: output_len, less a spread that varies by request."""
+    if spec.output_len_spread <= 0:
+        return [spec.output_len] * spec.prompts
+    if spec.output_len_spread >= spec.output_len:
+        raise ValueError(f"output_len_spread={spec.output_len_spread} must be below "
+                         f"output_len={spec.output_len}")
+    return [spec.output_len - (i * 37) % (spec.output_len_spread + 1) for i in range(spec.prompts)]
 
 
 def _child(spec: RunSpec) -> dict[str, Any]:
@@ -138,7 +153,8 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     )
     init_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
-    params = SamplingParams(temperature=0.0, max_tokens=spec.output_len, ignore_eos=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in output_lengths(spec)]
 
     def generate() -> tuple[dict[str, Any], list]:
         t0 = time.perf_counter()
