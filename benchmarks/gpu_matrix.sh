@@ -51,6 +51,8 @@
 #                  output lengths, more prompts than --max-num-seqs): FULL_DECODE_ONLY (stock
 #                  twice, plugin-cadence, plugin), then PIECEWISE, FULL_AND_PIECEWISE and eager
 #                  (stock, plugin-cadence)
+#   fdo-recheck    (one GPU pair; pairs with tokens-mixed) FULL_DECODE_ONLY soaks with the
+#                  token check, keeping vLLM's cadence and with the fill, side by side
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
@@ -261,6 +263,19 @@ job_soak-fdo-cadence() {
   soak_bg soak-fdo-cadence --modes full_decode_only --plugin-runner plugin-cadence \
     --gpus $B $B $B --port 9000
   wait
+}
+
+# The FULL_DECODE_ONLY soak keeping vLLM's cadence once more, now with the token check,
+# beside the one with the fill; both on this job's GPU pair.
+job_fdo-recheck() {
+  local gpus=$CUDA_VISIBLE_DEVICES
+  unset CUDA_VISIBLE_DEVICES
+  soak_bg soak-fdo-cadence-tokens --token-check --modes full_decode_only \
+    --plugin-runner plugin-cadence --gpus $gpus $gpus $gpus --port 9300
+  soak_bg soak-fdo-fill-tokens --token-check --modes full_decode_only \
+    --gpus $gpus $gpus $gpus --port 9400
+  wait
+  export CUDA_VISIBLE_DEVICES=$gpus
 }
 
 # The bench's batches are prefill-only then decode-only; under serving, prefills join
