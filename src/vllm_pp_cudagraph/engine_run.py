@@ -85,7 +85,8 @@ class RunSpec:
     """If above 0, requests ask for up to this many tokens fewer than output_len, so
     they finish at different steps; with more prompts than max_num_seqs, queued
     requests are then admitted one by one and their prefills share batches with
-    decodes (deterministically, unlike under serving traffic)."""
+    decodes. The schedule depends only on the workload, not on timing, so every
+    pass should repeat its tokens; the bench checks that it does."""
     max_num_seqs: int = 128
     repeat: int = 1
     shape: str = "qwen3-0.6b"

@@ -31,6 +31,7 @@ install it next to this package.
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
         [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals]   (--modes "" --refusals: refusals only)
+        [--plugin-runner plugin|plugin-cadence|plugin-kvsplit]
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
