@@ -85,8 +85,8 @@ class RunSpec:
     """If above 0, requests ask for up to this many tokens fewer than output_len, so
     they finish at different steps; with more prompts than max_num_seqs, queued
     requests are then admitted one by one and their prefills share batches with
-    decodes. The schedule depends only on the workload, not on timing, so every
-    pass should repeat its tokens; the bench checks that it does."""
+    decodes. Whether the schedule then depends on the workload alone, not on
+    timing, shows in the bench's check that every pass repeats its tokens."""
     max_num_seqs: int = 128
     repeat: int = 1
     shape: str = "qwen3-0.6b"
