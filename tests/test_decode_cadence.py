@@ -88,6 +88,8 @@ class FirstStage:
         self.index: dict[str, int] = {}
         self.free = list(range(MAX_REQS))
         self.last_sampled = np.full(MAX_REQS, -1, dtype=np.int64)
+        #: Ring entries the plugin's early consume took before vLLM's own consume would.
+        self.consumed_early = 0
 
     def _apply(self, outputs: dict | None) -> None:
         if outputs is None:
@@ -103,8 +105,10 @@ class FirstStage:
         self._apply(self.handler.get_prev_sampled_outputs())
         if self.early_consume:
             needed = batch_req_indices(output.scheduled_cached_reqs.req_ids, self.index)
+            pending = sum(entry is not None for entry in self.handler.queue)
             for outputs in consume_entries_needed_by(self.handler, needed):
                 self._apply(outputs)
+            self.consumed_early += pending - sum(entry is not None for entry in self.handler.queue)
         for req_id in output.finished_req_ids | (output.preempted_req_ids or set()):
             self._free(req_id)
         for data in output.scheduled_new_reqs:
@@ -143,6 +147,7 @@ class Run:
         self.requests: list[Request] = []
         self.steps: list[frozenset[str]] = []
         self.problems: list[str] = []
+        self.consumed_early = 0
 
 
 def serve(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int],
@@ -166,6 +171,7 @@ def serve(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int
 
     drive(scheduler, requests, arrivals, on_step)
     run.problems += wrong_outputs(requests)
+    run.consumed_early = stage.consumed_early
     return run
 
 
@@ -227,6 +233,33 @@ def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_
         preemptions += sum(r.num_preemptions for r in run.requests)
     assert preemptions > 0, "the KV cache never ran short: nothing was tested"
     assert problems == []
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_with_vllms_cadence_the_early_consume_never_acts(model_dir, preemption_fix, pp):
+    """Idle steps not filled: the first stage takes each token when vLLM's runner would.
+
+    The runner's early consume stays installed when the fill is off; with vLLM's
+    cadence a request is never scheduled while an output of its own is still in
+    the ring, so the consume must find nothing to take, whatever arrives or is
+    preempted: the first stage then runs exactly as stock's does.
+    """
+    consumed, preemptions, problems = 0, 0, []
+    for seed in range(40):
+        rng = random.Random(seed)
+        arrivals = [rng.randint(0, 40) for _ in range(12)]
+        run = serve(make_scheduler(model_dir, pp=pp), make_requests(12, rng), arrivals)
+        consumed += run.consumed_early
+        problems += [f"seed {seed}: {p}" for p in run.problems]
+        preemptions += sum(r.num_preemptions for r in run.requests)
+    assert preemptions > 0, "the KV cache never ran short: nothing was tested"
+    assert problems == []
+    assert consumed == 0
+
+
+def test_the_fill_relies_on_the_early_consume(model_dir, fill):
+    run = lone_group(model_dir)
+    assert run.problems == [] and run.consumed_early > 0
 
 
 def test_first_stage_reads_stale_tokens_without_the_early_consume(model_dir, fill):
