@@ -49,8 +49,8 @@
 #                  steps filled, and keeping vLLM's decode cadence (plugin-cadence)
 #   tokens-mixed   token equality when prefills share batches with decodes (staggered
 #                  output lengths, more prompts than --max-num-seqs): FULL_DECODE_ONLY (stock
-#                  twice, plugin-cadence, plugin), then PIECEWISE, FULL_AND_PIECEWISE and eager
-#                  (stock, plugin-cadence)
+#                  twice, plugin-cadence, plugin-cadence-kvsplit, plugin), then PIECEWISE,
+#                  FULL_AND_PIECEWISE and eager (stock, plugin-cadence)
 #   fdo-recheck    (one GPU pair; pairs with tokens-mixed) FULL_DECODE_ONLY soaks with the
 #                  token check, keeping vLLM's cadence and with the fill, side by side
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
@@ -282,11 +282,12 @@ job_fdo-recheck() {
 # decode batches. Staggered output lengths with more prompts than --max-num-seqs
 # admit queued requests one by one, so prefills share batches with decodes on
 # every run alike. With vLLM's decode cadence (plugin-cadence) the plugin schedules
-# as stock does, so its tokens must equal stock's.
+# as stock does, so its tokens must equal stock's; plugin-cadence-kvsplit also keeps
+# vLLM's piecewise split, which tells a difference of the split from one of the runner.
 MIXED="--prompts 256 --max-num-seqs 64 --output-len 256 --output-len-spread 128 --repeat 1"
 job_tokens-mixed() {
   $BENCH $MIXED --timeout 200 --deadline 500 --out "$RES/mixed-fdo" \
-    --modes stock:full_decode_only,plugin-cadence:full_decode_only,plugin:full_decode_only,stock:full_decode_only
+    --modes stock:full_decode_only,plugin-cadence:full_decode_only,plugin-cadence-kvsplit:full_decode_only,plugin:full_decode_only,stock:full_decode_only
   $BENCH $MIXED --timeout 200 --deadline 560 --out "$RES/mixed-modes" \
     --modes stock:piecewise,plugin-cadence:piecewise,stock:full_and_piecewise,plugin-cadence:full_and_piecewise,stock:eager,plugin-cadence:eager
 }

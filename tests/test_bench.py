@@ -274,3 +274,15 @@ def test_engine_status_tells_a_stopped_engine_from_a_failed_one():
     assert line.startswith("STOPPED after 72 s") and "--deadline" in line
     assert "v1-full_and_piecewise.log" in line
     assert engine_status({"returncode": 1}, "x") == "FAILED (rc=1, see x.log)"
+
+
+def test_every_runner_sets_only_settings_the_plugin_accepts():
+    from vllm_pp_cudagraph.engine_run import RUNNERS
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    settings = {name: PPCudaGraphSettings.from_env(env) for name, env in RUNNERS.items()}
+    assert settings["plugin"] == PPCudaGraphSettings.from_env({})
+    both = settings["plugin-cadence-kvsplit"]
+    assert not both.fill_idle_steps and not both.kv_update_in_graphs
+    assert not settings["plugin-cadence"].fill_idle_steps
+    assert settings["plugin-cadence"].kv_update_in_graphs

@@ -57,6 +57,9 @@ RUNNERS: dict[str, dict[str, str]] = {
     "plugin-cadence": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
     "plugin-kvsplit": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
+    # Both: the plugin's runner and graphs with vLLM's schedule and vLLM's split.
+    "plugin-cadence-kvsplit": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0",
+                               "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
 }
