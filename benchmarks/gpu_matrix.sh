@@ -286,9 +286,9 @@ job_fdo-recheck() {
 # vLLM's piecewise split, which tells a difference of the split from one of the runner.
 MIXED="--prompts 256 --max-num-seqs 64 --output-len 256 --output-len-spread 128 --repeat 1"
 job_tokens-mixed() {
-  $BENCH $MIXED --timeout 200 --deadline 500 --out "$RES/mixed-fdo" \
+  $BENCH $MIXED --timeout 200 --deadline 700 --out "$RES/mixed-fdo" \
     --modes stock:full_decode_only,plugin-cadence:full_decode_only,plugin-cadence-kvsplit:full_decode_only,plugin:full_decode_only,stock:full_decode_only
-  $BENCH $MIXED --timeout 200 --deadline 560 --out "$RES/mixed-modes" \
+  $BENCH $MIXED --timeout 200 --deadline 480 --out "$RES/mixed-modes" \
     --modes stock:piecewise,plugin-cadence:piecewise,stock:full_and_piecewise,plugin-cadence:full_and_piecewise,stock:eager,plugin-cadence:eager
 }
 
