@@ -222,15 +222,24 @@ def test_interleaved_groups_are_scheduled_as_vllm_does(model_dir):
     assert patched.steps[:20] == stock.steps[:20]
 
 
-@pytest.mark.parametrize("pp", [2, 4])
-def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_dir, fill, preemption_fix, pp):
-    problems, preemptions = [], 0
+def arrivals_under_preemption(model_dir: str, pp: int) -> list[Run]:
+    """40 seeded serving runs of 12 requests arriving over 40 steps, with the KV cache short."""
+    runs = []
     for seed in range(40):
         rng = random.Random(seed)
         arrivals = [rng.randint(0, 40) for _ in range(12)]
-        run = serve(make_scheduler(model_dir, pp=pp), make_requests(12, rng), arrivals)
-        problems += [f"seed {seed}: {p}" for p in run.problems]
-        preemptions += sum(r.num_preemptions for r in run.requests)
+        runs.append(serve(make_scheduler(model_dir, pp=pp), make_requests(12, rng), arrivals))
+    return runs
+
+
+def problems_and_preemptions(runs: list[Run]) -> tuple[list[str], int]:
+    problems = [f"seed {seed}: {p}" for seed, run in enumerate(runs) for p in run.problems]
+    return problems, sum(r.num_preemptions for run in runs for r in run.requests)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_dir, fill, preemption_fix, pp):
+    problems, preemptions = problems_and_preemptions(arrivals_under_preemption(model_dir, pp))
     assert preemptions > 0, "the KV cache never ran short: nothing was tested"
     assert problems == []
 
@@ -244,17 +253,11 @@ def test_with_vllms_cadence_the_early_consume_never_acts(model_dir, preemption_f
     the ring, so the consume must find nothing to take, whatever arrives or is
     preempted: the first stage then runs exactly as stock's does.
     """
-    consumed, preemptions, problems = 0, 0, []
-    for seed in range(40):
-        rng = random.Random(seed)
-        arrivals = [rng.randint(0, 40) for _ in range(12)]
-        run = serve(make_scheduler(model_dir, pp=pp), make_requests(12, rng), arrivals)
-        consumed += run.consumed_early
-        problems += [f"seed {seed}: {p}" for p in run.problems]
-        preemptions += sum(r.num_preemptions for r in run.requests)
+    runs = arrivals_under_preemption(model_dir, pp)
+    problems, preemptions = problems_and_preemptions(runs)
     assert preemptions > 0, "the KV cache never ran short: nothing was tested"
     assert problems == []
-    assert consumed == 0
+    assert sum(run.consumed_early for run in runs) == 0
 
 
 def test_the_fill_relies_on_the_early_consume(model_dir, fill):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph import compat, patches
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -94,36 +95,30 @@ def preemption_fix(e2e_models):
     preemption_fix.undo()
 
 
-def _scheduler_cls():
-    return importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
-
-
 def test_preemption_fix_wraps_the_scheduler_once_and_nothing_else(preemption_fix):
     runner_module = importlib.import_module(compat.V2_RUNNER_MODULE)
-    scheduler = _scheduler_cls()
-    stock_update, stock_schedule = scheduler._update_after_schedule, scheduler.schedule
+    stock_update, stock_schedule = AsyncScheduler._update_after_schedule, AsyncScheduler.schedule
     stock_runner, stock_env = runner_module.GPUModelRunner, dict(os.environ)
 
     preemption_fix.register()
-    fixed = scheduler._update_after_schedule
+    fixed = AsyncScheduler._update_after_schedule
     assert fixed is not stock_update
     assert fixed.__qualname__.startswith("dropping_stale_output_on_resume")
     preemption_fix.register()  # vLLM registers plugins in every process, some twice
-    assert scheduler._update_after_schedule is fixed
-    assert scheduler.schedule is stock_schedule  # vLLM's decode cadence is kept
+    assert AsyncScheduler._update_after_schedule is fixed
+    assert AsyncScheduler.schedule is stock_schedule  # vLLM's decode cadence is kept
     assert runner_module.GPUModelRunner is stock_runner
     assert dict(os.environ) == stock_env
 
     preemption_fix.undo()
-    assert scheduler._update_after_schedule is stock_update
+    assert AsyncScheduler._update_after_schedule is stock_update
 
 
 def test_preemption_fix_leaves_the_scheduler_to_the_full_plugin(preemption_fix):
-    scheduler = _scheduler_cls()
     try:
         patches.apply_all(PPCudaGraphSettings.from_env({}))
-        fixed = scheduler._update_after_schedule
+        fixed = AsyncScheduler._update_after_schedule
         preemption_fix.register()
-        assert scheduler._update_after_schedule is fixed
+        assert AsyncScheduler._update_after_schedule is fixed
     finally:
         patches.undo_all()
