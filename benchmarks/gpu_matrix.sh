@@ -51,6 +51,10 @@
 #                  output lengths, more prompts than --max-num-seqs): FULL_DECODE_ONLY (stock
 #                  twice, plugin-cadence, plugin-cadence-kvsplit, plugin), then PIECEWISE,
 #                  FULL_AND_PIECEWISE and eager (stock, plugin-cadence)
+#   mixed-eager    (one GPU pair) the eager pair tokens-mixed ran out of time for: stock,
+#                  plugin-cadence and the plugin, eager, prefills joining decodes
+#   mixed-fdo-speed (one GPU pair) FULL_DECODE_ONLY with prefills joining decodes: stock,
+#                  plugin-cadence-kvsplit and plugin-cadence, speed and tokens once more
 #   fdo-recheck    (one GPU pair; pairs with tokens-mixed) FULL_DECODE_ONLY soaks with the
 #                  token check, keeping vLLM's cadence and with the fill, side by side
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
@@ -290,6 +294,16 @@ job_tokens-mixed() {
     --modes stock:full_decode_only,plugin-cadence:full_decode_only,plugin-cadence-kvsplit:full_decode_only,plugin:full_decode_only,stock:full_decode_only
   $BENCH $MIXED --timeout 200 --deadline 480 --out "$RES/mixed-modes" \
     --modes stock:piecewise,plugin-cadence:piecewise,stock:full_and_piecewise,plugin-cadence:full_and_piecewise,stock:eager,plugin-cadence:eager
+}
+
+job_mixed-eager() {
+  $BENCH $MIXED --timeout 260 --deadline 400 --out "$RES/mixed-eager" \
+    --modes stock:eager,plugin-cadence:eager,plugin:eager
+}
+
+job_mixed-fdo-speed() {
+  $BENCH $MIXED --timeout 260 --deadline 400 --out "$RES/mixed-fdo-speed" \
+    --modes stock:full_decode_only,plugin-cadence-kvsplit:full_decode_only,plugin-cadence:full_decode_only
 }
 
 # What the first soak round left open: preemption with the plugin's scheduler fix
