@@ -55,6 +55,9 @@
 #                  plugin-cadence and the plugin, eager, prefills joining decodes
 #   mixed-fdo-speed (one GPU pair) FULL_DECODE_ONLY with prefills joining decodes: stock,
 #                  plugin-cadence-kvsplit and plugin-cadence, speed and tokens once more
+#   soak-close     (all GPUs) two plugin and three stock runs per soak, with the token
+#                  check, where one soak could not resolve the margin: PIECEWISE under
+#                  preemption and eager; then FULL_AND_PIECEWISE on Ray (if installed)
 #   fdo-recheck    (one GPU pair; pairs with tokens-mixed) FULL_DECODE_ONLY soaks with the
 #                  token check, keeping vLLM's cadence and with the fill, side by side
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
@@ -304,6 +307,22 @@ job_mixed-eager() {
 job_mixed-fdo-speed() {
   $BENCH $MIXED --timeout 260 --deadline 400 --out "$RES/mixed-fdo-speed" \
     --modes stock:full_decode_only,plugin-cadence-kvsplit:full_decode_only,plugin-cadence:full_decode_only
+}
+
+# One soak compares one plugin run with two stock runs, and how much a run's batches
+# churn moves its shares by several points: one soak cannot resolve a one-point
+# margin. Two plugin and three stock runs give six cross pairs and three stock pairs.
+job_soak-close() {
+  local A B; gpu_pairs
+  unset CUDA_VISIBLE_DEVICES
+  local RUNS="--plugin-runs 2 --stock-runs 3 --token-check"
+  soak_bg close-preemption-piecewise $RUNS --modes piecewise --preemption \
+    --gpus $A $A $A $A $A --port 9500
+  soak_bg close-eager $RUNS --modes eager --gpus $B $B $B $B $B --port 9600
+  if python3 -c "import ray" 2>/dev/null; then
+    soak_bg close-ray --token-check --modes full_and_piecewise --ray --gpus $A --port 9700
+  fi
+  wait
 }
 
 # What the first soak round left open: preemption with the plugin's scheduler fix

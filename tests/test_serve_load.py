@@ -27,6 +27,7 @@ from vllm_pp_cudagraph.serve_load import (
     run_load,
     score_greedy,
     soak_verdict,
+    text_digests,
 )
 
 
@@ -302,3 +303,14 @@ def test_token_verdict_allows_the_rounding_stock_itself_shows():
     assert "2.500 nats below the top choice" in problem and "(4, 17)" in problem and "0.020" in problem
     [problem] = greedy_verdict(check(0.0), check(0.0, errors=["request 3: HTTP 400: bad"]))
     assert "stock: 1+ scoring errors" in problem and "HTTP 400" in problem
+
+
+def test_request_digests_line_up_by_index_and_skip_unfinished_requests():
+    results = [RequestResult(2, stream=True, text="c d"), RequestResult(0, stream=False, text="a b"),
+               RequestResult(1, stream=True, text="a b", cancelled=True),
+               RequestResult(3, stream=False, error="HTTP 500")]
+    digests = text_digests(LoadReport(results, 1.0, 1, []))
+    assert len(digests) == 4 and digests[1] is None and digests[3] is None
+    assert digests[0] != digests[2] and len(digests[0]) == 12
+    again = text_digests(LoadReport([RequestResult(0, stream=True, text="a b")], 1.0, 1, []))
+    assert again == [digests[0]]

@@ -1,7 +1,8 @@
-"""The serving soak's slots: servers share GPUs safely and never share a slot.
+"""The serving soak's slots and verdicts.
 
 The soak runs many ``vllm serve`` instances at once on a few GPU groups; these
-checks pin down what each instance is given and how the pool hands out slots.
+checks pin down what each instance is given, how the pool hands out slots, and
+how one mode's runs are compared and judged.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from e2e.serve_soak import (
     server_spec,
     token_check_result,
 )
+from e2e.serve_soak import main as serve_soak_main
 from vllm_pp_cudagraph.serve_load import GreedyCheck, LoadReport, RequestResult
 from vllm_pp_cudagraph.engine_run import RunSpec, engine_env
 from vllm_pp_cudagraph.serve_run import serve_command
@@ -126,8 +128,8 @@ def test_under_preemption_every_server_preempts_and_stock_gets_only_the_fix(tmp_
         cmd = serve_command(spec, str(tmp_path), 8000, PREEMPTION_ARGS)
         parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("serve") + 1:])
         assert parsed.num_gpu_blocks_override == 512
-    assert plugins == {"plugin": "pp_cudagraph", "stock-a": PREEMPTION_FIX_PLUGIN,
-                       "stock-b": PREEMPTION_FIX_PLUGIN}
+    assert plugins == {"plugin": "pp_cudagraph", "stock_a": PREEMPTION_FIX_PLUGIN,
+                       "stock_b": PREEMPTION_FIX_PLUGIN}
     args.preemption = False
     assert engine_env(server_spec("stock", "piecewise", args))["VLLM_PLUGINS"] == ""
 
@@ -160,3 +162,63 @@ def test_the_plugin_side_of_a_soak_can_keep_vllms_decode_cadence():
     env = engine_env(server_spec(runner, mode, args))
     assert env["VLLM_PLUGINS"] == "pp_cudagraph"
     assert env["VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS"] == "0"
+
+
+def _soak_args(**overrides) -> argparse.Namespace:
+    args = dict(preemption=False, batch_invariant=False, same_stock_mode=False,
+                plugin_runner="plugin")
+    return argparse.Namespace(**(args | overrides))
+
+
+def test_several_runs_per_side_hold_the_mean_plugin_share_to_the_mean_stock_share():
+    # Four requests. Stock's three runs differ pairwise in 1, 2 and 1 of them
+    # (mean 1/3); the plugin runs differ from the three stock runs in 1, 1, 2
+    # (plugin) and 2, 1, 1 (plugin_b) of them: mean 1/3 as well.
+    texts = {"stock_a": ["a", "b", "c", "d"], "stock_b": ["a", "b", "c", "x"],
+             "stock_c": ["a", "b", "y", "d"], "plugin": ["a", "b", "c", "z"],
+             "plugin_b": ["a", "b", "y", "x"]}
+    reports = {name: _served(0, t) for name, t in texts.items()}
+    assert set(mode_servers("piecewise", plugin_runs=2, stock_runs=3)) == {
+        ("plugin", "piecewise", "plugin"), ("plugin", "piecewise", "plugin_b"),
+        ("stock", "piecewise", "stock_a"), ("stock", "piecewise", "stock_b"),
+        ("stock", "piecewise", "stock_c")}
+    result = mode_result("piecewise", reports, _soak_args(), [])
+    assert result["stock_b_vs_stock_c"] == 0.5 and result["plugin_b_vs_stock_a"] == 0.5
+    assert result["stock_vs_stock"] == pytest.approx(1 / 3)
+    assert result["plugin_vs_stock"] == pytest.approx(1 / 3)
+    assert result["plugin_vs_plugin"] == 0.5
+    assert result["passed"]
+    # One more differing request on the second plugin run tips the mean over.
+    reports["plugin_b"] = _served(0, ["w", "b", "y", "x"])
+    result = mode_result("piecewise", reports, _soak_args(), [])
+    assert result["plugin_vs_stock"] > result["stock_vs_stock"] and not result["passed"]
+    assert "more than stock's own 33.3% between its own runs" in result["problems"][0]
+
+
+def test_every_plugin_run_must_serve_cleanly_and_keeps_its_request_digests():
+    reports = {name: _served(0, ["a", "b"]) for name in ("plugin", "plugin_b", "stock_a", "stock_b")}
+    reports["plugin_b"]["shutdown_clean"] = False
+    result = mode_result("eager", reports, _soak_args(), [])
+    assert result["problems"] == ["plugin_b: unclean shutdown (rc=0)"]
+    digests = result["request_digests"]
+    assert digests["plugin"] == digests["stock_b"] and len(digests["plugin"]) == 2
+
+
+def test_token_check_holds_every_plugin_run_and_needs_every_run_scored():
+    runs = ["plugin", "plugin_b", "stock_a", "stock_b", "stock_c"]
+    checks = {"plugin": _check(0.01), "plugin_b": _check(0.3), "stock_a": _check(0.0),
+              "stock_b": _check(0.02), "stock_c": _check(0.05)}
+    [problem] = token_check_result({"checks": checks}, runs)["problems"]
+    assert problem.startswith("plugin_b: a plugin output token lies 0.300 nats")
+    assert "stock's own outputs reach 0.050" in problem
+    del checks["stock_c"]
+    [problem] = token_check_result({"checks": checks}, runs)["problems"]
+    assert "missing runs ['stock_c']" in problem
+
+
+@pytest.mark.parametrize("option", [["--stock-runs", "1"], ["--plugin-runs", "0"]])
+def test_too_few_runs_to_compare_are_refused_naming_the_option(option, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        serve_soak_main(["--out", str(tmp_path), *option])
+    assert "--plugin-runs/--stock-runs" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

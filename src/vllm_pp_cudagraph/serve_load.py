@@ -16,6 +16,7 @@ server's own top choice at that position.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import random
@@ -119,6 +120,19 @@ def differing_share(a: LoadReport, b: LoadReport) -> float:
     return sum(x.text != y.text for x, y in pairs) / len(pairs)
 
 
+def text_digests(report: LoadReport) -> list[str | None]:
+    """Per request index, a short digest of its text; None where it did not complete.
+
+    Kept with a soak's results, so that any two runs, of one soak or of
+    several, can be compared request by request afterwards.
+    """
+    digests: list[str | None] = [None] * (max((r.index for r in report.results), default=-1) + 1)
+    for r in report.results:
+        if r.completed:
+            digests[r.index] = hashlib.sha1((r.text or "").encode()).hexdigest()[:12]
+    return digests
+
+
 def divergence_word(a: LoadReport, b: LoadReport) -> float:
     """Median position (in words) of the first difference, over requests that differ.
 
@@ -137,27 +151,39 @@ def divergence_word(a: LoadReport, b: LoadReport) -> float:
     return float(statistics.median(positions)) if positions else float("nan")
 
 
+def serving_problems(server: dict) -> list[str]:
+    """What went wrong serving the load: errors, failed health checks, unclean shutdown.
+
+    ``server`` is one server's report (``load`` summary, ``shutdown_clean``).
+    """
+    summary = server.get("load")
+    if summary is None:
+        return [server.get("error") or "no load report"]
+    problems = []
+    if summary["errors"]:
+        problems.append(f"{summary['errors']} request errors")
+    if summary["health_failures"]:
+        problems.append(f"{summary['health_failures']} failed health checks")
+    if not server.get("shutdown_clean"):
+        problems.append(f"unclean shutdown (rc={server.get('shutdown_rc')})")
+    return problems
+
+
 def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
                  batch_invariant: bool = False) -> list[str]:
     """Why a soak of the plugin failed; an empty list means it passed.
 
     ``plugin`` is the plugin server's report (``load`` summary, ``shutdown_clean``).
     The plugin may differ from stock in no larger a share of requests than stock
-    differs from itself between two runs. Under vLLM's batch-invariant mode that
+    differs from itself between two runs (each share a mean where there are
+    several runs to pair). Under vLLM's batch-invariant mode that
     share should be zero, and then the plugin must match stock exactly. Under PP
     (0.26, TRITON_ATTN) two stock runs still differ in that mode; the plugin is
     then held to stock's own share, as without it.
     """
-    summary = plugin.get("load")
-    if summary is None:
-        return [plugin.get("error") or "no load report"]
-    problems = []
-    if summary["errors"]:
-        problems.append(f"{summary['errors']} request errors")
-    if summary["health_failures"]:
-        problems.append(f"{summary['health_failures']} failed health checks")
-    if not plugin.get("shutdown_clean"):
-        problems.append(f"unclean shutdown (rc={plugin.get('shutdown_rc')})")
+    if plugin.get("load") is None:
+        return serving_problems(plugin)
+    problems = serving_problems(plugin)
     if math.isnan(plugin_vs_stock) or math.isnan(stock_vs_stock):
         problems.append("no request completed in both runs of a comparison")
     elif batch_invariant and stock_vs_stock == 0 and plugin_vs_stock > 0:
@@ -168,7 +194,7 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
     elif plugin_vs_stock > stock_vs_stock:
         problems.append(
             f"{plugin_vs_stock:.1%} of requests differ from stock, more than stock's own "
-            f"{stock_vs_stock:.1%} between two runs"
+            f"{stock_vs_stock:.1%} between its own runs"
         )
     return problems
 

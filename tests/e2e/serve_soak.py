@@ -1,21 +1,24 @@
 """Serving soak at PP=2: every graph mode behind ``vllm serve``, compared with stock.
 
 For each mode: the plugin serves the load once and stock vLLM (same graph-mode
-family: compiled against compiled, eager and breakable against eager) twice.
-vLLM is not batch-invariant, so under changing batches some greedy outputs
-differ between any two runs. The plugin passes when its share of differing
-requests against stock (the mean over both stock runs) is no higher than
-stock's share between its own two runs. Each comparison also reports where
-differing texts part (median first differing word): noise parts late, a
-mishandled request early. The plugin must also have no request errors, answer
-every health check, and shut down cleanly.
+family: compiled against compiled, eager and breakable against eager) twice,
+or as often as ``--plugin-runs`` and ``--stock-runs`` say. vLLM is not
+batch-invariant, so under changing batches some greedy outputs differ between
+any two runs. The plugin passes when its share of differing requests against
+stock (the mean over every plugin and stock pair of runs) is no higher than
+stock's share between its own runs (the mean over their pairs). How much one
+run's batches churn moves a share by several points, so more runs per side
+give a steadier verdict. Each comparison also reports where differing texts
+part (median first differing word): noise parts late, a mishandled request
+early. Each request's text digest is kept in ``soak.json``, to compare runs
+again afterwards, across soaks too. Every plugin run must also have no
+request errors, answer every health check, and shut down cleanly.
 
 ``--token-check`` adds a check that does not depend on how batches formed: a
-further stock server scores every completed output of the plugin and of both
-stock runs, token by token (prompt and output fed back as a prompt). Rounding
-only ever lets a greedy run take a token within rounding of the top choice;
-the plugin's tokens may fall at most twice as far below the top choice as
-stock's own do. A lost, repeated or foreign token falls by the model's logit
+further stock server scores every completed output of every run, token by
+token (prompt and output fed back as a prompt). Rounding only ever lets a
+greedy run take a token within rounding of the top choice; the plugin's
+tokens may fall at most twice as far below the top choice as stock's own do. A lost, repeated or foreign token falls by the model's logit
 spread.
 
 Options add preemption, Ray, and vLLM's batch-invariant mode: where two stock
@@ -31,7 +34,7 @@ install it next to this package.
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
         [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals]   (--modes "" --refusals: refusals only)
-        [--plugin-runner plugin|plugin-cadence|plugin-kvsplit]
+        [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
@@ -44,10 +47,12 @@ allocations as its own. Timing is not compared here, only tokens and health.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,7 +74,9 @@ from vllm_pp_cudagraph.serve_load import (
     divergence_word,
     greedy_verdict,
     score_greedy,
+    serving_problems,
     soak_verdict,
+    text_digests,
 )
 from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_and_call, serve_command
 
@@ -150,12 +157,22 @@ def stock_mode_for(mode: str, same_stock_mode: bool = False) -> str:
     return mode if same_stock_mode else STOCK_REFERENCE.get(mode, mode)
 
 
-def mode_servers(mode: str, same_stock_mode: bool = False,
-                 plugin_runner: str = "plugin") -> list[tuple[str, str, str]]:
-    """(runner, graph mode, tag) of the three servers one mode's soak compares."""
+def run_tags(plugin_runs: int = 1, stock_runs: int = 2) -> list[str]:
+    """Names of one mode's runs: ``plugin``, ``plugin_b``, ..., ``stock_a``, ``stock_b``, ..."""
+    letters = "abcdefghij"
+    if not 1 <= plugin_runs <= len(letters) or not 2 <= stock_runs <= len(letters):
+        raise ValueError(f"plugin_runs={plugin_runs} must be 1-{len(letters)} and "
+                         f"stock_runs={stock_runs} 2-{len(letters)}")
+    return (["plugin"] + [f"plugin_{c}" for c in letters[1:plugin_runs]]
+            + [f"stock_{c}" for c in letters[:stock_runs]])
+
+
+def mode_servers(mode: str, same_stock_mode: bool = False, plugin_runner: str = "plugin",
+                 plugin_runs: int = 1, stock_runs: int = 2) -> list[tuple[str, str, str]]:
+    """(runner, graph mode, run name) of the servers one mode's soak compares."""
     stock_mode = stock_mode_for(mode, same_stock_mode)
-    return [(plugin_runner, mode, "plugin"), ("stock", stock_mode, "stock-a"),
-            ("stock", stock_mode, "stock-b")]
+    return [(plugin_runner, mode, tag) if tag.startswith("plugin") else ("stock", stock_mode, tag)
+            for tag in run_tags(plugin_runs, stock_runs)]
 
 
 #: The KV cache of every server under --preemption: small enough for ~3,000
@@ -191,7 +208,8 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
         spec = slot.apply(server_spec(runner, run_mode, args))
         load = LoadSpec("", "", soak_prompts(), args.requests, args.concurrency, args.max_tokens,
                         stream_fraction=0.5, cancel_fraction=0.1)
-        report = run_serve_mode(spec, model_dir, load, args.out / f"{mode}-{tag}.log",
+        report = run_serve_mode(spec, model_dir, load,
+                                args.out / f"{mode}-{tag.replace('_', '-')}.log",
                                 port=slot.port, extra_args=extra + slot.serve_args(),
                                 keep_texts=True)
         report["slot"] = {"gpus": slot.gpus, "port": slot.port, "kv_cache_gib": slot.kv_cache_gib}
@@ -227,38 +245,63 @@ def token_check_task(mode: str, reports: dict[str, dict], args: argparse.Namespa
     return task
 
 
-def token_check_result(check: dict) -> dict:
-    """Summaries and verdict of one mode's token check: the plugin against both stock runs."""
+def token_check_result(check: dict, runs: list[str] | None = None) -> dict:
+    """Summaries and verdict of one mode's token check: each plugin run against every stock run.
+
+    ``runs`` names the runs that had to be scored (default: one plugin, two stock runs).
+    """
     checks: dict[str, GreedyCheck] = check["checks"]
-    if check.get("error") or not {"plugin", "stock_a", "stock_b"} <= checks.keys():
-        return {"problems": [f"token check did not run: {check.get('error') or 'missing runs'}"]}
-    stock = max(checks["stock_a"], checks["stock_b"], key=lambda c: c.max_margin)
-    return {**{name: c.summary() for name, c in checks.items()},
-            "problems": greedy_verdict(checks["plugin"], stock)}
+    runs = runs or run_tags()
+    missing = [name for name in runs if name not in checks]
+    if check.get("error") or missing:
+        why = check.get("error") or f"missing runs {missing}"
+        return {"problems": [f"token check did not run: {why}"]}
+    stock = max((checks[n] for n in runs if n.startswith("stock")), key=lambda c: c.max_margin)
+    problems = [problem if name == "plugin" else f"{name}: {problem}"
+                for name in runs if name.startswith("plugin")
+                for problem in greedy_verdict(checks[name], stock)]
+    return {**{name: c.summary() for name, c in checks.items()}, "problems": problems}
+
+
+def compared_pairs(runs: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Which runs the soak compares: plugin against stock, stock against itself, plugin against itself."""
+    plugin = [n for n in runs if n.startswith("plugin")]
+    stock = [n for n in runs if n.startswith("stock")]
+    return {"plugin_vs_stock": [(p, s) for p in plugin for s in stock],
+            "stock_vs_stock": list(itertools.combinations(stock, 2)),
+            "plugin_vs_plugin": list(itertools.combinations(plugin, 2))}
 
 
 def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
-    """One mode's verdict from its plugin, stock_a and stock_b reports."""
-    plugin, stock_a, stock_b = reports["plugin"], reports["stock_a"], reports["stock_b"]
+    """One mode's verdict from its runs' reports (keys as :func:`run_tags` names them)."""
     result: dict = {"mode": mode, "plugin_runner": args.plugin_runner,
                     "stock_mode": stock_mode_for(mode, args.same_stock_mode),
-                    "extra_args": extra, "batch_invariant": args.batch_invariant}
+                    "extra_args": extra, "batch_invariant": args.batch_invariant,
+                    "preemption": args.preemption}
     for name, rep in reports.items():
         result[name] = {k: rep.get(k) for k in
                         ("load", "preemptions", "shutdown_rc", "shutdown_clean", "error", "slot")}
     if all("load_report" in r for r in reports.values()):
         texts = {name: rep["load_report"] for name, rep in reports.items()}
-        pairs = {"plugin_vs_stock_a": ("plugin", "stock_a"), "plugin_vs_stock_b": ("plugin", "stock_b"),
-                 "stock_vs_stock": ("stock_a", "stock_b")}
-        for key, (x, y) in pairs.items():
-            result[key] = differing_share(texts[x], texts[y])
-            result[f"{key}_divergence_word"] = divergence_word(texts[x], texts[y])
-        # The plugin is measured against both stock runs: one comparison carries
-        # about 1 point of sampling noise at 2,000 requests, as much as the margins.
-        result["plugin_vs_stock"] = (result["plugin_vs_stock_a"] + result["plugin_vs_stock_b"]) / 2
-        result["problems"] = soak_verdict(plugin, result["plugin_vs_stock"],
+        # Each share is a mean over its pairs of runs: one comparison of 2,000
+        # requests moves by several points from one run to the next, as much as
+        # the margins the verdict is held to.
+        for kind, pairs in compared_pairs(list(reports)).items():
+            if not pairs:
+                continue
+            for x, y in pairs:
+                result[f"{x}_vs_{y}"] = differing_share(texts[x], texts[y])
+                result[f"{x}_vs_{y}_divergence_word"] = divergence_word(texts[x], texts[y])
+            result[kind] = statistics.fmean(result[f"{x}_vs_{y}"] for x, y in pairs)
+            result[f"{kind}_divergence_word"] = statistics.fmean(
+                result[f"{x}_vs_{y}_divergence_word"] for x, y in pairs)
+        result["request_digests"] = {name: text_digests(rep) for name, rep in texts.items()}
+        result["problems"] = soak_verdict(reports["plugin"], result["plugin_vs_stock"],
                                           result["stock_vs_stock"], args.batch_invariant)
+        result["problems"] += [f"{name}: {problem}" for name in reports
+                               if name.startswith("plugin_")
+                               for problem in serving_problems(reports[name])]
         if args.preemption:
             result["problems"] += [
                 f"{name}: no request was preempted (vllm:num_preemptions="
@@ -369,7 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-invariant", action="store_true",
                         help="VLLM_BATCH_INVARIANT=1 on every server: where two stock runs then "
                              "agree exactly, the plugin must too")
+    parser.add_argument("--plugin-runs", type=int, default=1,
+                        help="servers of the plugin per mode, each compared with every stock run")
+    parser.add_argument("--stock-runs", type=int, default=2,
+                        help="servers of stock vLLM per mode (at least 2: stock's own share)")
     args = parser.parse_args(argv)
+    try:
+        run_tags(args.plugin_runs, args.stock_runs)
+    except ValueError as e:
+        parser.error(f"--plugin-runs/--stock-runs: {e}")
     if args.preemption and (missing := missing_test_plugin(PREEMPTION_FIX_PLUGIN)):
         parser.error(f"--preemption: {missing}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -379,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     preemption = PREEMPTION_ARGS if args.preemption else []
     modes = [m for m in args.modes.split(",") if m]
     servers = [(mode, *server) for mode in modes
-               for server in mode_servers(mode, args.same_stock_mode, args.plugin_runner)]
+               for server in mode_servers(mode, args.same_stock_mode, args.plugin_runner,
+                                          args.plugin_runs, args.stock_runs)]
     tasks = [serve_task(mode, runner, run_mode, tag, args, model_dir, extra + preemption)
              for mode, runner, run_mode, tag in servers]
     if args.refusals:
@@ -391,24 +443,25 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(f'{s.gpus}:{s.port}' for s in slots)} {' '.join(extra + preemption)}",
           flush=True)
     reports = run_in_slots(tasks, slots)
-    by_mode = [dict(zip(("plugin", "stock_a", "stock_b"), reports[3 * i:3 * i + 3]))
+    runs = run_tags(args.plugin_runs, args.stock_runs)
+    by_mode = [dict(zip(runs, reports[len(runs) * i:len(runs) * (i + 1)]))
                for i in range(len(modes))]
-    checks = (run_in_slots([token_check_task(mode, three, args, model_dir)
-                            for mode, three in zip(modes, by_mode)], slots)
+    checks = (run_in_slots([token_check_task(mode, mode_reports, args, model_dir)
+                            for mode, mode_reports in zip(modes, by_mode)], slots)
               if args.token_check else [None] * len(modes))
     results = []
-    for mode, three, check in zip(modes, by_mode, checks):
-        result = mode_result(mode, three, args, extra + preemption)
+    for mode, mode_reports, check in zip(modes, by_mode, checks):
+        result = mode_result(mode, mode_reports, args, extra + preemption)
         if check is not None:
-            result["token_check"] = token_check_result(check)
+            result["token_check"] = token_check_result(check, runs)
             result["problems"] += result["token_check"]["problems"]
             result["passed"] = not result["problems"]
         results.append(result)
         print(json.dumps({k: result.get(k) for k in
                           ("mode", "passed", "plugin_vs_stock", "stock_vs_stock",
-                           "plugin_vs_stock_a_divergence_word", "stock_vs_stock_divergence_word",
-                           "problems")}), flush=True)
-    results += reports[3 * len(modes):]
+                           "plugin_vs_plugin", "plugin_vs_stock_divergence_word",
+                           "stock_vs_stock_divergence_word", "problems")}), flush=True)
+    results += reports[len(runs) * len(modes):]
     (args.out / "soak.json").write_text(json.dumps(results, indent=1, default=str))
     return 0 if all(r["passed"] for r in results) else 1
 
