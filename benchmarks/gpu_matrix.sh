@@ -57,7 +57,8 @@
 #                  plugin-cadence-kvsplit and plugin-cadence, speed and tokens once more
 #   soak-close     (all GPUs) two plugin and three stock runs per soak, with the token
 #                  check, where one soak could not resolve the margin: PIECEWISE under
-#                  preemption and eager; then FULL_AND_PIECEWISE on Ray (if installed)
+#                  preemption and eager; FULL_AND_PIECEWISE on Ray (if installed); FULL
+#                  (soak, FULL lowered with FlashInfer, bench tokens against stock)
 #   fdo-recheck    (one GPU pair; pairs with tokens-mixed) FULL_DECODE_ONLY soaks with the
 #                  token check, keeping vLLM's cadence and with the fill, side by side
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
@@ -322,7 +323,12 @@ job_soak-close() {
   if python3 -c "import ray" 2>/dev/null; then
     soak_bg close-ray --token-check --modes full_and_piecewise --ray --gpus $A --port 9700
   fi
+  soak_bg close-full --token-check --modes full --lowered-mode --gpus $B $B $B --port 9800
+  CUDA_VISIBLE_DEVICES=$B $BENCH --repeat 1 --timeout 300 --deadline 600 --out "$RES/full-tokens" \
+    --modes stock:full,plugin:full,plugin-cadence:full >"$RES/full-tokens.txt" 2>&1 &
   wait
+  CUDA_VISIBLE_DEVICES=$B $BENCH $MIXED --timeout 300 --deadline 420 --out "$RES/full-mixed" \
+    --modes stock:full,plugin-cadence:full >"$RES/full-mixed.txt" 2>&1
 }
 
 # What the first soak round left open: preemption with the plugin's scheduler fix

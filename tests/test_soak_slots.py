@@ -16,6 +16,7 @@ from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from e2e.serve_soak import (
+    LOWERED_MODE_MESSAGE,
     PREEMPTION_ARGS,
     PREEMPTION_FIX_PLUGIN,
     Slot,
@@ -222,3 +223,62 @@ def test_too_few_runs_to_compare_are_refused_naming_the_option(option, tmp_path,
         serve_soak_main(["--out", str(tmp_path), *option])
     assert "--plugin-runs/--stock-runs" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_looks_for(monkeypatch):
+    """The soak's --lowered-mode check: what vLLM says when FULL meets FlashInfer on an H200.
+
+    Run through the plugin's split (the KV-cache write kept in the graphs), which
+    must still split at attention so vLLM lowers FULL to FULL_AND_PIECEWISE.
+    """
+    import logging
+
+    from vllm.config import CompilationConfig, CompilationMode
+    from vllm.v1.attention.backends import flashinfer
+
+    from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
+
+    monkeypatch.setattr(flashinfer.current_platform, "is_device_capability",
+                        lambda capability: capability == 90)
+    support = flashinfer.FlashInferMetadataBuilder.get_cudagraph_support(None, None)
+    config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode="FULL")
+    keeping_kv_update_in_graphs(CompilationConfig.set_splitting_ops_for_v1)(config, "naive")
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    compilation_logger = logging.getLogger("vllm.config.compilation")
+    compilation_logger.addHandler(handler)
+    try:
+        mode = config.resolve_cudagraph_mode_and_sizes(
+            support, flashinfer.FlashInferBackend.__name__, use_v2_model_runner=True)
+    finally:
+        compilation_logger.removeHandler(handler)
+    assert mode.name == "FULL_AND_PIECEWISE"
+    assert [m for m in records if all(part in m for part in LOWERED_MODE_MESSAGE)]
+
+
+def test_lowered_mode_check_needs_the_message_from_every_stage(tmp_path, monkeypatch):
+    import e2e.serve_soak as soak
+
+    message = ("WARNING [compilation.py:1396] CUDAGraphMode.FULL is not supported with "
+               "FlashInferBackend backend (support: AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE); "
+               "setting cudagraph_mode=FULL_AND_PIECEWISE")
+    stages_logging = [0, 1]
+    seen: dict = {}
+
+    def fake_serve(spec, model_dir, load, log_path, **kwargs):
+        seen.update(spec=spec, kwargs=kwargs)
+        log_path.write_text("".join(f"(Worker_PP{i} pid=1) {message}\n" for i in stages_logging))
+        return _served(0, ["a"])
+
+    monkeypatch.setattr(soak, "run_serve_mode", fake_serve)
+    args = argparse.Namespace(max_num_seqs=256, concurrency=256, max_tokens=128)
+    slot = Slot("0,1", 9000, kv_cache_gib=6)
+    assert soak.lowered_mode_check("model", tmp_path, slot, args)["passed"]
+    assert (seen["spec"].mode, seen["spec"].attention_backend) == ("full", "FLASHINFER")
+    assert "--kv-cache-memory-bytes" in seen["kwargs"]["extra_args"]
+    stages_logging = [0]
+    result = soak.lowered_mode_check("model", tmp_path, slot, args)
+    assert not result["passed"]
+    assert result["problems"] == [f"pipeline stage 1 did not log the lowered mode "
+                                  f"({LOWERED_MODE_MESSAGE})"]

@@ -44,6 +44,7 @@ MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
         {},
     ),
     "full_decode_only": ({"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}}, {}),
+    "full": ({"compilation_config": {"cudagraph_mode": "FULL"}}, {}),
     "breakable": (
         {"compilation_config": {"cudagraph_mode": "PIECEWISE"}},
         {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"},
@@ -72,6 +73,7 @@ TOKEN_FAMILY = {
     "piecewise": "compiled",
     "full_and_piecewise": "compiled",
     "full_decode_only": "compiled",
+    "full": "compiled",
 }
 
 @dataclass

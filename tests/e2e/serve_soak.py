@@ -30,10 +30,14 @@ run must have preempted. Start-up refusals (bad settings) are checked to fail
 with the named setting and leave no process behind; two of them serve models
 whose stages disagree on the tensors they exchange (the test-only
 ``pp_e2e_models``). Both test plugins are in ``tests/e2e/soak_plugins``;
-install it next to this package.
+install it next to this package. ``--lowered-mode`` serves FULL with FlashInfer
+attention, which on Hopper runs CUDA graphs for single-token decodes only:
+vLLM must lower the mode on every stage alike and say so, and the server must
+serve.
 
     python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
-        [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals]   (--modes "" --refusals: refusals only)
+        [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals] [--lowered-mode]
+        (--modes "" --refusals: refusals only)
         [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
 
@@ -370,6 +374,38 @@ def refused_mismatch_model(case: str, arch: str, expect: str, out: Path, slot: S
                          expect, str(model_dir), out, slot, weights="dummy")
 
 
+#: A graph mode the attention backend cannot run. On Hopper, FlashInfer's
+#: attention supports CUDA graphs for single-token decodes only, so FULL (graphs
+#: for mixed batches too) is lowered by vLLM on every stage, with a warning that
+#: names the backend and the mode it sets. Lines of the log that must say so.
+LOWERED_MODE_MESSAGE = ("CUDAGraphMode.FULL is not supported with FlashInferBackend",
+                        "setting cudagraph_mode=FULL_AND_PIECEWISE")
+
+
+def lowered_mode_check(model_dir: str, out: Path, slot: Slot, args: argparse.Namespace,
+                       requests: int = 200) -> dict:
+    """Serve FULL with FlashInfer attention: every stage must lower the mode alike, say so, and serve."""
+    spec = slot.apply(RunSpec("plugin", "full", pp=2, max_num_seqs=args.max_num_seqs,
+                              attention_backend="FLASHINFER"))
+    load = LoadSpec("", "", soak_prompts(), requests, min(args.concurrency, 64), args.max_tokens,
+                    stream_fraction=0.5, cancel_fraction=0.1)
+    log_path = out / "lowered-mode.log"
+    report = run_serve_mode(spec, model_dir, load, log_path, port=slot.port,
+                            extra_args=slot.serve_args())
+    lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+    told = {stage: next((line for line in lines if f"Worker_PP{stage}" in line
+                         and all(part in line for part in LOWERED_MODE_MESSAGE)), None)
+            for stage in range(2)}
+    problems = serving_problems(report)
+    problems += [f"pipeline stage {stage} did not log the lowered mode ({LOWERED_MODE_MESSAGE})"
+                 for stage, line in told.items() if line is None]
+    result = {"case": "lowered-mode", "load": report.get("load"), "told": told,
+              "shutdown_rc": report.get("shutdown_rc"), "problems": problems,
+              "passed": not problems}
+    print(json.dumps(result), flush=True)
+    return result
+
+
 REFUSALS = [
     ("breakable-with-enforce-eager", {"VLLM_PP_CUDAGRAPH_BREAKABLE": "1"}, ["--enforce-eager"],
      "Drop one of the two settings"),
@@ -405,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(idle steps not filled), plugin-kvsplit vLLM's split at the KV-cache write")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
+    parser.add_argument("--lowered-mode", action="store_true",
+                        help="also serve FULL with FlashInfer attention, which vLLM must lower "
+                             "on every stage and say so (see LOWERED_MODE_MESSAGE)")
     parser.add_argument("--same-stock-mode", action="store_true",
                         help="compare breakable with stock breakable, not stock eager")
     parser.add_argument("--token-check", action="store_true",
@@ -439,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                   for refusal in REFUSALS]
         tasks += [lambda slot, m=model: refused_mismatch_model(*m, args.out, slot)
                   for model in MISMATCH_MODELS]
+    if args.lowered_mode:
+        tasks.append(lambda slot: lowered_mode_check(model_dir, args.out, slot, args))
     print(f"{len(tasks)} servers in {len(slots)} slots: "
           f"{', '.join(f'{s.gpus}:{s.port}' for s in slots)} {' '.join(extra + preemption)}",
           flush=True)
