@@ -282,3 +282,44 @@ def test_lowered_mode_check_needs_the_message_from_every_stage(tmp_path, monkeyp
     assert not result["passed"]
     assert result["problems"] == [f"pipeline stage 1 did not log the lowered mode "
                                   f"({LOWERED_MODE_MESSAGE})"]
+
+
+def test_a_soak_of_several_runs_per_side_runs_through_to_its_verdict(tmp_path, monkeypatch):
+    """The soak's plumbing with its servers faked: two plugin and three stock runs
+    per mode, the token check and the lowered-mode check, to soak.json and rc."""
+    import asyncio
+    import json
+
+    import e2e.serve_soak as soak
+
+    served: list[str] = []
+
+    def fake_serve(spec, model_dir, load, log_path, **kwargs):
+        served.append(log_path.name)
+        if log_path.name == "lowered-mode.log":
+            log_path.write_text("".join(f"(Worker_PP{i}) {' '.join(LOWERED_MODE_MESSAGE)}\n"
+                                        for i in range(2)))
+        return _served(0, ["same"] * 4)
+
+    def fake_serve_and_call(spec, model_dir, log_path, call, **kwargs):
+        return {**asyncio.run(call("http://fake")), "shutdown_rc": 0}
+
+    async def fake_score(base_url, model, sequences):
+        return GreedyCheck(len(sequences), 10, 0, 0.0, [], [])
+
+    monkeypatch.setattr(soak, "write_model_dir", lambda *a, **k: tmp_path / "model")
+    monkeypatch.setattr(soak, "run_serve_mode", fake_serve)
+    monkeypatch.setattr(soak, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(soak, "score_greedy", fake_score)
+    monkeypatch.setattr(soak.time, "sleep", lambda s: None)
+    out = tmp_path / "soak"
+    rc = soak.main(["--out", str(out), "--modes", "eager", "--plugin-runs", "2", "--stock-runs", "3",
+                    "--token-check", "--lowered-mode", "--gpus", "0,1", "2,3"])
+    assert rc == 0
+    assert sorted(served) == ["eager-plugin-b.log", "eager-plugin.log", "eager-stock-a.log",
+                              "eager-stock-b.log", "eager-stock-c.log", "lowered-mode.log"]
+    [mode, lowered] = json.loads((out / "soak.json").read_text())
+    assert mode["passed"] and mode["plugin_vs_stock"] == 0 and mode["stock_vs_stock"] == 0
+    assert set(mode["token_check"]) >= {"plugin", "plugin_b", "stock_a", "stock_b", "stock_c"}
+    assert set(mode["request_digests"]) == {"plugin", "plugin_b", "stock_a", "stock_b", "stock_c"}
+    assert lowered["case"] == "lowered-mode" and lowered["passed"]
