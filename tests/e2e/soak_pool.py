@@ -1,0 +1,83 @@
+"""Pool the runs of several serving soaks and judge them together.
+
+One soak's shares of differing requests move by several points from one run to
+the next, more than the margins the soak is held to. Every soak sends the same
+requests (same prompts, same streaming and cancellation plan), and keeps each
+request's text digest in ``soak.json``, so runs of different soaks can be
+compared request by request. This pools every run of the same configuration
+(mode, plugin runner, stock mode, preemption, batch invariance) across the
+given soaks and applies the soak's rule to the pooled means: the plugin's
+share against stock, over every plugin-stock pair of runs, may be no higher
+than stock's share against itself, over every pair of stock runs.
+
+    python -m tests.e2e.soak_pool RESULTS/*/soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+Digests = list[str | None]
+
+#: What must be equal for runs of two soaks to be pooled.
+CONFIG_KEYS = ("mode", "plugin_runner", "stock_mode", "preemption", "batch_invariant")
+
+
+def digest_share(a: Digests, b: Digests) -> float:
+    """Share of requests completed in both runs whose texts differ; NaN if none was."""
+    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    return sum(x != y for x, y in both) / len(both) if both else float("nan")
+
+
+def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, list[Digests]]]:
+    """Per configuration, the plugin's and stock's runs of every soak that kept digests."""
+    pools: dict[tuple, dict[str, list[Digests]]] = defaultdict(lambda: {"plugin": [], "stock": []})
+    for result in results:
+        digests = result.get("request_digests")
+        if not digests:
+            continue
+        config = tuple(str(result.get(key)) for key in CONFIG_KEYS)
+        for name, run in digests.items():
+            pools[config]["plugin" if name.startswith("plugin") else "stock"].append(run)
+    return dict(pools)
+
+
+def judge(plugin: list[Digests], stock: list[Digests]) -> dict:
+    """The soak's rule on pooled runs: mean plugin-stock share against mean stock-stock share."""
+    cross = [digest_share(p, s) for p in plugin for s in stock]
+    own = [digest_share(a, b) for a, b in itertools.combinations(stock, 2)]
+    verdict: dict = {"plugin_runs": len(plugin), "stock_runs": len(stock)}
+    if not cross or not own or any(math.isnan(x) for x in cross + own):
+        return verdict | {"passed": False,
+                          "problem": "needs a plugin run and two stock runs with requests in common"}
+    verdict |= {"plugin_vs_stock": statistics.fmean(cross), "stock_vs_stock": statistics.fmean(own),
+                "pairs": {"plugin_vs_stock": len(cross), "stock_vs_stock": len(own)}}
+    verdict["passed"] = verdict["plugin_vs_stock"] <= verdict["stock_vs_stock"]
+    return verdict
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("soaks", nargs="+", type=Path, help="soak.json files")
+    args = parser.parse_args(argv)
+    results = [r for path in args.soaks for r in json.loads(path.read_text())]
+    pools = pooled_runs(results)
+    if not pools:
+        parser.error("no soak result holds request digests (soaks before --plugin-runs kept none)")
+    verdicts = []
+    for config, runs in sorted(pools.items()):
+        verdict = dict(zip(CONFIG_KEYS, config)) | judge(runs["plugin"], runs["stock"])
+        verdicts.append(verdict)
+        print(json.dumps(verdict), flush=True)
+    return 0 if all(v["passed"] for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
