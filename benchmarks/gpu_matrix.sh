@@ -324,11 +324,13 @@ job_soak-close() {
     soak_bg close-ray --token-check --modes full_and_piecewise --ray --gpus $A --port 9700
   fi
   soak_bg close-full --token-check --modes full --lowered-mode --gpus $B $B $B --port 9800
-  CUDA_VISIBLE_DEVICES=$B $BENCH --repeat 1 --timeout 300 --deadline 600 --out "$RES/full-tokens" \
-    --modes stock:full,plugin:full,plugin-cadence:full >"$RES/full-tokens.txt" 2>&1 &
   wait
+  # The bench profiles free memory, so it runs once the soaks' servers are gone.
+  CUDA_VISIBLE_DEVICES=$A $BENCH --repeat 1 --timeout 300 --deadline 420 --out "$RES/full-tokens" \
+    --modes stock:full,plugin:full,plugin-cadence:full >"$RES/full-tokens.txt" 2>&1 &
   CUDA_VISIBLE_DEVICES=$B $BENCH $MIXED --timeout 300 --deadline 420 --out "$RES/full-mixed" \
-    --modes stock:full,plugin-cadence:full >"$RES/full-mixed.txt" 2>&1
+    --modes stock:full,plugin-cadence:full >"$RES/full-mixed.txt" 2>&1 &
+  wait
 }
 
 # What the first soak round left open: preemption with the plugin's scheduler fix
