@@ -176,10 +176,10 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
     ``plugin`` is the plugin server's report (``load`` summary, ``shutdown_clean``).
     The plugin may differ from stock in no larger a share of requests than stock
     differs from itself between two runs (each share a mean where there are
-    several runs to pair). Under vLLM's batch-invariant mode that
-    share should be zero, and then the plugin must match stock exactly. Under PP
-    (0.26, TRITON_ATTN) two stock runs still differ in that mode; the plugin is
-    then held to stock's own share, as without it.
+    several runs to pair). Under vLLM's batch-invariant mode that share should
+    be zero, and then the plugin must match stock exactly. Under PP (0.26,
+    TRITON_ATTN) two stock runs still differ in that mode; the plugin is then
+    held to stock's own share, as without it.
     """
     if plugin.get("load") is None:
         return serving_problems(plugin)
