@@ -11,7 +11,8 @@ from e2e.soak_pool import digest_share, judge, main
 
 
 def _soak(path, digests: dict, preemption: bool = False):
-    result = {"mode": "eager", "plugin_runner": "plugin", "stock_mode": "eager",
+    result = {"requests": 2000, "max_tokens": 128, "mode": "eager", "plugin_runner": "plugin",
+              "stock_mode": "eager",
               "preemption": preemption, "batch_invariant": False, "request_digests": digests}
     refusal = {"case": "bad-plugin-setting", "passed": True}
     path.write_text(json.dumps([result, refusal]))

@@ -142,9 +142,14 @@ def _served(preemptions: int, texts: list[str]) -> dict:
             "shutdown_clean": True, "shutdown_rc": 0}
 
 
+def _soak_args(**overrides) -> argparse.Namespace:
+    args = dict(preemption=False, batch_invariant=False, same_stock_mode=False,
+                plugin_runner="plugin", requests=2000, max_tokens=128)
+    return argparse.Namespace(**(args | overrides))
+
+
 def test_a_preemption_soak_fails_when_any_run_was_not_preempted():
-    args = argparse.Namespace(preemption=True, batch_invariant=False, same_stock_mode=False,
-                              plugin_runner="plugin")
+    args = _soak_args(preemption=True)
     texts = ["a b", "c d"]
     reports = {"plugin": _served(3000, texts), "stock_a": _served(2900, texts),
                "stock_b": _served(0, texts)}
@@ -163,12 +168,6 @@ def test_the_plugin_side_of_a_soak_can_keep_vllms_decode_cadence():
     env = engine_env(server_spec(runner, mode, args))
     assert env["VLLM_PLUGINS"] == "pp_cudagraph"
     assert env["VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS"] == "0"
-
-
-def _soak_args(**overrides) -> argparse.Namespace:
-    args = dict(preemption=False, batch_invariant=False, same_stock_mode=False,
-                plugin_runner="plugin")
-    return argparse.Namespace(**(args | overrides))
 
 
 def test_several_runs_per_side_hold_the_mean_plugin_share_to_the_mean_stock_share():

@@ -282,7 +282,8 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
     result: dict = {"mode": mode, "plugin_runner": args.plugin_runner,
                     "stock_mode": stock_mode_for(mode, args.same_stock_mode),
                     "extra_args": extra, "batch_invariant": args.batch_invariant,
-                    "preemption": args.preemption}
+                    "preemption": args.preemption, "requests": args.requests,
+                    "max_tokens": args.max_tokens}
     for name, rep in reports.items():
         result[name] = {k: rep.get(k) for k in
                         ("load", "preemptions", "shutdown_rc", "shutdown_clean", "error", "slot")}

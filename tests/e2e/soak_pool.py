@@ -2,13 +2,14 @@
 
 One soak's shares of differing requests move by several points from one run to
 the next, more than the margins the soak is held to. Every soak sends the same
-requests (same prompts, same streaming and cancellation plan), and keeps each
-request's text digest in ``soak.json``, so runs of different soaks can be
-compared request by request. This pools every run of the same configuration
-(mode, plugin runner, stock mode, preemption, batch invariance) across the
-given soaks and applies the soak's rule to the pooled means: the plugin's
-share against stock, over every plugin-stock pair of runs, may be no higher
-than stock's share against itself, over every pair of stock runs.
+requests for a given ``--requests`` (same prompts, same streaming and
+cancellation plan), and keeps each request's text digest in ``soak.json``, so
+runs of different soaks can be compared request by request. This pools every
+run of the same load and configuration (request count, output length, mode,
+plugin runner, stock mode, preemption, batch invariance) across the given
+soaks and applies the soak's rule to the pooled means: the plugin's share
+against stock, over every plugin-stock pair of runs, may be no higher than
+stock's share against itself, over every pair of stock runs.
 
     python -m tests.e2e.soak_pool RESULTS/*/soak.json
 """
@@ -26,8 +27,10 @@ from pathlib import Path
 
 Digests = list[str | None]
 
-#: What must be equal for runs of two soaks to be pooled.
-CONFIG_KEYS = ("mode", "plugin_runner", "stock_mode", "preemption", "batch_invariant")
+#: What must be equal for runs of two soaks to be pooled: the load (same
+#: requests, same length) and the configuration.
+CONFIG_KEYS = ("requests", "max_tokens", "mode", "plugin_runner", "stock_mode", "preemption",
+               "batch_invariant")
 
 
 def digest_share(a: Digests, b: Digests) -> float:
