@@ -53,7 +53,7 @@ def test_configurations_are_not_mixed(tmp_path, capsys):
 
 
 def test_too_few_runs_cannot_pass():
-    assert judge([list("ab")], [list("ab")]) == {
+    assert judge({"plugin": list("ab"), "stock_a": list("ab")}) == {
         "plugin_runs": 1, "stock_runs": 1, "passed": False,
         "problem": "needs a plugin run and two stock runs with requests in common"}
 

@@ -181,9 +181,9 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
     TRITON_ATTN) two stock runs still differ in that mode; the plugin is then
     held to stock's own share, as without it.
     """
-    if plugin.get("load") is None:
-        return serving_problems(plugin)
     problems = serving_problems(plugin)
+    if plugin.get("load") is None:
+        return problems
     if math.isnan(plugin_vs_stock) or math.isnan(stock_vs_stock):
         problems.append("no request completed in both runs of a comparison")
     elif batch_invariant and stock_vs_stock == 0 and plugin_vs_stock > 0:

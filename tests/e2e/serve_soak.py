@@ -18,8 +18,8 @@ request errors, answer every health check, and shut down cleanly.
 further stock server scores every completed output of every run, token by
 token (prompt and output fed back as a prompt). Rounding only ever lets a
 greedy run take a token within rounding of the top choice; the plugin's
-tokens may fall at most twice as far below the top choice as stock's own do. A lost, repeated or foreign token falls by the model's logit
-spread.
+tokens may fall at most twice as far below the top choice as stock's own do.
+A lost, repeated or foreign token falls by the model's logit spread.
 
 Options add preemption, Ray, and vLLM's batch-invariant mode: where two stock
 runs then agree on every request, the plugin must too. Under preemption every
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="servers of stock vLLM per mode (at least 2: stock's own share)")
     args = parser.parse_args(argv)
     try:
-        run_tags(args.plugin_runs, args.stock_runs)
+        runs = run_tags(args.plugin_runs, args.stock_runs)
     except ValueError as e:
         parser.error(f"--plugin-runs/--stock-runs: {e}")
     if args.preemption and (missing := missing_test_plugin(PREEMPTION_FIX_PLUGIN)):
@@ -485,7 +485,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(f'{s.gpus}:{s.port}' for s in slots)} {' '.join(extra + preemption)}",
           flush=True)
     reports = run_in_slots(tasks, slots)
-    runs = run_tags(args.plugin_runs, args.stock_runs)
     by_mode = [dict(zip(runs, reports[len(runs) * i:len(runs) * (i + 1)]))
                for i in range(len(modes))]
     checks = (run_in_slots([token_check_task(mode, mode_reports, args, model_dir)

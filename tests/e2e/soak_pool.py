@@ -17,13 +17,14 @@ stock's share against itself, over every pair of stock runs.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from .serve_soak import compared_pairs
 
 Digests = list[str | None]
 
@@ -39,24 +40,34 @@ def digest_share(a: Digests, b: Digests) -> float:
     return sum(x != y for x, y in both) / len(both) if both else float("nan")
 
 
-def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, list[Digests]]]:
-    """Per configuration, the plugin's and stock's runs of every soak that kept digests."""
-    pools: dict[tuple, dict[str, list[Digests]]] = defaultdict(lambda: {"plugin": [], "stock": []})
-    for result in results:
+def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:
+    """Per configuration, every run of every soak that kept digests, by a unique name.
+
+    A run keeps its soak's name (``plugin``, ``stock_a``, ...), which says its
+    side, with the index of its soak result appended.
+    """
+    pools: dict[tuple, dict[str, Digests]] = defaultdict(dict)
+    for index, result in enumerate(results):
         digests = result.get("request_digests")
         if not digests:
             continue
         config = tuple(str(result.get(key)) for key in CONFIG_KEYS)
         for name, run in digests.items():
-            pools[config]["plugin" if name.startswith("plugin") else "stock"].append(run)
+            pools[config][f"{name}@{index}"] = run
     return dict(pools)
 
 
-def judge(plugin: list[Digests], stock: list[Digests]) -> dict:
-    """The soak's rule on pooled runs: mean plugin-stock share against mean stock-stock share."""
-    cross = [digest_share(p, s) for p in plugin for s in stock]
-    own = [digest_share(a, b) for a, b in itertools.combinations(stock, 2)]
-    verdict: dict = {"plugin_runs": len(plugin), "stock_runs": len(stock)}
+def judge(runs: dict[str, Digests]) -> dict:
+    """The soak's rule on pooled runs: mean plugin-stock share against mean stock-stock share.
+
+    The pairs are the soak's own (:func:`~e2e.serve_soak.compared_pairs`).
+    """
+    pairs = compared_pairs(list(runs))
+    shares = {kind: [digest_share(runs[x], runs[y]) for x, y in pairs[kind]]
+              for kind in ("plugin_vs_stock", "stock_vs_stock")}
+    cross, own = shares["plugin_vs_stock"], shares["stock_vs_stock"]
+    verdict: dict = {"plugin_runs": sum(n.startswith("plugin") for n in runs),
+                     "stock_runs": sum(n.startswith("stock") for n in runs)}
     if not cross or not own or any(math.isnan(x) for x in cross + own):
         return verdict | {"passed": False,
                           "problem": "needs a plugin run and two stock runs with requests in common"}
@@ -76,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no soak result holds request digests (soaks before --plugin-runs kept none)")
     verdicts = []
     for config, runs in sorted(pools.items()):
-        verdict = dict(zip(CONFIG_KEYS, config)) | judge(runs["plugin"], runs["stock"])
+        verdict = dict(zip(CONFIG_KEYS, config)) | judge(runs)
         verdicts.append(verdict)
         print(json.dumps(verdict), flush=True)
     return 0 if all(v["passed"] for v in verdicts) else 1
