@@ -59,6 +59,8 @@
 #                  check, where one soak could not resolve the margin: PIECEWISE under
 #                  preemption and eager; FULL_AND_PIECEWISE on Ray (if installed); FULL
 #                  (soak, FULL lowered with FlashInfer, bench tokens against stock)
+#   soak-bi        (all GPUs) breakable against stock breakable under vLLM's batch-invariant
+#                  mode, with the token check, one soak per GPU pair, to be pooled
 #   fdo-recheck    (one GPU pair; pairs with tokens-mixed) FULL_DECODE_ONLY soaks with the
 #                  token check, keeping vLLM's cadence and with the fill, side by side
 #   soak           (all four GPUs) the serving soak: every graph mode, preemption, vLLM's
@@ -330,6 +332,17 @@ job_soak-close() {
     --modes stock:full,plugin:full,plugin-cadence:full >"$RES/full-tokens.txt" 2>&1 &
   CUDA_VISIBLE_DEVICES=$B $BENCH $MIXED --timeout 300 --deadline 420 --out "$RES/full-mixed" \
     --modes stock:full,plugin-cadence:full >"$RES/full-mixed.txt" 2>&1 &
+  wait
+}
+
+# Breakable against stock breakable under batch invariance, last run before idle steps
+# were filled: one soak per pair with the token check, pooled with tests.e2e.soak_pool.
+job_soak-bi() {
+  local A B; gpu_pairs
+  unset CUDA_VISIBLE_DEVICES
+  local CASE="--token-check --modes breakable --same-stock-mode --batch-invariant"
+  soak_bg bi-a $CASE --plugin-runs 1 --stock-runs 2 --gpus $A $A $A --port 9500
+  soak_bg bi-b $CASE --plugin-runs 1 --stock-runs 2 --gpus $B $B $B --port 9600
   wait
 }
 
