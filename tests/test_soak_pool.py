@@ -40,6 +40,9 @@ def test_runs_of_two_soaks_are_pooled_and_judged_by_the_soaks_rule(tmp_path, cap
     assert verdict["pairs"] == {"plugin_vs_stock": 8, "stock_vs_stock": 6}
     assert verdict["plugin_vs_stock"] == pytest.approx(5 / 16)
     assert verdict["stock_vs_stock"] == pytest.approx(1 / 3)
+    # Cast as the plugin, the two stock runs of one soak differ from the other
+    # soak's in every pair and fail; the four castings mixing soaks pass.
+    assert verdict["stock_cast_as_plugin"] == {"castings": 6, "failing": 2}
 
 
 def test_configurations_are_not_mixed(tmp_path, capsys):
@@ -50,6 +53,20 @@ def test_configurations_are_not_mixed(tmp_path, capsys):
     assert main([str(plain), str(preempted)]) == 1
     verdicts = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(v["preemption"], v["passed"]) for v in verdicts] == [("False", True), ("True", False)]
+
+
+def test_stock_cast_as_plugin_shows_how_often_the_rule_fails_stock_itself():
+    # One plugin run, so each stock run in turn takes its part against the other
+    # two. Only the odd one out fails: it differs from both in 1 of 4 requests,
+    # the other two from each other in none.
+    runs = {"plugin": list("abcd"), "stock_a": list("abcd"), "stock_b": list("abcd"),
+            "stock_c": list("abcx")}
+    verdict = judge(runs)
+    assert verdict["passed"]
+    assert verdict["stock_cast_as_plugin"] == {"castings": 3, "failing": 1}
+    # With two stock runs there is nothing to cast.
+    del runs["stock_c"]
+    assert judge(runs)["stock_cast_as_plugin"] is None
 
 
 def test_too_few_runs_cannot_pass():

@@ -9,7 +9,9 @@ run of the same load and configuration (request count, output length, mode,
 plugin runner, stock mode, preemption, batch invariance) across the given
 soaks and applies the soak's rule to the pooled means: the plugin's share
 against stock, over every plugin-stock pair of runs, may be no higher than
-stock's share against itself, over every pair of stock runs.
+stock's share against itself, over every pair of stock runs. For scale, it
+also applies the rule to stock alone, with stock runs cast as the plugin, and
+says in how many castings it fails: the verdict stays the rule's.
 
     python -m tests.e2e.soak_pool RESULTS/*/soak.json
 """
@@ -17,6 +19,7 @@ stock's share against itself, over every pair of stock runs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -57,7 +60,7 @@ def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:
     return dict(pools)
 
 
-def judge(runs: dict[str, Digests]) -> dict:
+def _rule(runs: dict[str, Digests]) -> dict:
     """The soak's rule on pooled runs: mean plugin-stock share against mean stock-stock share.
 
     The pairs are the soak's own (:func:`~e2e.serve_soak.compared_pairs`).
@@ -74,6 +77,33 @@ def judge(runs: dict[str, Digests]) -> dict:
     verdict |= {"plugin_vs_stock": statistics.fmean(cross), "stock_vs_stock": statistics.fmean(own),
                 "pairs": {"plugin_vs_stock": len(cross), "stock_vs_stock": len(own)}}
     verdict["passed"] = verdict["plugin_vs_stock"] <= verdict["stock_vs_stock"]
+    return verdict
+
+
+def stock_cast_as_plugin(runs: dict[str, Digests]) -> dict | None:
+    """How often the rule fails stock against itself, for scale.
+
+    Every choice of stock runs, as many as the plugin has (keeping two as
+    stock), takes the plugin's part and the rule is applied to stock runs
+    alone. A rule that fails some of these castings fails stock vLLM by run-to-run
+    variation alone; None when there are too few stock runs to cast.
+    """
+    stock = [n for n in runs if n.startswith("stock")]
+    size = min(sum(n.startswith("plugin") for n in runs), len(stock) - 2)
+    if size < 1:
+        return None
+    castings = list(itertools.combinations(stock, size))
+    failing = sum(
+        not _rule({f"{'plugin' if n in cast else 'stock'}#{n}": runs[n] for n in stock})["passed"]
+        for cast in castings)
+    return {"castings": len(castings), "failing": failing}
+
+
+def judge(runs: dict[str, Digests]) -> dict:
+    """The soak's rule on pooled runs, with how often it fails stock cast as the plugin."""
+    verdict = _rule(runs)
+    if "pairs" in verdict:
+        verdict["stock_cast_as_plugin"] = stock_cast_as_plugin(runs)
     return verdict
 
 
