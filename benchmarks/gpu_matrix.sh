@@ -335,8 +335,9 @@ job_soak-close() {
   wait
 }
 
-# Breakable against stock breakable under batch invariance, last run before idle steps
-# were filled: one soak per pair with the token check, pooled with tests.e2e.soak_pool.
+# Breakable against stock breakable under batch invariance, not soaked since idle steps
+# are filled by default: one soak per pair with the token check, pooled with
+# tests.e2e.soak_pool.
 job_soak-bi() {
   local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES
