@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from e2e.soak_pool import digest_share, judge, main
+from e2e.soak_pool import judge, main
+from vllm_pp_cudagraph.serve_load import share_differing
 
 
 def _soak(path, digests: dict, preemption: bool = False):
@@ -20,8 +21,8 @@ def _soak(path, digests: dict, preemption: bool = False):
 
 
 def test_share_counts_only_requests_completed_in_both_runs():
-    assert digest_share(["a", "b", None, "d"], ["a", "x", "c", None]) == 0.5
-    assert math.isnan(digest_share([None], ["a"]))
+    assert share_differing(["a", "b", None, "d"], ["a", "x", "c", None]) == 0.5
+    assert math.isnan(share_differing([None], ["a"]))
 
 
 def test_runs_of_two_soaks_are_pooled_and_judged_by_the_soaks_rule(tmp_path, capsys):

@@ -22,6 +22,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import aiohttp
@@ -112,12 +113,28 @@ def _completed_pairs(a: LoadReport, b: LoadReport) -> list[tuple[RequestResult, 
     return [(r, by_index[r.index]) for r in a.results if r.completed and r.index in by_index]
 
 
+def completed_texts(report: LoadReport) -> list[str | None]:
+    """Per request index, its text; None where it did not complete."""
+    texts: list[str | None] = [None] * (max((r.index for r in report.results), default=-1) + 1)
+    for r in report.results:
+        if r.completed:
+            texts[r.index] = r.text or ""
+    return texts
+
+
+def share_differing(a: Sequence[str | None], b: Sequence[str | None]) -> float:
+    """Share of requests completed in both runs whose outputs differ; NaN if none was.
+
+    ``a`` and ``b`` hold one entry per request index (texts or their digests),
+    None where the request did not complete.
+    """
+    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    return sum(x != y for x, y in both) / len(both) if both else float("nan")
+
+
 def differing_share(a: LoadReport, b: LoadReport) -> float:
     """Share of requests completed in both runs whose texts differ."""
-    pairs = _completed_pairs(a, b)
-    if not pairs:
-        return float("nan")
-    return sum(x.text != y.text for x, y in pairs) / len(pairs)
+    return share_differing(completed_texts(a), completed_texts(b))
 
 
 def text_digests(report: LoadReport) -> list[str | None]:
@@ -126,11 +143,8 @@ def text_digests(report: LoadReport) -> list[str | None]:
     Kept with a soak's results, so that any two runs, of one soak or of
     several, can be compared request by request afterwards.
     """
-    digests: list[str | None] = [None] * (max((r.index for r in report.results), default=-1) + 1)
-    for r in report.results:
-        if r.completed:
-            digests[r.index] = hashlib.sha1((r.text or "").encode()).hexdigest()[:12]
-    return digests
+    return [None if text is None else hashlib.sha1(text.encode()).hexdigest()[:12]
+            for text in completed_texts(report)]
 
 
 def divergence_word(a: LoadReport, b: LoadReport) -> float:

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.engine_run import MODES, RunSpec, engine_env, stop_process_group
-from vllm_pp_cudagraph.serve_load import LoadSpec, fetch_preemptions, run_load, wait_until_healthy
+from vllm_pp_cudagraph.serve_load import (
+    LoadSpec,
+    completed_texts,
+    fetch_preemptions,
+    run_load,
+    wait_until_healthy,
+)
 from vllm_pp_cudagraph.stats import output_digest
 
 
@@ -132,11 +138,7 @@ def run_serve_mode(
         for key in ("req_per_s", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
             report[key] = summary[key]
         report["preemptions"] = await fetch_preemptions(base_url)
-        completed = [
-            r.text if r.completed else None
-            for r in sorted(result.results, key=lambda r: r.index)
-        ]
-        report["digest"] = output_digest(completed)
+        report["digest"] = output_digest(completed_texts(result))
         if keep_texts:
             report["load_report"] = result
         return report

@@ -27,6 +27,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from vllm_pp_cudagraph.serve_load import share_differing
+
 from .serve_soak import compared_pairs
 
 Digests = list[str | None]
@@ -35,12 +37,6 @@ Digests = list[str | None]
 #: requests, same length) and the configuration.
 CONFIG_KEYS = ("requests", "max_tokens", "mode", "plugin_runner", "stock_mode", "preemption",
                "batch_invariant")
-
-
-def digest_share(a: Digests, b: Digests) -> float:
-    """Share of requests completed in both runs whose texts differ; NaN if none was."""
-    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
-    return sum(x != y for x, y in both) / len(both) if both else float("nan")
 
 
 def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:
@@ -66,7 +62,7 @@ def _rule(runs: dict[str, Digests]) -> dict:
     The pairs are the soak's own (:func:`~e2e.serve_soak.compared_pairs`).
     """
     pairs = compared_pairs(list(runs))
-    shares = {kind: [digest_share(runs[x], runs[y]) for x, y in pairs[kind]]
+    shares = {kind: [share_differing(runs[x], runs[y]) for x, y in pairs[kind]]
               for kind in ("plugin_vs_stock", "stock_vs_stock")}
     cross, own = shares["plugin_vs_stock"], shares["stock_vs_stock"]
     verdict: dict = {"plugin_runs": sum(n.startswith("plugin") for n in runs),
