@@ -96,6 +96,14 @@ def soak_prompts(count: int = 256) -> list[str]:
             for i in range(count)]
 
 
+def soak_load(args: argparse.Namespace, requests: int | None = None,
+              concurrency: int | None = None) -> LoadSpec:
+    """The soak's load: half the requests streamed, a tenth cancelled mid-stream."""
+    return LoadSpec("", "", soak_prompts(), requests or args.requests,
+                    concurrency or args.concurrency, args.max_tokens,
+                    stream_fraction=0.5, cancel_fraction=0.1)
+
+
 @dataclass(frozen=True)
 class Slot:
     """Where one server runs: its GPUs, its port, and its KV cache if the GPUs are shared."""
@@ -210,8 +218,7 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
                model_dir: str, extra: list[str]) -> Callable[[Slot], dict]:
     def task(slot: Slot) -> dict:
         spec = slot.apply(server_spec(runner, run_mode, args))
-        load = LoadSpec("", "", soak_prompts(), args.requests, args.concurrency, args.max_tokens,
-                        stream_fraction=0.5, cancel_fraction=0.1)
+        load = soak_load(args)
         report = run_serve_mode(spec, model_dir, load,
                                 args.out / f"{mode}-{tag.replace('_', '-')}.log",
                                 port=slot.port, extra_args=extra + slot.serve_args(),
@@ -388,8 +395,7 @@ def lowered_mode_check(model_dir: str, out: Path, slot: Slot, args: argparse.Nam
     """Serve FULL with FlashInfer attention: every stage must lower the mode alike, say so, and serve."""
     spec = slot.apply(RunSpec("plugin", "full", pp=2, max_num_seqs=args.max_num_seqs,
                               attention_backend="FLASHINFER"))
-    load = LoadSpec("", "", soak_prompts(), requests, min(args.concurrency, 64), args.max_tokens,
-                    stream_fraction=0.5, cancel_fraction=0.1)
+    load = soak_load(args, requests, min(args.concurrency, 64))
     log_path = out / "lowered-mode.log"
     report = run_serve_mode(spec, model_dir, load, log_path, port=slot.port,
                             extra_args=slot.serve_args())
