@@ -104,7 +104,7 @@ job_tokens-eager() {
 
 job_main() {
   $BENCH --repeat 3 --timeout 240 --deadline 1100 --out "$RES/table-v2" \
-    --modes "$(python3 -c 'from vllm_pp_cudagraph.bench import DEFAULT_MODES; print(",".join(DEFAULT_MODES))'),stock:eager,stock:piecewise"
+    --modes "$(python3 -c 'from vllm_pp_cudagraph.bench.cli import DEFAULT_MODES; print(",".join(DEFAULT_MODES))'),stock:eager,stock:piecewise"
   $BENCH --model qwen3-0.6b-27l --repeat 0 --timeout 200 --deadline 300 --out "$RES/tokens-v2-uneven" \
     --modes stock:full_and_piecewise,plugin:full_and_piecewise@0.92,stock:eager,plugin:breakable,plugin:eager
 }
@@ -168,7 +168,7 @@ job_fresh-compile() {
   done
 }
 
-SOAK="python3 -m tests.e2e.serve_soak --kv-cache-gib 6"
+SOAK="python3 -m vllm_pp_cudagraph.bench.soak --kv-cache-gib 6"
 
 # One soak in the background, its console in $RES/NAME.txt; the next starts 5 s later.
 soak_bg() {
@@ -337,7 +337,7 @@ job_soak-close() {
 
 # Breakable against stock breakable under batch invariance, not soaked since idle steps
 # are filled by default: one soak per pair with the token check, pooled with
-# tests.e2e.soak_pool.
+# vllm_pp_cudagraph.bench.soak_pool.
 job_soak-bi() {
   local A B; gpu_pairs
   unset CUDA_VISIBLE_DEVICES

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from e2e.serve_soak import soak_prompts  # noqa: E402
-
-from vllm_pp_cudagraph.dummy_model import write_model_dir  # noqa: E402
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.soak import soak_prompts
 
 
 def main() -> None:

@@ -121,7 +121,7 @@ def check(out=sys.stdout) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        from vllm_pp_cudagraph import bench
+        from vllm_pp_cudagraph.bench import cli as bench
 
         return bench.main(argv[1:])
     parser = argparse.ArgumentParser(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_pp_cudagraph.engine_run import RunSpec, run_in_subprocess
+from vllm_pp_cudagraph.bench.engine_run import RunSpec, run_in_subprocess
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request
 
 from vllm_pp_cudagraph import compat, patches
-from vllm_pp_cudagraph.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 
 SEEDS = range(100)
 

@@ -46,16 +46,6 @@ def test_decision_is_the_same_on_every_stage_for_four_stages():
     assert keeps == {frozenset({A, B})}
 
 
-def test_exchange_over_real_pp_group_under_inference_mode(pp_group):
-    import torch
-
-    from vllm_pp_cudagraph.stage_exchange import gather_from_stages
-
-    outcome = CaptureOutcome(0, frozenset({A}))
-    with torch.inference_mode():
-        assert gather_from_stages(outcome) == [outcome]
-
-
 def test_two_stages_reach_the_same_decision_over_gloo_under_inference_mode():
     from _two_stage_exchange import run_both
 
@@ -64,3 +54,13 @@ def test_two_stages_reach_the_same_decision_over_gloo_under_inference_mode():
         assert r["stages"] == [0, 1]
         assert r["all_eager"] is True
         assert "stage 1: OOM" in r["reason"]
+
+
+def test_two_stages_keep_only_the_graphs_both_captured_over_gloo():
+    """Each stage learns the other's graphs only through the exchange: stage 0
+    captured {a, b}, stage 1 {b, c}; both must keep exactly {b}."""
+    from _two_stage_exchange import run_both
+
+    results = run_both("common")
+    assert [r["keep"] for r in results] == [["b"], ["b"]]
+    assert [r["dropped"] for r in results] == [["a"], ["c"]]

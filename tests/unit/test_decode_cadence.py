@@ -32,7 +32,7 @@ from vllm_pp_cudagraph.decode_cadence import (
     consume_entries_needed_by,
     lift_idle_cadence,
 )
-from vllm_pp_cudagraph.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 MAX_REQS = 16

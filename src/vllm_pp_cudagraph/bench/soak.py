@@ -35,7 +35,7 @@ attention, which on Hopper runs CUDA graphs for single-token decodes only:
 vLLM must lower the mode on every stage alike and say so, and the server must
 serve.
 
-    python -m tests.e2e.serve_soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
+    python -m vllm_pp_cudagraph.bench.soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
         [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals] [--lowered-mode]
         (--modes "" --refusals: refusals only)
         [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
@@ -68,11 +68,11 @@ from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from vllm_pp_cudagraph.dummy_model import token_word, write_model_dir
-from vllm_pp_cudagraph.engine_run import RUNNERS, RunSpec, engine_env
-from vllm_pp_cudagraph.serve_load import (
+from vllm_pp_cudagraph.bench.dummy_model import token_word, write_model_dir
+from vllm_pp_cudagraph.bench.engine_run import RUNNERS, RunSpec, engine_env
+from vllm_pp_cudagraph.bench.serve_load import LoadSpec
+from vllm_pp_cudagraph.bench.soak_judge import (
     GreedyCheck,
-    LoadSpec,
     completed_sequences,
     differing_share,
     divergence_word,
@@ -82,7 +82,7 @@ from vllm_pp_cudagraph.serve_load import (
     soak_verdict,
     text_digests,
 )
-from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_and_call, serve_command
+from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
 #: Stock graph mode each plugin mode is compared with, by default (the issue's

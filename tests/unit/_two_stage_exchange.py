@@ -1,7 +1,7 @@
 """Two CPU processes as pipeline stages 0 and 1 (gloo), run by the tests.
 
-``capture``: the stages agree on graphs after stage 1's capture failed
-(test_graph_agreement). ``handoff``: the start-up hand-off check, first with
+``capture``: the stages agree on graphs after stage 1's capture failed;
+``common``: they keep the graphs both captured (test_graph_agreement). ``handoff``: the start-up hand-off check, first with
 what the model declares, then with a forward that returns an undeclared key
 (test_stage_inputs).
 """
@@ -92,13 +92,16 @@ def main(rank: int, port: int, scenario: str = "capture") -> None:
     if scenario == "handoff":
         print(json.dumps(handoff(rank)))
         return
-    # Stage 1 "fails" its capture; both must decide on eager.
-    mine = CaptureOutcome(rank, frozenset({"a", "b"}), None if rank == 0 else "OOM")
+    if scenario == "common":  # the stages captured overlapping sets
+        mine = CaptureOutcome(rank, frozenset({"a", "b"} if rank == 0 else {"b", "c"}))
+    else:  # stage 1 "fails" its capture; both must decide on eager
+        mine = CaptureOutcome(rank, frozenset({"a", "b"}), None if rank == 0 else "OOM")
     with torch.inference_mode():  # as during capture_model
         outcomes = gather_from_stages(mine)
     result = agree(outcomes, rank)
     print(json.dumps({"rank": rank, "stages": [o.stage for o in outcomes],
-                      "all_eager": result.all_eager, "reason": result.reason}))
+                      "all_eager": result.all_eager, "reason": result.reason,
+                      "keep": sorted(result.keep), "dropped": sorted(result.dropped)}))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ its start-up timeout runs out.
 
 import time
 
-from vllm_pp_cudagraph.dummy_model import write_model_dir
-from vllm_pp_cudagraph.engine_run import RunSpec
-from vllm_pp_cudagraph.serve_load import LoadSpec
-from vllm_pp_cudagraph.serve_run import run_serve_mode, serve_command
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.engine_run import RunSpec
+from vllm_pp_cudagraph.bench.serve_load import LoadSpec
+from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_command
 
 
 def test_serve_command_carries_pp_and_graph_mode(tmp_path):

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from vllm_pp_cudagraph import bench
-from vllm_pp_cudagraph.engine_run import RunSpec, make_prompts, output_lengths
-from vllm_pp_cudagraph.stats import output_digest
-from vllm_pp_cudagraph.stats import (
+from vllm_pp_cudagraph.bench import cli as bench
+from vllm_pp_cudagraph.bench.engine_run import RunSpec, make_prompts, output_lengths
+from vllm_pp_cudagraph.bench.stats import output_digest
+from vllm_pp_cudagraph.bench.stats import (
     RequestTiming,
     capture_stats,
     median_run,
@@ -117,7 +117,7 @@ def test_median_run_is_the_middle_elapsed():
 
 
 def test_spread_is_the_range_over_the_fastest_run():
-    from vllm_pp_cudagraph.stats import spread_pct
+    from vllm_pp_cudagraph.bench.stats import spread_pct
 
     assert spread_pct([{"elapsed_s": 10.5}, {"elapsed_s": 6.78}, {"elapsed_s": 8.04}]) == 54.9
     assert spread_pct([{"elapsed_s": 2.0}]) is None
@@ -225,8 +225,8 @@ def test_plot_is_a_png_when_matplotlib_is_there(tmp_path):
 
 
 def test_serve_command_carries_mode_and_model_settings():
-    from vllm_pp_cudagraph.engine_run import RunSpec
-    from vllm_pp_cudagraph.serve_run import mode_cli_args, serve_command
+    from vllm_pp_cudagraph.bench.engine_run import RunSpec
+    from vllm_pp_cudagraph.bench.serve_run import mode_cli_args, serve_command
 
     assert mode_cli_args("eager") == ["--enforce-eager"]
     assert mode_cli_args("full_decode_only") == [
@@ -277,7 +277,7 @@ def test_engine_status_tells_a_stopped_engine_from_a_failed_one():
 
 
 def test_every_runner_sets_only_settings_the_plugin_accepts():
-    from vllm_pp_cudagraph.engine_run import RUNNERS
+    from vllm_pp_cudagraph.bench.engine_run import RUNNERS
     from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
     settings = {name: PPCudaGraphSettings.from_env(env) for name, env in RUNNERS.items()}

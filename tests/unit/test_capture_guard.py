@@ -59,9 +59,16 @@ def test_pp_group_works_again_after_capture(pp_group):
     pp_group.barrier()  # real gloo barrier, world size 1
 
 
-def test_tensor_parallel_collectives_stay_allowed():
-    with forbid_pipeline_communication():
-        assert not hasattr(dist.all_reduce, "__pp_cudagraph_guarded__")
+def test_graph_safe_collectives_on_the_pp_group_pass(pp_group):
+    """All-reduce and all-gather are recorded into graphs legitimately (inside
+    the model); the guard must let them through even on the pipeline group."""
+    with forbid_pipeline_communication((pp_group,)):
+        summed = torch.ones(3)
+        dist.all_reduce(summed, group=pp_group.cpu_group)
+        gathered = [torch.zeros(2)]
+        dist.all_gather(gathered, torch.full((2,), 7.0), group=pp_group.cpu_group)
+    assert summed.tolist() == [1.0, 1.0, 1.0]  # world size 1: the real reduce ran
+    assert gathered[0].tolist() == [7.0, 7.0]
 
 
 def test_guard_is_per_thread():

@@ -13,18 +13,20 @@ import math
 import pytest
 from aiohttp import web
 
-from vllm_pp_cudagraph.serve_load import (
+from vllm_pp_cudagraph.bench.serve_load import (
     LoadReport,
     LoadSpec,
     RequestResult,
+    preemptions_from_metrics,
+    run_load,
+)
+from vllm_pp_cudagraph.bench.soak_judge import (
     GreedyCheck,
     completed_sequences,
     differing_share,
     divergence_word,
     greedy_margins,
     greedy_verdict,
-    preemptions_from_metrics,
-    run_load,
     score_greedy,
     soak_verdict,
     text_digests,

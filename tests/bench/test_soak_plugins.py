@@ -23,7 +23,7 @@ from vllm_pp_cudagraph import compat, patches
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, check_handoff_schemas, schema_of
 
-PACKAGE_DIR = Path(__file__).parent / "e2e" / "soak_plugins"
+PACKAGE_DIR = Path(__file__).parents[1] / "e2e" / "soak_plugins"
 
 
 @pytest.fixture

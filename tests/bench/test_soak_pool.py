@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from e2e.soak_pool import judge, main
-from vllm_pp_cudagraph.serve_load import share_differing
+from vllm_pp_cudagraph.bench.soak_pool import judge, main
+from vllm_pp_cudagraph.bench.soak_judge import share_differing
 
 
 def _soak(path, digests: dict, preemption: bool = False):

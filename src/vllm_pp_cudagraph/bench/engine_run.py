@@ -3,7 +3,7 @@
 Each runner / graph-mode pair needs its own process: vLLM loads plugins once
 per process and the breakable-graph switch is read when attention modules are
 imported. :func:`run_in_subprocess` starts ``python -m
-vllm_pp_cudagraph.engine_run`` with the right environment; the child builds
+vllm_pp_cudagraph.bench.engine_run`` with the right environment; the child builds
 an offline ``LLM`` on a built-in model shape (seeded random weights, or vLLM's
 dummy loader) or a given model, generates greedily with every request queued
 before the first step, and prints one JSON report (timings, token digests).
@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.dummy_model import write_model_dir
-from vllm_pp_cudagraph.trace_analysis import analyze_dir
-from vllm_pp_cudagraph.stats import (
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir
+from vllm_pp_cudagraph.bench.stats import (
     RequestTiming,
     capture_stats,
     median_run,
@@ -263,7 +263,7 @@ def run_in_subprocess(
     then SIGKILL.
     """
     env = engine_env(spec)
-    cmd = [sys.executable, "-m", "vllm_pp_cudagraph.engine_run", "--child", json.dumps(asdict(spec))]
+    cmd = [sys.executable, "-m", "vllm_pp_cudagraph.bench.engine_run", "--child", json.dumps(asdict(spec))]
     timed_out = False
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
@@ -291,7 +291,7 @@ def run_in_subprocess(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Child entry point: ``python -m vllm_pp_cudagraph.engine_run --child SPEC``."""
+    """Child entry point: ``python -m vllm_pp_cudagraph.bench.engine_run --child SPEC``."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--child", required=True, help="RunSpec as JSON")
     args = parser.parse_args(argv)

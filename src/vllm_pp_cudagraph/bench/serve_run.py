@@ -2,7 +2,7 @@
 
 Starts ``vllm serve`` on a built-in model shape with a generated tokenizer in its
 own process group (log streamed to a file), waits for ``/health``, sends the
-load (:mod:`vllm_pp_cudagraph.serve_load`) or any other client call, then stops
+load (:mod:`vllm_pp_cudagraph.bench.serve_load`) or any other client call, then stops
 the server with SIGINT and records whether it shut down cleanly.
 """
 
@@ -18,15 +18,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.engine_run import MODES, RunSpec, engine_env, stop_process_group
-from vllm_pp_cudagraph.serve_load import (
+from vllm_pp_cudagraph.bench.engine_run import MODES, RunSpec, engine_env, stop_process_group
+from vllm_pp_cudagraph.bench.serve_load import (
     LoadSpec,
     completed_texts,
     fetch_preemptions,
     run_load,
     wait_until_healthy,
 )
-from vllm_pp_cudagraph.stats import output_digest
+from vllm_pp_cudagraph.bench.stats import output_digest
 
 
 def mode_cli_args(mode: str) -> list[str]:
@@ -126,7 +126,7 @@ def run_serve_mode(
 
     ``extra_args`` go to ``vllm serve`` as they are. The report holds the load
     summary, a digest of completed texts, and with ``keep_texts`` the
-    :class:`~vllm_pp_cudagraph.serve_load.LoadReport` itself (key ``load_report``).
+    :class:`~vllm_pp_cudagraph.bench.serve_load.LoadReport` itself (key ``load_report``).
     """
     load.model = "dummy"
 

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.dummy_model import SHAPES, token_word, write_model_dir
-from vllm_pp_cudagraph.engine_run import (
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES, token_word, write_model_dir
+from vllm_pp_cudagraph.bench.engine_run import (
     MODES,
     RUNNERS,
     TOKEN_FAMILY,
@@ -27,8 +27,8 @@ from vllm_pp_cudagraph.engine_run import (
     make_prompts,
     run_in_subprocess,
 )
-from vllm_pp_cudagraph.serve_load import LoadSpec
-from vllm_pp_cudagraph.serve_run import run_serve_mode
+from vllm_pp_cudagraph.bench.serve_load import LoadSpec
+from vllm_pp_cudagraph.bench.serve_run import run_serve_mode
 
 DEFAULT_MODES = [
     f"{runner}:{mode}"
