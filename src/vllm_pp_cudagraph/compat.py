@@ -106,3 +106,19 @@ def layer_names_are_hoisted() -> bool:
     from vllm.utils import torch_utils
 
     return bool(getattr(torch_utils, "_USE_LAYERNAME", False))
+
+
+#: The scheduler's queues of requests waiting for admission: ``waiting`` and
+#: ``skipped_waiting`` up to 0.30; ``waiting`` and ``kv_holding_waiting`` from 0.31.
+WAITING_QUEUE_NAMES = ("waiting", "skipped_waiting", "kv_holding_waiting")
+
+
+def waiting_queues(scheduler: object) -> list:
+    """The waiting queues this vLLM's scheduler has."""
+    return [q for name in WAITING_QUEUE_NAMES if (q := getattr(scheduler, name, None)) is not None]
+
+
+def admission_cap(scheduler: object) -> int:
+    """How many requests may run at once: ``max_num_active_reqs`` from 0.31,
+    ``max_num_running_reqs`` before."""
+    return getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)

@@ -8,7 +8,7 @@ step T are applied to a first stage's request state at step T + ``pp_size``
 the pipeline. But when all running requests decode together, as they do once a
 batch has formed, every step between two decodes is empty: the engine core
 schedules nothing, every worker takes a round trip, and at PP=2 the empty steps
-took 35% of the step time (docs/performance.md, fourth round).
+were about a third of the step time at PP=2 (docs/performance.md).
 
 The two halves below remove those empty steps without changing what any step
 computes:
@@ -39,7 +39,25 @@ from typing import Any
 import numpy as np
 from vllm.v1.core.sched.interface import PauseState
 
+from vllm_pp_cudagraph import compat
+
 ScheduleFn = Callable[..., Any]
+
+
+def may_lift(request: Any) -> bool:
+    """Whether ``request`` may decode sooner than vLLM's cadence lets it.
+
+    Not when structured output guides it: the engine core builds a step's
+    grammar bitmask after applying only the oldest batch in flight, and vLLM's
+    cadence is what makes that batch hold the request's previous token. Not
+    when the outputs already in flight complete it: vLLM's "already at
+    max_tokens" skip assumes at most one output in flight, so a lifted request
+    could be scheduled for tokens it will never emit.
+    """
+    if request.use_structured_output:
+        return False
+    in_flight = request.num_output_placeholders
+    return request.num_output_tokens + in_flight < request.max_tokens
 
 
 def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
@@ -48,15 +66,17 @@ def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
     ``running`` are the scheduler's running requests, ``step`` the value
     ``current_step`` will have in this ``schedule()`` call. If any running
     request is already eligible (or there is none), nothing changes.
-    Otherwise the requests with the smallest ``next_decode_eligible_step``
-    become eligible now. Lifting only that group keeps other groups where
-    they are, so with ``pp_size > 2`` groups still fill different steps.
+    Otherwise, of the requests that :func:`may_lift`, those with the smallest
+    ``next_decode_eligible_step`` become eligible now. Lifting only that group
+    keeps other groups where they are, so with ``pp_size > 2`` groups still
+    fill different steps.
     """
     held = []
     for request in running:
         if request.next_decode_eligible_step <= step:
             return 0
-        held.append(request)
+        if may_lift(request):
+            held.append(request)
     if not held:
         return 0
     soonest = min(r.next_decode_eligible_step for r in held)
@@ -86,12 +106,12 @@ def may_admit(scheduler: Any) -> bool:
     KV-cache space is not checked: a step that then admits nothing stays idle,
     as in vLLM.
     """
-    if not (scheduler.waiting or scheduler.skipped_waiting):
+    if not any(compat.waiting_queues(scheduler)):
         return False
     if getattr(scheduler, "_pause_state", None) not in (None, PauseState.UNPAUSED):
         return False
     occupied = len(scheduler.running) + getattr(scheduler, "num_waiting_for_streaming_input", 0)
-    return occupied < scheduler.max_num_running_reqs
+    return occupied < compat.admission_cap(scheduler)
 
 
 def filling_idle_steps(original: ScheduleFn) -> ScheduleFn:

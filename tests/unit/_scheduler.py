@@ -8,12 +8,13 @@ from collections.abc import Callable
 
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 BLOCK = 16
 
@@ -40,11 +41,46 @@ def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seq
     return scheduler
 
 
-def make_requests(count: int, rng: random.Random, prompt=(2, 30), output=(5, 40)) -> list[Request]:
-    """Greedy requests with random prompt and output lengths in the given ranges."""
-    return [Request(request_id=str(i), prompt_token_ids=[5] * rng.randint(*prompt),
-                    sampling_params=SamplingParams(max_tokens=rng.randint(*output), ignore_eos=True),
-                    pooling_params=None) for i in range(count)]
+class AcceptingGrammar(StructuredOutputGrammar):
+    """A compiled grammar that accepts every token (the schedule is what is under test)."""
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        return tokens
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+    def fill_bitmask(self, bitmask, batch_index: int) -> None:
+        pass
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def reset(self) -> None:
+        pass
+
+
+def make_requests(count: int, rng: random.Random, prompt=(2, 30), output=(5, 40),
+                  structured: Callable[[int], bool] = lambda i: False) -> list[Request]:
+    """Greedy requests with random prompt and output lengths in the given ranges.
+
+    Requests ``i`` with ``structured(i)`` carry a JSON-schema structured output,
+    its grammar already compiled (as the engine core does before scheduling).
+    """
+    requests = []
+    for i in range(count):
+        params = SamplingParams(max_tokens=rng.randint(*output), ignore_eos=True)
+        if structured(i):
+            params.structured_outputs = StructuredOutputsParams(json={"type": "object"})
+        request = Request(request_id=str(i), prompt_token_ids=[5] * rng.randint(*prompt),
+                          sampling_params=params, pooling_params=None)
+        if structured(i):
+            request.structured_output_request.grammar = AcceptingGrammar()
+        requests.append(request)
+    return requests
 
 
 def sampled_positions(scheduler: AsyncScheduler, output) -> dict[str, int]:

@@ -187,8 +187,54 @@ def empty_steps(run: Run) -> int:
 def test_lone_group_decodes_on_every_step(model_dir, fill):
     run = lone_group(model_dir)
     assert run.problems == []
-    assert empty_steps(run) <= 2, run.steps
+    # The tail waits for the last tokens in flight rather than decode past max_tokens.
+    assert empty_steps(run) <= 3, run.steps
     assert len(run.steps) <= 45  # one prefill step and 40 tokens, a few steps of tail
+
+
+def scheduled_steps(run: Run) -> dict[str, list[int]]:
+    """Per request, the steps that scheduled it."""
+    steps: dict[str, list[int]] = {}
+    for index, step in enumerate(run.steps):
+        for req_id in step:
+            steps.setdefault(req_id, []).append(index)
+    return steps
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_no_request_is_scheduled_past_max_tokens(model_dir, fill, pp):
+    """Each request is scheduled once for its prompt and once per further token:
+    with outputs in flight that already complete it, the fill must not lift it
+    (vLLM's own skip assumes at most one output in flight)."""
+    run = lone_group(model_dir, pp=pp)
+    assert run.problems == []
+    extra = {rid: len(steps) - 40 for rid, steps in scheduled_steps(run).items()}
+    assert set(extra.values()) == {0}, extra
+
+
+def test_structured_output_requests_keep_vllms_cadence(model_dir, fill):
+    """The engine core builds a step's grammar bitmask after applying only the
+    oldest batch in flight; vLLM's cadence (a decode every pp_size steps) is what
+    makes that batch hold a structured request's previous token. Half the
+    requests are structured, arriving over time, PP 2 and 4, 20 seeds: no
+    structured request may decode sooner than pp_size steps after its last
+    decode, while the unstructured ones are still lifted."""
+    too_soon, lifted = [], 0
+    for pp in (2, 4):
+        for seed in range(20):
+            rng = random.Random(seed)
+            requests = make_requests(12, rng, structured=lambda i: i % 2 == 0)
+            arrivals = [rng.randint(0, 20) for _ in range(12)]
+            run = serve(make_scheduler(model_dir, num_blocks=64, pp=pp), requests, arrivals)
+            assert run.problems == []
+            for rid, steps in scheduled_steps(run).items():
+                gaps = [b - a for a, b in zip(steps, steps[1:])]
+                if int(rid) % 2 == 0:
+                    too_soon += [(pp, seed, rid, g) for g in gaps if g < pp]
+                else:
+                    lifted += sum(g < pp for g in gaps)
+    assert too_soon == []
+    assert lifted > 0, "the fill never acted: nothing was tested"
 
 
 def test_vllm_cadence_leaves_every_other_step_empty(model_dir):
@@ -201,7 +247,7 @@ def test_vllm_cadence_leaves_every_other_step_empty(model_dir):
 def test_pp4_lone_group_decodes_on_every_step(model_dir, fill):
     run = lone_group(model_dir, pp=4)
     assert run.problems == []
-    assert empty_steps(run) <= 4
+    assert empty_steps(run) <= 5  # as at PP=2, the tail waits for its last tokens
 
 
 def test_interleaved_groups_are_scheduled_as_vllm_does(model_dir):
