@@ -13,8 +13,12 @@ from vllm_pp_cudagraph.plugin import PLUGIN_NAME, is_enabled
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings, SettingsError
 
 EXIT_OK = 0
+#: The installed vLLM is outside the supported range (and no override is set).
 EXIT_UNSUPPORTED = 1
+#: A setting is wrong: a plugin setting, a misspelt VLLM_PLUGINS, V1 forced with the plugin.
 EXIT_MISCONFIGURED = 2
+#: Everything is in order except that no NVIDIA GPU is visible.
+EXIT_NO_GPU = 3
 
 
 def _near_misses(value: str) -> list[str]:
@@ -35,35 +39,52 @@ def _general_plugins() -> list[str]:
     return sorted(ep.name for ep in metadata.entry_points(group="vllm.general_plugins"))
 
 
-def _gpu_count() -> str:
+def _gpu_count() -> int | None:
     try:
         import torch
     except ImportError:
-        return "unknown (torch is not installed)"
-    return str(torch.cuda.device_count())
+        return None
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def check(out=sys.stdout) -> int:
-    """Report whether this install can run the plugin; return the exit code."""
-    code = EXIT_OK
+    """Report whether this install can run the plugin; return the exit code.
+
+    The code is that of the first problem found, in this order: the vLLM
+    version (1), settings (2), no GPU visible (3); 0 when there is none.
+    """
+    problems: list[int] = []
 
     def say(line: str = "") -> None:
         print(line, file=out)
+
+    settings = None
+    settings_error = None
+    try:
+        settings = PPCudaGraphSettings.from_env()
+    except SettingsError as exc:
+        settings_error = exc
 
     versions = compat.installed_versions()
     say(f"vllm-pp-cudagraph {__version__}")
     if not versions.installed:
         say(f"vLLM: not installed (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED")
-        code = EXIT_UNSUPPORTED
+        problems.append(EXIT_UNSUPPORTED)
     elif versions.supported:
         say(f"vLLM: {versions.vllm} (supported: {compat.SUPPORTED_RANGE})  OK")
+    elif settings is not None and settings.allow_unsupported_vllm:
+        say(
+            f"vLLM: {versions.vllm} (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED, "
+            "allowed by VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 (untested: the plugin's "
+            "overrides may not match this vLLM)"
+        )
     else:
         say(
             f"vLLM: {versions.vllm} (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED: "
             "install a supported vLLM, or set VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 "
             "to try anyway"
         )
-        code = EXIT_UNSUPPORTED
+        problems.append(EXIT_UNSUPPORTED)
     say(f"torch: {versions.torch or 'not installed'}")
 
     plugins_value = os.environ.get("VLLM_PLUGINS")
@@ -78,10 +99,11 @@ def check(out=sys.stdout) -> int:
         say(f"VLLM_PLUGINS={plugins_value!r}: plugin INACTIVE")
         for miss in _near_misses(plugins_value):
             say(
-                f"  WARNING: {miss!r} is not the plugin's name; did you mean "
+                f"  ERROR: {miss!r} is not the plugin's name; did you mean "
                 f"{PLUGIN_NAME!r}? vLLM splits VLLM_PLUGINS on ',' and matches "
                 "names exactly (no spaces)."
             )
+            problems.append(EXIT_MISCONFIGURED)
     others = [name for name in _general_plugins() if name != PLUGIN_NAME]
     say(
         "  note: VLLM_PLUGINS also filters every other vLLM plugin: only the names "
@@ -89,33 +111,41 @@ def check(out=sys.stdout) -> int:
         + (f" Other installed general plugins: {', '.join(others)}." if others else "")
     )
 
-    try:
-        settings = PPCudaGraphSettings.from_env()
+    if settings_error is not None:
+        say(f"settings: INVALID: {settings_error}")
+        problems.append(EXIT_MISCONFIGURED)
+    else:
         say("settings: OK")
         for name, value in settings.model_dump().items():
             say(f"  {PPCudaGraphSettings.env_name(name)}={value}")
-    except SettingsError as exc:
-        say(f"settings: INVALID: {exc}")
-        code = max(code, EXIT_MISCONFIGURED)
 
-    if versions.installed:
-        from vllm_pp_cudagraph.patches import PATCHES, SCOPED_PATCHES
+    if versions.installed and settings is not None:
+        from vllm_pp_cudagraph.patches import SCOPED_PATCHES, standing
 
-        say("patches applied when enabled:")
-        for patch in PATCHES:
-            say(f"  - {patch.name}: {patch.target}")
+        say("patches when enabled, on this vLLM with these settings:")
+        for patch, why in standing(settings):
+            state = "applies" if why is None else f"stands aside: {why}"
+            say(f"  - {patch.name}: {state}  [{patch.target}]")
         for scoped in SCOPED_PATCHES:
-            say(f"  - {scoped.name} (during graph capture only): {scoped.target}")
+            say(f"  - {scoped.name}: applies during graph capture only  [{scoped.target}]")
         v2_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
         if is_enabled() and v2_env is not None and v2_env.strip() == "0":
             say(
                 "  ERROR: VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner, which the "
                 "plugin cannot serve; unset it or remove pp_cudagraph from VLLM_PLUGINS."
             )
-            code = max(code, EXIT_MISCONFIGURED)
+            problems.append(EXIT_MISCONFIGURED)
 
-    say(f"GPUs visible: {_gpu_count()}")
-    return code
+    gpus = _gpu_count()
+    if gpus is None:
+        say("GPUs visible: unknown (torch is not installed)")
+    elif gpus == 0:
+        say("GPUs visible: 0  PROBLEM: no NVIDIA GPU visible; vLLM cannot serve here "
+            "(check the driver and CUDA_VISIBLE_DEVICES)")
+        problems.append(EXIT_NO_GPU)
+    else:
+        say(f"GPUs visible: {gpus}")
+    return problems[0] if problems else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "check",
-        help="Report versions, whether the plugin is enabled, and what it patches.",
+        help="Report versions, whether the plugin is enabled, which patches apply or "
+        "stand aside, and GPUs visible. Exit codes: 0 ok, 1 unsupported vLLM, "
+        "2 misconfigured, 3 no GPU visible.",
     )
     sub.add_parser(
         "bench",

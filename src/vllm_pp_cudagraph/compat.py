@@ -1,32 +1,169 @@
-"""Everything that depends on which vLLM release is installed.
+"""The vLLM surface this plugin relies on, and how it differs between releases.
 
-The rest of the package asks this module, never ``vllm.__version__``
-directly, so widening the supported range means editing one file.
+This is the one module that names vLLM internals. The rest of the package asks
+it (never ``vllm.__version__``): which modules and classes to patch, which
+private attributes exist, and how a call changed shape between releases.
+Differences are found by probing the installed vLLM (a parameter, an attribute,
+how a decorator behaves) rather than by comparing version numbers, so a
+back-port or a release candidate is handled by what it contains.
+
+:data:`SURFACE` lists every vLLM name the plugin reads or overrides, private
+attributes included; :func:`missing_surface` checks an installed vLLM against
+it, and a CPU test fails naming whatever is missing. On a vLLM upgrade, that
+test and the release matrix (``tests/release_matrix.sh``) are where to look.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 #: Releases this plugin is tested against: lower bound inclusive, upper exclusive.
 SUPPORTED_MIN = (0, 26, 0)
-SUPPORTED_BELOW = (0, 27, 0)
-SUPPORTED_RANGE = ">=0.26.0,<0.27"
+SUPPORTED_BELOW = (0, 33, 0)
+SUPPORTED_RANGE = ">=0.26.0,<0.33"
 
 #: Module whose ``GPUModelRunner`` attribute the worker imports at construction time.
 V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 #: Module holding MRV2's CUDA-graph manager.
 V2_CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
+#: Module of MRV2's pipeline hand-off of sampled tokens to the first stages.
+PP_UTILS_MODULE = "vllm.v1.worker.gpu.pp_utils"
 #: Modules whose attention ops are decorated for breakable graphs at import time.
 BREAKABLE_DECORATED_MODULES = ("vllm.model_executor.layers.attention.attention",)
+#: Module of the breakable-graph wrapper and decorator.
+BREAKABLE_MODULE = "vllm.compilation.breakable_cudagraph"
 #: Module of the scheduler used with async scheduling.
 ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
 #: Module of ``CompilationConfig``, which picks the piecewise split points.
 COMPILATION_CONFIG_MODULE = "vllm.config.compilation"
-#: The KV-cache-write ops vLLM splits piecewise graphs at (0.26).
-KV_CACHE_UPDATE_OPS = ("vllm::unified_kv_cache_update", "vllm::unified_mla_kv_cache_update")
+#: Module of ``VllmConfig``, whose construction picks the split points.
+VLLM_CONFIG_MODULE = "vllm.config.vllm"
+#: Module of the engine core, which fills idle steps only if its workers can.
+ENGINE_CORE_MODULE = "vllm.v1.engine.core"
+#: The (non-MLA) KV-cache-write op vLLM splits piecewise graphs at.
+KV_CACHE_UPDATE_OP = "vllm::unified_kv_cache_update"
+
+
+@dataclass(frozen=True)
+class Needed:
+    """One vLLM class or function the plugin relies on, and what of it.
+
+    ``members`` must be attributes of the object itself (methods, class
+    attributes, properties); ``instance_attrs`` are assigned in ``__init__``
+    (of the class or a base) and are found in its source.
+    """
+
+    module: str
+    name: str
+    members: tuple[str, ...] = ()
+    instance_attrs: tuple[str, ...] = ()
+
+
+SURFACE: tuple[Needed, ...] = (
+    Needed(
+        V2_RUNNER_MODULE,
+        "GPUModelRunner",
+        members=(
+            "load_model", "profile_run", "profile_cudagraph_memory", "initialize_kv_cache",
+            "capture_model", "execute_model", "prepare_inputs", "update_pp_decode_requests",
+            "postprocess_sampled",
+        ),
+        instance_attrs=(
+            "intermediate_tensors", "cudagraph_manager", "pp_handler", "req_states", "model",
+            "model_config", "parallel_config", "compilation_config", "vllm_config", "device",
+            "is_first_pp_rank", "is_last_pp_rank", "use_pp", "max_num_reqs", "input_buffers",
+            "model_state",
+        ),
+    ),
+    Needed(
+        V2_CUDAGRAPH_MODULE,
+        "ModelCudaGraphManager",
+        members=("capture", "dispatch", "needs_capture", "_init_candidates",
+                 "init_breakable_cg_runner", "run_pw_graph"),
+        instance_attrs=(
+            "_capture_descs", "_candidates", "_graphs_captured", "graphs", "pool",
+            "breakable_cg_runner", "use_breakable_cg", "max_num_reqs", "vllm_config",
+            "device", "cudagraph_mode", "decode_query_len",
+        ),
+    ),
+    Needed(V2_CUDAGRAPH_MODULE, "BatchExecutionDescriptor",
+           members=("num_tokens", "num_reqs", "cg_mode", "uniform_token_count",
+                    "num_active_loras")),
+    Needed(PP_UTILS_MODULE, "PPHandler", members=("get_prev_sampled_outputs",),
+           instance_attrs=("queue", "req_idx_gen_np", "is_last_rank")),
+    Needed(PP_UTILS_MODULE, "PendingRecv",
+           members=("idx_mapping_np", "gen_at_receive_np", "need_sampled_mask")),
+    Needed(BREAKABLE_MODULE, "BreakableCUDAGraphWrapper", members=("clear_graphs",),
+           instance_attrs=("graph_pool",)),
+    Needed(BREAKABLE_MODULE, "is_breakable_cudagraph_enabled"),
+    Needed(BREAKABLE_MODULE, "eager_break_during_capture"),
+    Needed(ASYNC_SCHEDULER_MODULE, "AsyncScheduler",
+           members=("schedule", "_update_after_schedule", "_update_request_with_output"),
+           instance_attrs=("running", "requests", "current_step", "pp_size",
+                           "use_v2_model_runner", "num_spec_tokens", "max_num_running_reqs",
+                           "waiting", "_pause_state", "num_waiting_for_streaming_input")),
+    Needed("vllm.v1.request", "Request",
+           members=("use_structured_output", "num_output_tokens"),
+           instance_attrs=("next_decode_eligible_step", "num_output_placeholders",
+                           "max_tokens")),
+    Needed(COMPILATION_CONFIG_MODULE, "CompilationConfig",
+           members=("set_splitting_ops_for_v1",)),
+    Needed(VLLM_CONFIG_MODULE, "VllmConfig", members=("__post_init__", "use_v2_model_runner")),
+    Needed(ENGINE_CORE_MODULE, "EngineCore", members=("_initialize_kv_caches",),
+           instance_attrs=("model_executor", "vllm_config")),
+    Needed("vllm.v1.core.sched.interface", "PauseState", members=("UNPAUSED",)),
+    Needed("vllm.sequence", "IntermediateTensors", members=("tensors",)),
+    Needed("vllm.distributed.parallel_state", "get_pp_group"),
+    Needed("vllm.distributed.parallel_state", "get_tp_group"),
+    Needed("vllm.distributed.parallel_state", "graph_capture"),
+    Needed("vllm.forward_context", "set_forward_context"),
+    Needed("vllm.utils.torch_utils", "_USE_LAYERNAME"),
+)
+
+
+def _assigned_in_source(cls: type, attr: str) -> bool:
+    pattern = re.compile(rf"self\.{re.escape(attr)}\s*(:[^=\n]*)?=")
+    for klass in cls.__mro__:
+        if klass is object or klass.__module__.startswith("vllm_pp_cudagraph"):
+            continue
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        if pattern.search(source) or re.search(rf"^\s+{re.escape(attr)}\s*:", source, re.M):
+            return True
+    return False
+
+
+def missing_surface(surface: tuple[Needed, ...] = SURFACE) -> list[str]:
+    """What of ``surface`` the installed vLLM lacks, one line per name."""
+    missing = []
+    for need in surface:
+        try:
+            module = importlib.import_module(need.module)
+        except ImportError as exc:
+            missing.append(f"{need.module}: cannot import ({exc})")
+            continue
+        obj = getattr(module, need.name, None)
+        if obj is None:
+            missing.append(f"{need.module}.{need.name}")
+            continue
+        for member in need.members:
+            if not hasattr(obj, member) and not (
+                isinstance(obj, type) and _assigned_in_source(obj, member)
+            ):
+                missing.append(f"{need.module}.{need.name}.{member}")
+        for attr in need.instance_attrs:
+            if not _assigned_in_source(obj, attr):
+                missing.append(f"{need.module}.{need.name}: instance attribute {attr}")
+    return missing
 
 
 @dataclass(frozen=True)
@@ -72,40 +209,102 @@ def installed_versions() -> VersionInfo:
     return VersionInfo(vllm=_dist_version("vllm"), torch=_dist_version("torch"))
 
 
+def _params(fn: Callable) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(fn).parameters)
+
+
 def manager_init_args(stock: object) -> tuple[tuple, dict]:
     """Arguments that rebuild MRV2's model CUDA-graph manager like ``stock``.
 
-    0.24-0.26: ``(vllm_config, device, cudagraph_mode, decode_query_len,
-    lora_capture_cases=...)``; 0.22 has no ``lora_capture_cases``.
+    Every ``__init__`` parameter is read back from the attribute of the same
+    name (``lora_capture_cases`` from 0.24, ``varlen_decode`` from 0.28,
+    ``ubatch_runner`` from 0.30, whatever comes next under the same rule).
     """
-    args = (stock.vllm_config, stock.device, stock.cudagraph_mode)
-    kwargs = {"decode_query_len": stock.decode_query_len}
-    if hasattr(stock, "lora_capture_cases"):
-        kwargs["lora_capture_cases"] = stock.lora_capture_cases
-    return args, kwargs
+    vllm_cls = next(c for c in type(stock).__mro__ if not c.__module__.startswith("vllm_pp_"))
+    params = list(_params(vllm_cls.__init__).values())[1:]
+    kwargs = {}
+    for param in params:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if not hasattr(stock, param.name):
+            raise TypeError(
+                f"cannot rebuild {type(stock).__name__}: no attribute for its "
+                f"__init__ parameter {param.name!r} (vLLM changed; see compat.py)"
+            )
+        kwargs[param.name] = getattr(stock, param.name)
+    return (), kwargs
+
+
+@functools.cache
+def _position(fn: Callable, name: str) -> int:
+    params = list(inspect.signature(fn).parameters)
+    return params.index(name) - (1 if params and params[0] == "self" else 0)
+
+
+def bound_argument(method: Callable, name: str, args: tuple, kwargs: dict) -> Any:
+    """The value ``method(*args, **kwargs)`` receives for parameter ``name``.
+
+    ``prepare_inputs`` is ``(scheduler_output, batch_desc)`` up to 0.27,
+    gains ``batch_req_state`` in 0.28 and ``num_active_loras`` in 0.31. The
+    position is looked up once per function (this runs every step).
+    """
+    if name in kwargs:
+        return kwargs[name]
+    return args[_position(getattr(method, "__func__", method), name)]
+
+
+def prev_sampled_outputs(handler: Any, draft_tokens: Any = None) -> dict | None:
+    """``PPHandler.get_prev_sampled_outputs``, passing draft tokens where it takes them (0.30+)."""
+    if draft_tokens is not None and "draft_tokens_to_update" in _params(
+        handler.get_prev_sampled_outputs
+    ):
+        return handler.get_prev_sampled_outputs(draft_tokens)
+    return handler.get_prev_sampled_outputs()
 
 
 def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool:
     """Whether preempting a request leaves its in-flight output placeholders behind.
 
-    True up to 0.26. The upstream rework (vLLM PR #48245) marks such output
-    stale and passes ``is_stale`` to ``_update_request_with_output``; a vLLM with
-    that parameter needs no help.
+    True up to 0.26. The upstream rework (vLLM PR #48245, in 0.27.0) marks such
+    output stale and passes ``is_stale`` to ``_update_request_with_output``; a
+    vLLM with that parameter needs no help.
     """
-    import inspect
-
-    params = inspect.signature(async_scheduler_cls._update_request_with_output).parameters
-    return "is_stale" not in params
+    return "is_stale" not in _params(async_scheduler_cls._update_request_with_output)
 
 
-def layer_names_are_hoisted() -> bool:
-    """Whether custom ops take layer names as hoisted opaque values (torch >= 2.11).
+@functools.cache
+def upstream_measures_graph_memory() -> bool:
+    """Whether MRV2 measures CUDA-graph memory before sizing the KV cache (0.29+).
 
-    Then one compiled piece serves every layer even with a layer-named op inside.
+    Upstream (vLLM PR #53682) captures into a minimal KV cache built with
+    ``initialize_kv_cache(..., is_profiling=True)``; that parameter is the probe.
     """
-    from vllm.utils import torch_utils
+    runner_cls = importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner
+    return "is_profiling" in _params(runner_cls.initialize_kv_cache)
 
-    return bool(getattr(torch_utils, "_USE_LAYERNAME", False))
+
+@functools.cache
+def breakable_decided_at_import() -> bool:
+    """Whether vLLM's breakable decorator reads its switch when a module is imported.
+
+    Up to 0.32 ``eager_break_during_capture`` returns the function unchanged
+    while ``VLLM_USE_BREAKABLE_CUDAGRAPH`` is off, so the variable must be set
+    before vLLM's attention modules load. From 0.33 it always wraps and
+    decides at call time. Probed by decorating a function with the switch off.
+    """
+    import os
+
+    from vllm.compilation import breakable_cudagraph
+
+    if breakable_cudagraph.is_breakable_cudagraph_enabled():
+        return True  # already on: nothing to learn, nothing can come too late
+    if "VLLM_USE_BREAKABLE_CUDAGRAPH" in os.environ:
+        return True
+
+    def probe() -> None:
+        return None
+
+    return breakable_cudagraph.eager_break_during_capture(probe) is probe
 
 
 #: The scheduler's queues of requests waiting for admission: ``waiting`` and
@@ -122,3 +321,13 @@ def admission_cap(scheduler: object) -> int:
     """How many requests may run at once: ``max_num_active_reqs`` from 0.31,
     ``max_num_running_reqs`` before."""
     return getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)
+
+
+def layer_names_are_hoisted() -> bool:
+    """Whether custom ops take layer names as hoisted opaque values (torch >= 2.11).
+
+    Then one compiled piece serves every layer even with a layer-named op inside.
+    """
+    from vllm.utils import torch_utils
+
+    return bool(getattr(torch_utils, "_USE_LAYERNAME", False))

@@ -123,6 +123,7 @@ def filling_idle_steps(original: ScheduleFn) -> ScheduleFn:
         return original(self, *args, **kwargs)
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
+    schedule.__pp_cudagraph_fill__ = True  # type: ignore[attr-defined]
     return schedule
 
 
@@ -138,7 +139,9 @@ def _live_rows(handler: Any, entry: Any) -> np.ndarray:
     return alive & entry.need_sampled_mask
 
 
-def consume_entries_needed_by(handler: Any, req_indices: np.ndarray) -> list[dict]:
+def consume_entries_needed_by(
+    handler: Any, req_indices: np.ndarray, draft_tokens: Any = None
+) -> list[dict]:
     """Consume from ``handler``'s ring, early, the entries a step with ``req_indices`` needs.
 
     ``handler`` is vLLM's ``PPHandler`` on a first stage, after this step's
@@ -164,13 +167,13 @@ def consume_entries_needed_by(handler: Any, req_indices: np.ndarray) -> list[dic
         entry = handler.queue[position]
         if entry is not None:
             handler.queue[position] = None
-            outputs = _consume_now(handler, entry)
+            outputs = _consume_now(handler, entry, draft_tokens)
             if outputs is not None:
                 consumed.append(outputs)
     return consumed
 
 
-def _consume_now(handler: Any, entry: Any) -> dict | None:
+def _consume_now(handler: Any, entry: Any, draft_tokens: Any = None) -> dict | None:
     """vLLM's own consume of one entry: freed and unneeded rows masked, the broadcast awaited.
 
     ``get_prev_sampled_outputs`` consumes the head of the ring and reserves a
@@ -178,6 +181,6 @@ def _consume_now(handler: Any, entry: Any) -> dict | None:
     again, leaving the ring as it was.
     """
     handler.queue.appendleft(entry)
-    outputs = handler.get_prev_sampled_outputs()
+    outputs = compat.prev_sampled_outputs(handler, draft_tokens)
     handler.queue.pop()
     return outputs

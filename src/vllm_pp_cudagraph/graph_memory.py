@@ -24,22 +24,25 @@ from vllm.forward_context import set_forward_context
 from vllm_pp_cudagraph.capture_guard import forbid_pipeline_communication
 
 
-def planned_graph_count(mode: CUDAGraphMode, capture_sizes: list[int]) -> int:
-    """Upper bound on graphs per capture size set for ``mode`` (before resolution)."""
+def planned_graph_count(
+    mode: CUDAGraphMode, capture_sizes: list[int], lora_capture_cases: int = 1
+) -> int:
+    """Upper bound on graphs for ``mode`` (before resolution).
+
+    MRV2 captures each shape once per LoRA capture case (the active-adapter
+    counts it keeps graphs for: one case without LoRA, more with it).
+    """
     if mode == CUDAGraphMode.NONE or not capture_sizes:
         return 0
     per_size = int(mode.mixed_mode() != CUDAGraphMode.NONE)
     if mode.separate_routine() and mode.decode_mode() != CUDAGraphMode.NONE:
         per_size += 1
-    return per_size * len(capture_sizes)
+    return per_size * len(capture_sizes) * max(lora_capture_cases, 1)
 
 
 #: The device hands out memory in 2 MiB pages, so a free-memory reading moves in
-#: those steps: a second sample of 0 means "under one page", not "free". On 2x
-#: H200 (Qwen3-0.6B shape, PP=2) the second sample read 0 while capture then
-#: used about 3.8 MiB per capture size. With one page per graph the estimate
-#: comes to 128 MiB for PIECEWISE's 35 graphs (133 used) and 198 MiB for
-#: FULL_AND_PIECEWISE's 70 planned graphs (54 captured, 164 used).
+#: those steps: a second sample of 0 means "under one page", not "free"; each
+#: further graph is counted at one page at least.
 MIN_BYTES_PER_GRAPH = 2 << 20
 
 
@@ -73,7 +76,8 @@ def measure(runner) -> tuple[int, list[int], int]:
     """Return (estimate in bytes, samples, planned graph count) for ``runner``."""
     config = runner.compilation_config
     sizes = sorted(config.cudagraph_capture_sizes or [], reverse=True)
-    num_graphs = planned_graph_count(config.cudagraph_mode, sizes)
+    lora_cases = len(getattr(runner, "lora_capture_cases", None) or [0])
+    num_graphs = planned_graph_count(config.cudagraph_mode, sizes, lora_cases)
     if num_graphs == 0:
         return 0, [], 0
 

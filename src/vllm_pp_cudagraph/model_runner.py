@@ -15,10 +15,11 @@ from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import graph_memory
+from vllm_pp_cudagraph import compat, graph_memory
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.decode_cadence import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
+from vllm_pp_cudagraph.stage_failure import stopping_worker_on_error
 from vllm_pp_cudagraph.stage_inputs import (
     DECLARED,
     PRODUCED,
@@ -61,8 +62,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     enabled; it can also be constructed directly with the same arguments.
     Beyond vLLM's runner it checks every stage hand-off against the persistent
     input buffers, measures graph memory before the KV cache is sized,
-    runs :class:`PPCudaGraphManager`, and on the first stages applies the last
-    stage's sampled tokens as soon as a step needs them (decode_cadence.py).
+    runs :class:`PPCudaGraphManager`, on the first stages applies the last
+    stage's sampled tokens as soon as a step needs them (decode_cadence.py),
+    and stops its worker when a serving step fails (stage_failure.py).
     """
 
     cudagraph_manager: PPCudaGraphManager | None
@@ -114,12 +116,14 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         sent_as = PRODUCED if all(p for _, _, p in everyone[:-1]) else DECLARED
         check_handoff_schemas([s for s, _, _ in everyone], [e for _, e, _ in everyone], sent_as)
 
-    def profile_run(self) -> None:
-        super().profile_run()
+    def profile_run(self, *args, **kwargs) -> None:
+        super().profile_run(*args, **kwargs)
         if self.use_pp:
             self._check_stage_handoffs(produced=self._produced_schema)
 
     def profile_cudagraph_memory(self) -> int:
+        if compat.upstream_measures_graph_memory():
+            return super().profile_cudagraph_memory()
         try:
             estimate, samples, num_graphs = graph_memory.measure(self)
         except torch.OutOfMemoryError:
@@ -143,21 +147,21 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         )
         return estimate
 
-    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        super().initialize_kv_cache(kv_cache_config)
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig, *args, **kwargs) -> None:
+        super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
         # vLLM builds its own manager here; take its resolved mode and sizes
         # and continue with the plugin's manager instead.
         assert self.cudagraph_manager is not None
         self.cudagraph_manager = PPCudaGraphManager.replacing(self.cudagraph_manager)
         self.cudagraph_manager.estimated_bytes = self._graph_memory_estimate
 
-    def capture_model(self) -> int:
+    def capture_model(self, *args, **kwargs) -> int:
         assert self.cudagraph_manager is not None
         if not self.cudagraph_manager.needs_capture():
             # vLLM returns early here; other stages may still capture and then
             # wait for this one's outcome.
             self.cudagraph_manager.settle_with_other_stages()
-        return super().capture_model()
+        return super().capture_model(*args, **kwargs)
 
     def execute_model(
         self,
@@ -167,6 +171,14 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         *args,
         **kwargs,
     ):
+        if dummy_run or not self.use_pp:
+            return self._execute_step(scheduler_output, intermediate_tensors, dummy_run,
+                                      *args, **kwargs)
+        with stopping_worker_on_error(self.pp_stage, "execute_model"):
+            return self._execute_step(scheduler_output, intermediate_tensors, dummy_run,
+                                      *args, **kwargs)
+
+    def _execute_step(self, scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs):
         if intermediate_tensors is not None and not dummy_run:
             assert self.intermediate_tensors is not None
             self._received_tokens = check_stage_inputs(
@@ -189,6 +201,12 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self._produced_schema = schema_of(output.tensors)
         return output
 
+    def sample_tokens(self, *args, **kwargs):
+        if not self.use_pp:
+            return super().sample_tokens(*args, **kwargs)
+        with stopping_worker_on_error(self.pp_stage, "sample_tokens"):
+            return super().sample_tokens(*args, **kwargs)
+
     def update_pp_decode_requests(self) -> None:
         # vLLM applies the tokens sampled pp_size steps ago; a request that
         # decodes again sooner (decode_cadence.py) needs its newer ones too.
@@ -197,14 +215,16 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if handler is None or handler.is_last_rank or not self._step_cached_req_ids:
             return
         needed = batch_req_indices(self._step_cached_req_ids, self.req_states.req_id_to_index)
-        for outputs in consume_entries_needed_by(handler, needed):
+        draft_tokens = getattr(self.req_states, "draft_tokens", None)
+        for outputs in consume_entries_needed_by(handler, needed, draft_tokens):
             self.postprocess_sampled(**outputs)
 
-    def prepare_inputs(
-        self, scheduler_output: SchedulerOutput, batch_desc: BatchExecutionDescriptor
-    ) -> InputBatch:
+    def prepare_inputs(self, *args, **kwargs) -> InputBatch:
         # Runs after this step's graph dispatch and before the received tensors
         # are copied into the persistent buffers.
         if self._received_tokens is not None:
+            batch_desc: BatchExecutionDescriptor = compat.bound_argument(
+                super().prepare_inputs, "batch_desc", args, kwargs
+            )
             check_padding_agreement(self._received_tokens, batch_desc.num_tokens, self.pp_stage)
-        return super().prepare_inputs(scheduler_output, batch_desc)
+        return super().prepare_inputs(*args, **kwargs)

@@ -29,6 +29,10 @@ class PluginConfigError(ValueError):
     """The plugin was enabled together with a setting that contradicts it."""
 
 
+def _always_applies(settings: PPCudaGraphSettings) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Patch:
     """One documented modification of vLLM, with a way to undo it."""
@@ -39,6 +43,10 @@ class Patch:
     drop_when: str
     apply: Callable[[PPCudaGraphSettings], Undo | None]
     """Apply the patch; return how to undo it, or None when nothing changed."""
+    stands_aside: Callable[[PPCudaGraphSettings], str | None] = _always_applies
+    """Why the patch is not applied with these settings on this vLLM, or None."""
+    off_from: str | None = None
+    """The first vLLM release on which it stands aside because upstream has the fix."""
 
 
 def _swap_module_attr(module_name: str, attr: str, value: object) -> Undo:
@@ -91,34 +99,23 @@ def _patch_v2_runner_class(settings: PPCudaGraphSettings) -> Undo:
     )
 
 
-def _patch_v2_runner_default(settings: PPCudaGraphSettings) -> Undo | None:
-    current = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    if current is None:
-        return _set_env("VLLM_USE_V2_MODEL_RUNNER", "1")
-    # vLLM parses this variable with bool(int(value)): "0" is its only "off".
-    if current.strip() == "0":
-        raise PluginConfigError(
-            "VLLM_PLUGINS enables pp_cudagraph, which runs on vLLM's Model Runner "
-            f"V2, but VLLM_USE_V2_MODEL_RUNNER={current!r} selects the V1 runner. "
-            "Unset VLLM_USE_V2_MODEL_RUNNER (or set it to 1), or remove "
-            "pp_cudagraph from VLLM_PLUGINS to run stock vLLM."
-        )
+def _breakable_env_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    if not settings.breakable:
+        return "VLLM_PP_CUDAGRAPH_BREAKABLE is off"
+    if os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1":
+        return "VLLM_USE_BREAKABLE_CUDAGRAPH=1 is already set"
     return None
 
 
 def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo | None:
-    if not settings.breakable:
-        return None
     current = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH")
-    if current == "1":
-        return None
     if current is not None:
         raise PluginConfigError(
             "VLLM_PP_CUDAGRAPH_BREAKABLE=1 asks for breakable CUDA graphs but "
             f"VLLM_USE_BREAKABLE_CUDAGRAPH={current!r} turns them off; drop one of the two."
         )
     already = [m for m in compat.BREAKABLE_DECORATED_MODULES if m in sys.modules]
-    if already:
+    if already and compat.breakable_decided_at_import():
         raise PluginConfigError(
             "VLLM_PP_CUDAGRAPH_BREAKABLE=1 came too late in this process: vLLM already "
             f"imported {already[0]} without breakable graph breaks. Set the variable "
@@ -128,10 +125,20 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo | None:
     return _set_env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
 
 
+def _async_scheduler_cls() -> type:
+    return importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
+
+
+def _async_preemption_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    if compat.async_preemption_keeps_stale_placeholders(_async_scheduler_cls()):
+        return None
+    return "this vLLM marks preempted in-flight output stale itself (is_stale)"
+
+
 def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
     from vllm_pp_cudagraph.async_preemption import dropping_stale_output_on_resume
 
-    scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
+    scheduler_cls = _async_scheduler_cls()
     if not compat.async_preemption_keeps_stale_placeholders(scheduler_cls):
         return None
     return _wrap_class_attr(
@@ -139,13 +146,35 @@ def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
     )
 
 
+def _fill_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    return None if settings.fill_idle_steps else "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS is off"
+
+
 def _patch_fill_idle_steps(settings: PPCudaGraphSettings) -> Undo | None:
     if not settings.fill_idle_steps:
         return None
     from vllm_pp_cudagraph.decode_cadence import filling_idle_steps
 
-    scheduler_cls = importlib.import_module(compat.ASYNC_SCHEDULER_MODULE).AsyncScheduler
-    return _wrap_class_attr(scheduler_cls, "schedule", filling_idle_steps)
+    return _wrap_class_attr(_async_scheduler_cls(), "schedule", filling_idle_steps)
+
+
+def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
+    from vllm_pp_cudagraph.engine_check import checking_workers
+
+    engine_core_cls = importlib.import_module(compat.ENGINE_CORE_MODULE).EngineCore
+    return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", checking_workers)
+
+
+def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    if settings.kv_update_in_graphs:
+        return None
+    return "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS is off"
+
+
+def _graph_memory_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    if compat.upstream_measures_graph_memory():
+        return "this vLLM measures MRV2 graph memory itself (vLLM PR #53682)"
+    return None
 
 
 def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo | None:
@@ -153,51 +182,54 @@ def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo | None:
         return None
     from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
 
-    config_cls = importlib.import_module(compat.COMPILATION_CONFIG_MODULE).CompilationConfig
-    return _wrap_class_attr(config_cls, "set_splitting_ops_for_v1", keeping_kv_update_in_graphs)
+    config_cls = importlib.import_module(compat.VLLM_CONFIG_MODULE).VllmConfig
+    return _wrap_class_attr(config_cls, "__post_init__", keeping_kv_update_in_graphs)
 
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
-        name="v2-runner-default",
-        target="environment: VLLM_USE_V2_MODEL_RUNNER=1 (only when unset)",
-        why=(
-            "vLLM picks Model Runner V2 per model and falls back to V1 for some "
-            "(MoE outside its list, hybrid). The scheduler and every worker read "
-            "VllmConfig.use_v2_model_runner, which reads this variable first, so "
-            "setting it here (inherited by child processes, re-set in Ray "
-            "workers by their own plugin call) keeps them in agreement. With it "
-            "set, vLLM raises on features V2 lacks instead of silently using V1."
-        ),
-        drop_when="vLLM uses Model Runner V2 for every model by default.",
-        apply=_patch_v2_runner_default,
-    ),
-    Patch(
         name="breakable-env",
         target="environment: VLLM_USE_BREAKABLE_CUDAGRAPH=1 (with VLLM_PP_CUDAGRAPH_BREAKABLE=1)",
         why=(
-            "vLLM decides at import time whether attention ops break breakable "
-            "captures, and at config time that breakable mode turns torch.compile "
-            "off, both from this variable. The plugin setting is translated into it "
+            "vLLM decides from this variable at config time that breakable mode turns "
+            "torch.compile off, and up to 0.32 at import time whether attention ops "
+            "break breakable captures. The plugin setting is translated into it "
             "before anything imports the attention layers (the next patch does), "
             "so both switches behave the same in every process."
         ),
         drop_when="vLLM reads breakable mode from its config instead of the environment.",
         apply=_patch_breakable_env,
+        stands_aside=_breakable_env_stands_aside,
     ),
     Patch(
         name="v2-runner-class",
         target=f"{compat.V2_RUNNER_MODULE}.GPUModelRunner",
         why=(
-            "Worker.init_device builds MRV2 through a function-local import of "
-            "this module attribute; vLLM has no setting that selects the V2 "
-            "runner class, so the attribute is pointed at PPCudaGraphModelRunner."
+            "The worker builds MRV2 through a function-local import of this module "
+            "attribute; vLLM has no setting that selects the V2 runner class, so the "
+            "attribute is pointed at PPCudaGraphModelRunner. Models vLLM runs on its "
+            "V1 runner are left there."
         ),
         drop_when=(
             "vLLM offers a runner-class setting, or upstream MRV2 has the PP "
-            "graph handling this plugin adds (not the case up to 0.26)."
+            "graph handling this plugin adds (not the case up to 0.32)."
         ),
         apply=_patch_v2_runner_class,
+    ),
+    Patch(
+        name="graph-memory",
+        target="PPCudaGraphModelRunner.profile_cudagraph_memory (the plugin's runner)",
+        why=(
+            "Stock MRV2 reports 0 bytes of CUDA-graph memory before the KV cache is "
+            "sized, so at a high gpu_memory_utilization capture runs out of memory "
+            "(vLLM issue #49224). The plugin's runner measures instead "
+            "(graph_memory.py); a runner override, listed here because it stands "
+            "in for vLLM's own measurement."
+        ),
+        drop_when="vLLM measures MRV2 graph memory itself (0.29.0, vLLM PR #53682).",
+        apply=lambda settings: None,
+        stands_aside=_graph_memory_stands_aside,
+        off_from="0.29.0",
     ),
     Patch(
         name="async-preemption",
@@ -213,10 +245,12 @@ PATCHES: tuple[Patch, ...] = (
         ),
         drop_when=(
             "the installed vLLM marks preempted in-flight output stale itself "
-            "(vLLM PR #48245; detected from _update_request_with_output's is_stale "
-            "parameter, and then not applied)."
+            "(vLLM PR #48245 in 0.27.0; detected from _update_request_with_output's "
+            "is_stale parameter)."
         ),
         apply=_patch_async_preemption,
+        stands_aside=_async_preemption_stands_aside,
+        off_from="0.27.0",
     ),
     Patch(
         name="fill-idle-steps",
@@ -226,34 +260,53 @@ PATCHES: tuple[Patch, ...] = (
             "when all running requests decode together every other step (at PP=2) "
             "is empty, a full engine and worker round trip. Before scheduling, "
             "when no running request is eligible and none can be admitted, the group "
-            "that would become eligible first is made eligible now; the plugin's "
-            "runner applies the last stage's newer tokens on the first stages before "
-            "such a step. Steps that have eligible work, or room for a new request, "
-            "are scheduled as in vLLM. Details: decode_cadence.py."
+            "that would become eligible first is made eligible now, except requests "
+            "guided by structured output or already complete with what is in flight; "
+            "the plugin's runner applies the last stage's newer tokens on the first "
+            "stages before such a step. Steps that have eligible work, or room for a "
+            "new request, are scheduled as in vLLM. Details: decode_cadence.py."
         ),
         drop_when="vLLM's scheduler lets a lone decode group run on consecutive steps under PP.",
         apply=_patch_fill_idle_steps,
+        stands_aside=_fill_stands_aside,
+    ),
+    Patch(
+        name="engine-core-check",
+        target=f"{compat.ENGINE_CORE_MODULE}.EngineCore._initialize_kv_caches",
+        why=(
+            "The idle-step fill is safe only if every worker runs the plugin's runner, "
+            "which applies the newer tokens on the first stages; a worker without the "
+            "package (a Ray node installed apart) would serve stale tokens. Once the "
+            "engine core has its workers it asks each for its runner class and, if one "
+            "is not the plugin's, shuts them down and refuses to start. It also logs "
+            "when vLLM runs a pipeline-parallel model on its V1 runner, where the "
+            "plugin stands aside. Details: engine_check.py."
+        ),
+        drop_when="the idle-step fill goes (see fill-idle-steps).",
+        apply=_patch_engine_core_check,
     ),
     Patch(
         name="kv-update-in-graphs",
         target=(
-            f"{compat.COMPILATION_CONFIG_MODULE}.CompilationConfig.set_splitting_ops_for_v1 "
+            f"{compat.VLLM_CONFIG_MODULE}.VllmConfig.__post_init__ "
             "(with VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS, default on)"
         ),
         why=(
             "vLLM splits piecewise graphs at each layer's KV-cache write as well as at "
-            "its attention, so the write runs eagerly: a host round trip per layer, some "
-            "30% of the forward's host time in a PIECEWISE decode step under PP. The split "
-            "existed so Inductor could reuse one piece for every layer, which torch "
-            "2.11's hoisted layer names allow with the write inside. When vLLM picks "
-            "the split points itself, compiles piecewise itself, and layer names are "
-            "hoisted, the write ops are left out of them. Details: piecewise_split.py."
+            "its attention, so the write runs eagerly: a host round trip per layer. "
+            "The split existed so Inductor could reuse one piece for every layer, "
+            "which torch 2.11's hoisted layer names allow with the write inside. Once "
+            "vLLM has picked the split points itself, the (non-MLA) write is left out "
+            "of them under pipeline parallelism without context parallelism, when "
+            "vLLM compiles piecewise itself and layer names are hoisted. Details: "
+            "piecewise_split.py."
         ),
         drop_when=(
             "vLLM stops splitting at unified_kv_cache_update when layer names are "
             "hoisted (the comment at its default split points, vLLM issue #33267)."
         ),
         apply=_patch_kv_update_in_graphs,
+        stands_aside=_kv_update_stands_aside,
     ),
 )
 
@@ -312,6 +365,8 @@ def apply_all(settings: PPCudaGraphSettings) -> list[str]:
     applied: list[str] = []
     try:
         for patch in PATCHES:
+            if patch.stands_aside(settings) is not None:
+                continue
             undo = patch.apply(settings)
             if undo is not None:
                 _undo_stack.append((patch.name, undo))
@@ -321,6 +376,11 @@ def apply_all(settings: PPCudaGraphSettings) -> list[str]:
         raise
     _applied = True
     return applied
+
+
+def standing(settings: PPCudaGraphSettings) -> list[tuple[Patch, str | None]]:
+    """Each patch with why it stands aside here (None: it applies)."""
+    return [(patch, patch.stands_aside(settings)) for patch in PATCHES]
 
 
 def undo_all() -> None:

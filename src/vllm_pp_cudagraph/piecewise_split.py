@@ -8,12 +8,12 @@ Inductor from reusing one compiled piece for every layer (vLLM issue #33267).
 On torch >= 2.11 vLLM passes layer names as hoisted opaque values
 (``LayerName``), so one piece still serves every layer with the write inside.
 
-Eager, the write costs a whole custom-op round trip on the host per layer:
-about 200 us against a 2 us kernel, some 30% of the forward's host time in a
-PIECEWISE decode step at PP=2 (14 layers per stage). Inside the piece's graph
+Eager, the write costs a whole custom-op round trip on the host per layer,
+far more than its kernel. Inside the piece's graph
 it is one more captured kernel. Its inputs are already graph-safe: MRV2 computes
 slot mappings into one persistent buffer, padded with the pad slot, which is
-what its FULL graphs (which capture the write) rely on.
+what its FULL graphs (which capture the write) rely on. How much this saves is
+measured in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -25,40 +25,47 @@ from typing import Any
 from vllm_pp_cudagraph import compat
 
 
-def kv_update_ops_to_keep_in_graphs(compilation_config: Any) -> tuple[str, ...]:
-    """The KV-cache-write ops that may leave ``splitting_ops`` for this config.
+def kv_update_can_stay_in_graphs(vllm_config: Any) -> bool:
+    """Whether the KV-cache write may leave ``splitting_ops`` for this config.
 
-    Empty unless vLLM chose the split points itself (the user set none), the
-    model is compiled piecewise by vLLM (not Inductor graph partition), and
-    layer names are hoisted opaque values.
+    Only where it is proven: pipeline parallelism (the plugin changes nothing
+    at PP=1), no context parallelism (MRV2 then writes the cache through its own
+    gathered slot mapping), vLLM compiling piecewise itself (not Inductor graph
+    partition), and layer names hoisted as opaque values. The MLA write, whose
+    metadata is built on the host, is never moved.
     """
     from vllm.config import CompilationMode
 
-    if compilation_config.mode != CompilationMode.VLLM_COMPILE:
-        return ()
-    if compilation_config.use_inductor_graph_partition:
-        return ()
-    if not compat.layer_names_are_hoisted():
-        return ()
-    ops = compilation_config.splitting_ops or []
-    return tuple(op for op in compat.KV_CACHE_UPDATE_OPS if op in ops)
+    compilation = vllm_config.compilation_config
+    parallel = vllm_config.parallel_config
+    return (
+        parallel.pipeline_parallel_size > 1
+        and getattr(parallel, "prefill_context_parallel_size", 1) == 1
+        and getattr(parallel, "decode_context_parallel_size", 1) == 1
+        and compilation.mode == CompilationMode.VLLM_COMPILE
+        and not compilation.use_inductor_graph_partition
+        and compat.layer_names_are_hoisted()
+    )
 
 
 def keeping_kv_update_in_graphs(original: Callable[..., None]) -> Callable[..., None]:
-    """Wrap ``CompilationConfig.set_splitting_ops_for_v1``: drop the KV-write splits.
+    """Wrap ``VllmConfig.__post_init__``: drop the KV-write split vLLM defaulted.
 
-    Only split points vLLM defaulted are changed; an explicit
-    ``splitting_ops`` is the user's and stays as given.
+    vLLM picks the split points while the config is built
+    (``set_splitting_ops_for_v1``); only then are the parallel settings known
+    together with them. Split points the user gave stay as given.
     """
 
     @functools.wraps(original)
-    def set_splitting_ops_for_v1(self: Any, *args: Any, **kwargs: Any) -> None:
-        user_chose = self.splitting_ops is not None
+    def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        user_chose = self.compilation_config.splitting_ops is not None
         original(self, *args, **kwargs)
-        if user_chose:
+        ops = self.compilation_config.splitting_ops
+        if user_chose or not ops or compat.KV_CACHE_UPDATE_OP not in ops:
             return
-        keep = kv_update_ops_to_keep_in_graphs(self)
-        if keep:
-            self.splitting_ops = [op for op in self.splitting_ops if op not in keep]
+        if kv_update_can_stay_in_graphs(self):
+            self.compilation_config.splitting_ops = [
+                op for op in ops if op != compat.KV_CACHE_UPDATE_OP
+            ]
 
-    return set_splitting_ops_for_v1
+    return __post_init__

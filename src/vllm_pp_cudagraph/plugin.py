@@ -52,6 +52,28 @@ def check_version(allow_unsupported: bool) -> compat.VersionInfo:
     )
 
 
+def check_runner_choice(environ: dict[str, str] | os._Environ[str] | None = None) -> None:
+    """Refuse the plugin together with an explicit choice of vLLM's V1 runner.
+
+    The plugin leaves the choice of runner to vLLM: models vLLM runs on Model
+    Runner V2 get the plugin's runner, others stay on V1 and the engine logs
+    that the plugin stands aside. Asking for both V1 and the plugin is a
+    contradiction, reported here instead of silently doing nothing.
+    """
+    from vllm_pp_cudagraph.patches import PluginConfigError
+
+    environ = os.environ if environ is None else environ
+    current = environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    # vLLM parses this variable with bool(int(value)): "0" is its only "off".
+    if current is not None and current.strip() == "0":
+        raise PluginConfigError(
+            "VLLM_PLUGINS enables pp_cudagraph, which runs on vLLM's Model Runner "
+            f"V2, but VLLM_USE_V2_MODEL_RUNNER={current!r} selects the V1 runner. "
+            "Unset VLLM_USE_V2_MODEL_RUNNER (or set it to 1), or remove "
+            "pp_cudagraph from VLLM_PLUGINS to run stock vLLM."
+        )
+
+
 def register() -> None:
     """Entry point vLLM calls; re-entrant and inert unless enabled."""
     global _inactive_logged
@@ -72,6 +94,7 @@ def register() -> None:
         return
     settings = PPCudaGraphSettings.from_env()
     check_version(settings.allow_unsupported_vllm)
+    check_runner_choice()
     applied = patches.apply_all(settings)
     logger.info(
         "vllm-pp-cudagraph active in process %d: patched %s",

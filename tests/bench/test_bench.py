@@ -36,6 +36,31 @@ def test_help_works_without_a_gpu():
         assert option in proc.stdout
 
 
+def test_every_option_has_help_with_its_default():
+    parser = bench.build_parser()
+    options = [a for a in parser._actions if a.dest != "help"]
+    assert [a.option_strings for a in options if not a.help] == []
+    text = parser.format_help()
+    assert text.count("(default:") == len(options)
+    assert "eager" in text and "full_decode_only" in text  # --modes names its choices
+
+
+def test_without_enough_gpus_bench_refuses_at_once_and_writes_nothing(tmp_path, monkeypatch):
+    """The no-GPU run a new user makes: a clear message naming the GPUs needed,
+    non-zero exit, no checkpoint written, no engine started."""
+    out = tmp_path / "results"
+    env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""}
+    started = __import__("time").monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--pp", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 2
+    assert "--pp 2 needs 2 NVIDIA GPUs" in proc.stderr and "0 are visible" in proc.stderr
+    assert not out.exists()
+    assert __import__("time").monotonic() - started < 30
+
+
 def test_default_modes_cover_plugin_stock_and_v1():
     modes = bench.parse_modes(",".join(bench.DEFAULT_MODES))
     assert ("v1", "full_and_piecewise", None) in modes
@@ -77,7 +102,8 @@ def test_a_spread_staggers_when_requests_finish():
         output_lengths(RunSpec("stock", "eager", output_len=256, output_len_spread=256))
 
 
-def test_bench_refuses_a_spread_as_long_as_the_output(tmp_path, capsys):
+def test_bench_refuses_a_spread_as_long_as_the_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--output-len", "64", "--output-len-spread", "64", "--out", str(tmp_path)])
     assert exit_info.value.code == 2

@@ -233,16 +233,34 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
     """
     import logging
 
-    from vllm.config import CompilationConfig, CompilationMode
+    from vllm.config import (
+        CompilationConfig,
+        CompilationMode,
+        CUDAGraphMode,
+        DeviceConfig,
+        ParallelConfig,
+        VllmConfig,
+    )
     from vllm.v1.attention.backends import flashinfer
 
-    from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
+    from vllm_pp_cudagraph import compat, patches
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
     monkeypatch.setattr(flashinfer.current_platform, "is_device_capability",
                         lambda capability: capability == 90)
     support = flashinfer.FlashInferMetadataBuilder.get_cudagraph_support(None, None)
-    config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode="FULL")
-    keeping_kv_update_in_graphs(CompilationConfig.set_splitting_ops_for_v1)(config, "naive")
+    undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
+    try:
+        config = VllmConfig(
+            device_config=DeviceConfig(device="cpu"),
+            parallel_config=ParallelConfig(pipeline_parallel_size=2),
+            compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
+                                                 cudagraph_mode="FULL"),
+        ).compilation_config
+    finally:
+        undo()
+    assert compat.KV_CACHE_UPDATE_OP not in config.splitting_ops
+    config.cudagraph_mode = CUDAGraphMode.FULL
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())

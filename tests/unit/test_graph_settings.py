@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig
-from vllm.config.compilation import CUDAGraphMode
 
 from conftest import DATA, run_python
 from vllm_pp_cudagraph import patches, plugin
-from vllm_pp_cudagraph.graph_memory import extrapolate, planned_graph_count
 from vllm_pp_cudagraph.model_runner import GraphConfigError, check_graph_settings
 
 REPORT_BREAKABLE = """
@@ -72,26 +70,3 @@ def test_breakable_with_enforce_eager_is_refused(monkeypatch):
         check_graph_settings(config)
     monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
     check_graph_settings(config)  # eager without breakable is fine
-
-
-@pytest.mark.parametrize(
-    "mode, graphs_per_size",
-    [("NONE", 0), ("PIECEWISE", 1), ("FULL", 1), ("FULL_DECODE_ONLY", 1), ("FULL_AND_PIECEWISE", 2)],
-)
-def test_planned_graph_count(mode, graphs_per_size):
-    assert planned_graph_count(CUDAGraphMode[mode], [1, 2, 4]) == 3 * graphs_per_size
-
-
-def test_memory_extrapolation_counts_shared_pool_once():
-    mib = 1 << 20
-    assert extrapolate([100 * mib, 5 * mib], 5) == 100 * mib + 4 * 5 * mib
-    assert extrapolate([100 * mib], 1) == 100 * mib
-    assert extrapolate([], 3) == 0
-
-
-def test_a_second_sample_under_one_page_still_costs_a_page_per_graph():
-    """The 2x H200 readings: 60 MiB, then 0; capture then used 133 MiB for 35 graphs."""
-    mib = 1 << 20
-    estimate = extrapolate([60 * mib, 0], 35)
-    assert estimate == 60 * mib + 34 * 2 * mib
-    assert abs(estimate - 133 * mib) / (133 * mib) < 0.05

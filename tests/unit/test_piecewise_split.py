@@ -8,22 +8,24 @@ from vllm.config import (
     CompilationMode,
     CUDAGraphMode,
     DeviceConfig,
+    ParallelConfig,
     VllmConfig,
 )
 
 from vllm_pp_cudagraph import compat, patches
-from vllm_pp_cudagraph.piecewise_split import kv_update_ops_to_keep_in_graphs
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 KV_WRITE = "vllm::unified_kv_cache_update"
+MLA_KV_WRITE = "vllm::unified_mla_kv_cache_update"
 ATTENTION = "vllm::unified_attention_with_output"
 
 
-def build(**compilation) -> VllmConfig:
+def build(pp: int = 2, **compilation) -> VllmConfig:
     compilation.setdefault("mode", CompilationMode.VLLM_COMPILE)
     compilation.setdefault("cudagraph_mode", CUDAGraphMode.PIECEWISE)
     return VllmConfig(
         device_config=DeviceConfig(device="cpu"),
+        parallel_config=ParallelConfig(pipeline_parallel_size=pp),
         compilation_config=CompilationConfig(**compilation),
     )
 
@@ -41,12 +43,41 @@ def test_stock_vllm_splits_at_the_kv_cache_write():
     assert KV_WRITE in ops and ATTENTION in ops
 
 
-def test_plugin_keeps_the_write_in_the_graphs_and_still_splits_at_attention(kv_in_graphs):
-    ops = build().compilation_config.splitting_ops
-    assert not set(compat.KV_CACHE_UPDATE_OPS) & set(ops)
-    assert ATTENTION in ops
+def with_and_without_patch(**kwargs) -> tuple[list[str], list[str]]:
+    """Split points vLLM picks for ``build(**kwargs)``, stock and with the patch."""
+    stock = build(**kwargs).compilation_config.splitting_ops
+    undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
+    try:
+        patched = build(**kwargs).compilation_config.splitting_ops
+    finally:
+        undo()
+    return stock, patched
+
+
+def test_plugin_keeps_the_write_in_the_graphs_and_still_splits_at_attention(clean_env):
+    stock, patched = with_and_without_patch()
+    assert KV_WRITE in stock and KV_WRITE not in patched
+    assert ATTENTION in patched
+    # MLA's write (host-side metadata) is not proven inside graphs: still split
+    assert MLA_KV_WRITE in patched
     # everything else vLLM chose is kept, in its order
-    assert ops == list(CompilationConfig._attention_ops)
+    assert patched == [op for op in stock if op != KV_WRITE]
+
+
+def test_at_pp1_vllms_split_is_kept(kv_in_graphs):
+    # The plugin is for pipeline parallelism; a single stage is stock vLLM.
+    assert KV_WRITE in build(pp=1).compilation_config.splitting_ops
+
+
+def test_with_context_parallelism_vllms_split_is_kept(kv_in_graphs):
+    config = build()
+    config.parallel_config.prefill_context_parallel_size = 2
+    config.compilation_config.splitting_ops = None
+    from vllm_pp_cudagraph.piecewise_split import kv_update_can_stay_in_graphs
+
+    assert not kv_update_can_stay_in_graphs(config)
+    config.parallel_config.prefill_context_parallel_size = 1
+    assert kv_update_can_stay_in_graphs(config)
 
 
 def test_split_points_the_user_gave_are_left_alone(kv_in_graphs):
@@ -63,31 +94,24 @@ def test_without_hoisted_layer_names_vllm_split_is_kept(kv_in_graphs, monkeypatc
     assert KV_WRITE in build().compilation_config.splitting_ops
 
 
-def test_only_vllm_compiled_piecewise_split_is_changed():
-    def config(**kw):
-        c = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, **kw)
-        c.splitting_ops = [ATTENTION, KV_WRITE]
-        return c
-
-    assert kv_update_ops_to_keep_in_graphs(config()) == (KV_WRITE,)
-    # Inductor graph partition splits elsewhere; no compilation means no split
-    assert kv_update_ops_to_keep_in_graphs(config(use_inductor_graph_partition=True)) == ()
-    eager = config()
-    eager.mode = CompilationMode.NONE
-    assert kv_update_ops_to_keep_in_graphs(eager) == ()
+def test_only_vllm_compiled_piecewise_split_is_changed(clean_env):
+    # Inductor graph partition splits elsewhere; no compilation means no split.
+    for kwargs in ({"use_inductor_graph_partition": True}, {"mode": CompilationMode.NONE}):
+        stock, patched = with_and_without_patch(**kwargs)
+        assert patched == stock, kwargs
 
 
 def test_setting_off_applies_nothing_and_undo_restores(clean_env):
-    assert patches._patch_kv_update_in_graphs(
-        PPCudaGraphSettings(kv_update_in_graphs=False)
-    ) is None
+    off = PPCudaGraphSettings(kv_update_in_graphs=False)
+    assert patches._kv_update_stands_aside(off) is not None
+    assert patches._patch_kv_update_in_graphs(off) is None
     assert KV_WRITE in build().compilation_config.splitting_ops
 
     undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
     assert KV_WRITE not in build().compilation_config.splitting_ops
     undo()
     assert KV_WRITE in build().compilation_config.splitting_ops
-    assert not hasattr(CompilationConfig.set_splitting_ops_for_v1, "__wrapped__")
+    assert not hasattr(VllmConfig.__post_init__, "__wrapped__")
 
 
 def test_setting_is_read_from_the_environment(clean_env):

@@ -25,7 +25,7 @@ def test_register_twice_patches_once_and_undo_restores(clean_env):
     plugin.register()
     assert mr.GPUModelRunner is PPCudaGraphModelRunner
     assert issubclass(PPCudaGraphModelRunner, STOCK_RUNNER)
-    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ  # vLLM picks the runner
 
     plugin.register()
     assert mr.GPUModelRunner is PPCudaGraphModelRunner
@@ -55,6 +55,33 @@ def test_v1_runner_requested_together_with_plugin_is_refused(clean_env):
     assert not patches.is_applied()
 
 
+def test_each_patch_says_whether_it_stands_aside_here(clean_env):
+    """``check`` reports this; patches fixed upstream name the release they stop at."""
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    standing = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
+    assert standing["v2-runner-class"] is None
+    assert standing["breakable-env"] == "VLLM_PP_CUDAGRAPH_BREAKABLE is off"
+    off = PPCudaGraphSettings(fill_idle_steps=False, kv_update_in_graphs=False)
+    assert dict((p.name, why) for p, why in patches.standing(off))["fill-idle-steps"]
+    for patch in patches.PATCHES:
+        if patch.off_from is not None:
+            assert compat.parse_release(patch.off_from), patch.name
+
+
+def test_patches_fixed_upstream_stand_aside_from_their_release(clean_env):
+    """On this vLLM, a patch with ``off_from`` stands aside exactly when the
+    installed release is at or past it (the probe and the release agree)."""
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    installed = compat.parse_release(compat.installed_versions().vllm)
+    for patch, why in patches.standing(PPCudaGraphSettings()):
+        if patch.off_from is None:
+            continue
+        assert (why is not None) == (installed >= compat.parse_release(patch.off_from)), (
+            patch.name, why)
+
+
 def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.25.1", "2.11.0"))
@@ -71,7 +98,7 @@ def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env):
 def test_unsupported_version_override_activates(clean_env):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM", "1")
-    clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.27.0", "2.11.0"))
+    clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.40.0", "2.11.0"))
     plugin.register()
     assert mr.GPUModelRunner is PPCudaGraphModelRunner
 
@@ -94,7 +121,6 @@ def test_failing_patch_leaves_nothing_half_applied(clean_env):
     with pytest.raises(RuntimeError, match="boom"):
         plugin.register()
     assert mr.GPUModelRunner is STOCK_RUNNER
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
     assert not patches.is_applied()
 
 

@@ -209,17 +209,21 @@ def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-pp-cudagraph bench",
-        description=__doc__.split("\n\n")[0],
+        description=__doc__.split("\n\n")[0]
+        + " Needs at least --pp NVIDIA GPUs; refuses at once with fewer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--model",
         default="qwen3-0.6b",
         help=f"a model directory, or a built-in shape (no download, see --weights): {sorted(SHAPES)}",
     )
-    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size")
-    parser.add_argument("--prompts", type=int, default=128)
-    parser.add_argument("--input-len", type=int, default=2)
-    parser.add_argument("--output-len", type=int, default=512)
+    parser.add_argument("--pp", type=int, default=2,
+                        help="pipeline-parallel size (one GPU per stage)")
+    parser.add_argument("--prompts", type=int, default=128, help="requests per timed run")
+    parser.add_argument("--input-len", type=int, default=2, help="prompt length in tokens")
+    parser.add_argument("--output-len", type=int, default=512,
+                        help="tokens generated per request (greedy, EOS ignored)")
     parser.add_argument(
         "--output-len-spread",
         type=int,
@@ -227,12 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests ask for up to this many tokens fewer than --output-len; with more "
         "--prompts than --max-num-seqs, prefills then share batches with decodes",
     )
-    parser.add_argument("--max-num-seqs", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=128,
+                        help="vLLM's max_num_seqs: requests batched at once")
     parser.add_argument(
         "--modes",
         type=parse_modes,
-        default=parse_modes(",".join(DEFAULT_MODES)),
-        help="comma list of RUNNER:MODE (default: every mode, plugin and stock, plus V1)",
+        default=",".join(DEFAULT_MODES),
+        help=f"comma list of RUNNER:MODE[@UTIL], RUNNER in {sorted(RUNNERS)}, MODE in "
+        f"{sorted(MODES)}, UTIL a per-run --gpu-memory-utilization",
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed runs after warm-up")
     parser.add_argument(
@@ -244,13 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
         "vLLM's dummy loader (starts faster; its tiny weights make outputs nearly "
         "independent of the layers, so use it for speed only)",
     )
-    parser.add_argument("--attention-backend", default="TRITON_ATTN")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--attention-backend", default="TRITON_ATTN",
+                        help="vLLM attention backend for every run ('' for vLLM's choice)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="vLLM's gpu_memory_utilization for every run")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per engine")
     parser.add_argument(
         "--deadline", type=float, default=None, help="seconds for all engines; later ones are skipped"
     )
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--out", type=Path, default=Path("bench-results"),
+                        help="directory for bench.json, the table, logs and the model")
     serve = parser.add_argument_group("serving (--serve)")
     serve.add_argument(
         "--serve",
@@ -258,9 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure through 'vllm serve' with an OpenAI-compatible client instead "
         "of the offline engine (TTFT/TPOT as users see them; streamed requests)",
     )
-    serve.add_argument("--concurrency", type=int, default=64)
-    serve.add_argument("--num-requests", type=int, default=None, help="default: --prompts")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--concurrency", type=int, default=64,
+                       help="requests in flight at once")
+    serve.add_argument("--num-requests", type=int, default=None,
+                       help="requests per timed run (None: --prompts)")
+    serve.add_argument("--port", type=int, default=8000, help="port of the server")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -283,9 +294,21 @@ def engine_status(report: dict[str, Any], log_name: str) -> str:
     return f"FAILED (rc={report['returncode']}, see {log_name}.log)"
 
 
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process can use, without initialising CUDA in it."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    gpus = visible_gpus()
+    if gpus < args.pp:
+        parser.exit(2, f"vllm-pp-cudagraph bench: --pp {args.pp} needs {args.pp} NVIDIA GPUs "
+                       f"(one per pipeline stage) but {gpus} {'is' if gpus == 1 else 'are'} "
+                       "visible. Run it on a GPU host, or lower --pp; nothing was written.\n")
     if not 0 <= args.output_len_spread < args.output_len:
         parser.error(f"--output-len-spread={args.output_len_spread} must be at least 0 and "
                      f"below --output-len={args.output_len}")

@@ -1,0 +1,109 @@
+"""The engine core checks, once its workers exist, that they can serve the plugin's schedule.
+
+The idle-step fill (decode_cadence.py) runs in the engine core; what makes it
+correct runs in the workers: the plugin's runner applies the last stage's
+newer tokens on the first stages before a lifted step. A worker that builds
+vLLM's own runner (a Ray node without this package, a worker process started
+without ``VLLM_PLUGINS``) would embed stale tokens without any error. So right
+after the engine core has set up its workers' KV caches, and before it
+schedules anything, it asks every worker for its runner class and refuses to
+start, naming the workers, if one is not the plugin's.
+
+It also says when vLLM runs a pipeline-parallel model on its V1 runner, where
+the plugin stands aside.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("vllm.pp_cudagraph.engine_check")
+
+#: Module and class name of the runner a worker must have built.
+PLUGIN_RUNNER = "vllm_pp_cudagraph.model_runner.PPCudaGraphModelRunner"
+
+
+class WorkerRunnerError(RuntimeError):
+    """A worker runs another model runner than the engine core's schedule needs."""
+
+
+def runner_class_of(worker: Any) -> str:
+    """Run on each worker: the module-qualified class of its model runner.
+
+    Sent to the workers by value, so it runs where this package is missing too.
+    """
+    runner = getattr(worker, "model_runner", None)
+    cls = type(runner)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def fill_runs_here(vllm_config: Any) -> bool:
+    """Whether this engine core fills idle steps for its workers."""
+    config = vllm_config
+    if config.parallel_config.pipeline_parallel_size <= 1 or not config.use_v2_model_runner:
+        return False
+    if config.speculative_config is not None:
+        return False
+    scheduler_cls = config.scheduler_config.get_scheduler_cls()
+    return bool(getattr(scheduler_cls.schedule, "__pp_cudagraph_fill__", False))
+
+
+def worker_runner_problems(runner_classes: list[str]) -> list[str]:
+    return [f"worker {rank}: {name}" for rank, name in enumerate(runner_classes)
+            if name != PLUGIN_RUNNER]
+
+
+def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None:
+    """Refuse an engine whose idle-step fill its workers cannot follow; log V1 stand-aside."""
+    parallel = vllm_config.parallel_config
+    if parallel.pipeline_parallel_size > 1 and not vllm_config.use_v2_model_runner:
+        architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
+        logger.warning(
+            "vllm-pp-cudagraph stands aside: vLLM runs %s on its V1 runner, which the "
+            "plugin does not change. Set VLLM_USE_V2_MODEL_RUNNER=1 to run Model Runner "
+            "V2 with the plugin's CUDA graphs (see the README's supported models).",
+            architectures[0],
+        )
+        return
+    if not fill_runs_here(vllm_config):
+        return
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        classes = collective_rpc(runner_class_of)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    problems = worker_runner_problems(classes)
+    if problems:
+        raise WorkerRunnerError(
+            "The engine core fills idle pipeline steps (vllm-pp-cudagraph) but some "
+            f"workers do not run the plugin's runner ({'; '.join(problems)}); they would "
+            "serve stale tokens. Install vllm-pp-cudagraph and set "
+            "VLLM_PLUGINS=pp_cudagraph on every node and worker, or set "
+            "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS=0 to keep vLLM's schedule."
+        )
+
+
+def checking_workers(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``EngineCore._initialize_kv_caches``: check the workers once it returns.
+
+    On a refusal the executor is shut down before the error propagates, so no
+    worker is left running.
+    """
+
+    @functools.wraps(original)
+    def _initialize_kv_caches(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            check_workers(self.vllm_config, self.model_executor.collective_rpc)
+        except WorkerRunnerError:
+            self.model_executor.shutdown()
+            raise
+        return result
+
+    return _initialize_kv_caches

@@ -1,0 +1,136 @@
+"""The vLLM surface the plugin relies on, and the per-release differences compat absorbs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_pp_cudagraph import compat
+
+
+def test_installed_vllm_has_every_name_the_plugin_relies_on():
+    missing = compat.missing_surface()
+    assert missing == [], (
+        f"vLLM {compat.installed_versions().vllm} lacks what the plugin relies on: "
+        + "; ".join(missing)
+        + ". Adapt compat.py (and the code using these names) before supporting it."
+    )
+
+
+def test_a_missing_name_is_reported_by_its_full_path():
+    surface = (
+        compat.Needed("vllm.v1.worker.gpu.cudagraph_utils", "ModelCudaGraphManager",
+                      members=("capture", "no_such_method"),
+                      instance_attrs=("_capture_descs", "_no_such_attr")),
+        compat.Needed("vllm.v1.worker.gpu.cudagraph_utils", "NoSuchClass"),
+        compat.Needed("vllm.no_such_module", "X"),
+    )
+    missing = compat.missing_surface(surface)
+    assert missing[0] == "vllm.v1.worker.gpu.cudagraph_utils.ModelCudaGraphManager.no_such_method"
+    assert missing[1].endswith("ModelCudaGraphManager: instance attribute _no_such_attr")
+    assert missing[2] == "vllm.v1.worker.gpu.cudagraph_utils.NoSuchClass"
+    assert missing[3].startswith("vllm.no_such_module: cannot import")
+    assert len(missing) == 4
+
+
+class PrepareInputs027:
+    def prepare_inputs(self, scheduler_output, batch_desc):
+        pass
+
+
+class PrepareInputs028:
+    def prepare_inputs(self, scheduler_output, batch_req_state, batch_desc):
+        pass
+
+
+class PrepareInputs031:
+    def prepare_inputs(self, scheduler_output, batch_req_state, batch_desc, num_active_loras):
+        pass
+
+
+@pytest.mark.parametrize("cls, args", [
+    (PrepareInputs027, ("so", "DESC")),
+    (PrepareInputs028, ("so", "state", "DESC")),
+    (PrepareInputs031, ("so", "state", "DESC", 0)),
+])
+def test_batch_desc_is_found_in_every_prepare_inputs_shape(cls, args):
+    method = cls().prepare_inputs
+    assert compat.bound_argument(method, "batch_desc", args, {}) == "DESC"
+    assert compat.bound_argument(method, "batch_desc", args[:1], {"batch_desc": "KW"}) == "KW"
+
+
+def test_installed_runner_prepare_inputs_takes_batch_desc():
+    import vllm.v1.worker.gpu.model_runner as mr
+
+    assert "batch_desc" in compat._params(mr.GPUModelRunner.prepare_inputs)
+
+
+def test_draft_tokens_are_passed_only_where_the_handler_takes_them():
+    calls = []
+
+    class Handler029:
+        def get_prev_sampled_outputs(self):
+            calls.append(())
+
+    class Handler030:
+        def get_prev_sampled_outputs(self, draft_tokens_to_update=None):
+            calls.append((draft_tokens_to_update,))
+
+    compat.prev_sampled_outputs(Handler029(), "drafts")
+    compat.prev_sampled_outputs(Handler030(), "drafts")
+    compat.prev_sampled_outputs(Handler030())
+    assert calls == [(), ("drafts",), (None,)]
+
+
+def test_admission_reads_the_queues_and_cap_of_each_scheduler_shape():
+    up_to_030 = SimpleNamespace(waiting=[], skipped_waiting=["r"], max_num_running_reqs=8)
+    from_031 = SimpleNamespace(waiting=[], kv_holding_waiting=["r"], max_num_running_reqs=8,
+                               max_num_active_reqs=6)
+    assert any(compat.waiting_queues(up_to_030)) and compat.admission_cap(up_to_030) == 8
+    assert any(compat.waiting_queues(from_031)) and compat.admission_cap(from_031) == 6
+    assert not any(compat.waiting_queues(SimpleNamespace(waiting=[], kv_holding_waiting=[])))
+
+
+def test_installed_scheduler_has_a_waiting_queue_compat_knows(tmp_path):
+    from _scheduler import make_scheduler
+
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    scheduler = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)))
+    assert "waiting" in [n for n in compat.WAITING_QUEUE_NAMES if hasattr(scheduler, n)]
+    assert len(compat.waiting_queues(scheduler)) == 2
+    assert compat.admission_cap(scheduler) == 8
+
+
+def test_manager_is_rebuilt_with_every_init_parameter_vllm_has(make_manager):
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    stock = make_manager("FULL_AND_PIECEWISE", [1, 2, 4, 8], 8, 2, cls=ModelCudaGraphManager)
+    _, kwargs = compat.manager_init_args(stock)
+    params = set(compat._params(ModelCudaGraphManager.__init__)) - {"self"}
+    assert set(kwargs) == params
+    assert all(kwargs[name] is getattr(stock, name) for name in params)
+
+
+def test_a_manager_parameter_without_its_attribute_is_an_error_naming_it():
+    class NewManager:
+        def __init__(self, vllm_config, new_knob=False):
+            self.vllm_config = vllm_config
+
+    with pytest.raises(TypeError, match="'new_knob'"):
+        compat.manager_init_args(NewManager("cfg"))
+
+
+def test_probes_agree_with_the_installed_release():
+    release = compat.parse_release(compat.installed_versions().vllm)
+    assert compat.upstream_measures_graph_memory() == (release >= (0, 29, 0))
+    assert compat.breakable_decided_at_import() == (release < (0, 33, 0))
+
+
+def test_supported_range_matches_the_package_requirement():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert f"vllm{compat.SUPPORTED_RANGE}" in pyproject["project"]["dependencies"]
