@@ -71,6 +71,11 @@
 #   soak-tokens    (all GPUs) the runs soak-followup failed, with the token check:
 #                  preemption (eager under batch invariance, piecewise) and breakable
 #                  against stock breakable under batch invariance
+#   fault          a first-stage fault injected mid-serving (serve_checks fault): the plugin
+#                  must stop the server within 30 s; stock under the same fault beside it
+#   structured     structured outputs with the plugin's defaults (serve_checks structured):
+#                  half JSON-schema requests arriving over time, PP=2 (PP=4 with 4 GPUs)
+#   examples       the examples/ scripts as written, on a local model directory
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -375,6 +380,35 @@ job_soak-tokens() {
   soak_bg tokens-preemption --token-check --modes piecewise --preemption --gpus $A $B $A \
     --port 8800
   wait
+}
+
+job_fault() {
+  local CHECKS="python3 -m vllm_pp_cudagraph.bench.serve_checks"
+  $CHECKS fault --out "$RES/fault" --runner plugin --port 8100 >"$RES/fault-plugin.txt" 2>&1
+  $CHECKS fault --out "$RES/fault" --runner stock --port 8200 --exit-within 60 \
+    >"$RES/fault-stock.txt" 2>&1
+}
+
+job_structured() {
+  local CHECKS="python3 -m vllm_pp_cudagraph.bench.serve_checks" n
+  n=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | wc -l)
+  $CHECKS structured --out "$RES/structured" --pp 2 --port 8300 >"$RES/structured-pp2.txt" 2>&1
+  if [ "$n" -ge 4 ]; then
+    $CHECKS structured --out "$RES/structured" --pp 4 --port 8400 >"$RES/structured-pp4.txt" 2>&1
+  fi
+}
+
+job_examples() {
+  local model=/tmp/example-model
+  python3 -c "from vllm_pp_cudagraph.bench.dummy_model import write_model_dir as w; \
+w('$model', 'qwen3-0.6b-bytes', tokenizer=True)"
+  python3 examples/offline_pp2.py $model --load-format dummy >"$RES/example-offline.txt" 2>&1
+  echo "exit $?" >>"$RES/example-offline.txt"
+  VLLM="python3 -m vllm.entrypoints.cli.main" PORT=8500 bash examples/serve_pp2.sh $model \
+    --load-format dummy >"$RES/example-serve.txt" 2>&1
+  echo "exit $?" >>"$RES/example-serve.txt"
+  python3 examples/direct_runner.py $model --load-format dummy >"$RES/example-direct.txt" 2>&1
+  echo "exit $?" >>"$RES/example-direct.txt"
 }
 
 case "$1" in

@@ -127,3 +127,20 @@ def test_an_existing_checkpoint_is_kept_not_rewritten(tiny_dir):
     assert write_weights(tiny_dir, TINY) == target
     assert target.stat().st_mtime_ns == before
     assert not list(tiny_dir.glob("*.partial"))
+
+
+def test_byte_shape_tokenizer_spells_any_text_and_decodes_every_id(tmp_path):
+    """Structured outputs need a vocabulary that can spell JSON; every id the
+    model may sample must decode."""
+    from transformers import AutoTokenizer
+
+    from vllm_pp_cudagraph.bench.dummy_model import BYTE_VOCAB
+
+    path = write_model_dir(tmp_path, "qwen3-0.6b-bytes", tokenizer=True)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    text = '{"colour": "grün", "n": [1, 2.5e-3, null], "ok": true}\n'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == list(text.encode())
+    assert tok.decode(ids) == text
+    assert len(tok) == BYTE_VOCAB and tok.eos_token_id == 257
+    assert all(tok.decode([i]) for i in range(BYTE_VOCAB))

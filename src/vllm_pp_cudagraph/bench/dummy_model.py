@@ -41,10 +41,17 @@ QWEN3_0_6B: dict[str, Any] = {
     "eos_token_id": 151645,
 }
 
+#: A vocabulary of the 256 bytes plus specials: text of any kind (JSON for
+#: structured outputs) is spelled byte by byte (see :func:`write_byte_tokenizer`).
+BYTE_VOCAB = 512
+
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": QWEN3_0_6B,
     # 27 layers: does not split evenly across 2 pipeline stages.
     "qwen3-0.6b-27l": {**QWEN3_0_6B, "num_hidden_layers": 27},
+    # Byte-level vocabulary, for structured outputs and anything that parses text.
+    "qwen3-0.6b-bytes": {**QWEN3_0_6B, "vocab_size": BYTE_VOCAB,
+                         "bos_token_id": 256, "eos_token_id": 257},
 }
 
 
@@ -67,7 +74,9 @@ def write_model_dir(
     path.mkdir(parents=True, exist_ok=True)
     config = SHAPES[shape]
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    if tokenizer:
+    if tokenizer and config["vocab_size"] == BYTE_VOCAB:
+        write_byte_tokenizer(path, config)
+    elif tokenizer:
         write_tokenizer(path, config)
     if weights:
         write_weights(path, config)
@@ -174,3 +183,51 @@ def write_tokenizer(path: Path, config: dict[str, Any]) -> None:
             indent=2,
         )
     )
+
+
+def write_byte_tokenizer(path: Path, config: dict[str, Any]) -> None:
+    """A byte-level tokenizer: ids 0-255 are the bytes, 256 and 257 end text.
+
+    The rest of the vocabulary (up to ``vocab_size``) are reserved special
+    tokens, so every id the model can sample decodes. Any text, JSON included,
+    encodes, which a structured-output grammar needs.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    table = _bytes_to_unicode()
+    vocab = {table[b]: b for b in range(256)}  # id = the byte it stands for
+    assert set(vocab) == set(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_end|>"] + [
+        f"<|reserved_{i}|>" for i in range(258, config["vocab_size"])
+    ]
+    tok.add_special_tokens(specials)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|im_end|>",
+                # Chat requests are the messages' contents, one per line.
+                "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+                "model_max_length": config["max_position_embeddings"],
+            },
+            indent=2,
+        )
+    )
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in character for each byte (the ByteLevel alphabet)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table

@@ -52,14 +52,15 @@ MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
 }
 
 #: Runners: environment that selects each.
+_PLUGIN = {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_USE_V2_MODEL_RUNNER": "1"}
 RUNNERS: dict[str, dict[str, str]] = {
-    "plugin": {"VLLM_PLUGINS": "pp_cudagraph"},
+    "plugin": _PLUGIN,
     # The plugin keeping vLLM's PP decode cadence: measures what filling idle steps gives.
-    "plugin-cadence": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"},
+    "plugin-cadence": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
-    "plugin-kvsplit": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
+    "plugin-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     # Both: the plugin's runner and graphs with vLLM's schedule and vLLM's split.
-    "plugin-cadence-kvsplit": {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0",
+    "plugin-cadence-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0",
                                "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},

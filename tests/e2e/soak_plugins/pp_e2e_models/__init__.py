@@ -9,12 +9,16 @@ tensor (``aux``) their model never declares. Stock vLLM silently drops it.
 
 The plugin must refuse both at start-up, naming the key.
 
+``StageFaultQwen3ForCausalLM`` is Qwen3 whose first stage raises inside a
+serving step while a file exists (``stage_fault``): the fault-injection check.
+
 ``preemption_fix`` is a second plugin in this package, the preemption soak's
 stock baseline (see its docstring).
 """
 
 STAGE_MISMATCH_ARCH = "StageMismatchQwen3ForCausalLM"
 UNDECLARED_OUTPUT_ARCH = "UndeclaredOutputQwen3ForCausalLM"
+STAGE_FAULT_ARCH = "StageFaultQwen3ForCausalLM"
 
 
 def register() -> None:
@@ -23,3 +27,4 @@ def register() -> None:
     # By name, so the model module (and CUDA) is only imported where a model loads.
     for arch in (STAGE_MISMATCH_ARCH, UNDECLARED_OUTPUT_ARCH):
         ModelRegistry.register_model(arch, f"pp_e2e_models.stage_mismatch:{arch}")
+    ModelRegistry.register_model(STAGE_FAULT_ARCH, f"pp_e2e_models.stage_fault:{STAGE_FAULT_ARCH}")

@@ -1,0 +1,76 @@
+"""Use PPCudaGraphModelRunner directly, without the plugin entry point.
+
+vLLM's ``worker_cls`` setting names the worker class every worker process
+builds. ``PPGraphWorker`` below has vLLM build the plugin's runner class for
+Model Runner V2 and nothing else: the runner's graphs, checked stage
+hand-offs and stage agreement apply; the plugin's scheduler changes (the
+idle-step fill) do not, since they live in the engine core and come with
+``VLLM_PLUGINS=pp_cudagraph``. Needs 2 NVIDIA GPUs.
+
+    python examples/direct_runner.py [MODEL] [--load-format dummy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from vllm.v1.worker.gpu_worker import Worker
+
+
+class PPGraphWorker(Worker):
+    """vLLM's GPU worker, building the plugin's runner for Model Runner V2."""
+
+    def init_device(self) -> None:
+        import vllm.v1.worker.gpu.model_runner as model_runner
+
+        from vllm_pp_cudagraph import PPCudaGraphModelRunner
+
+        # The worker imports the runner class from this module when it builds it.
+        model_runner.GPUModelRunner = PPCudaGraphModelRunner
+        super().init_device()
+
+
+def runner_class(worker) -> str:
+    return type(worker.model_runner).__name__
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", default="Qwen/Qwen3-0.6B",
+                        help="hub name or local model directory (default: %(default)s)")
+    parser.add_argument("--load-format", default="auto",
+                        help="'dummy' runs without weights (random outputs; default: %(default)s)")
+    args = parser.parse_args()
+
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < 2:
+        print(f"This example needs 2 NVIDIA GPUs (pipeline_parallel_size=2); {gpus} visible.",
+              file=sys.stderr)
+        return 2
+
+    # Worker processes import PPGraphWorker from this file by name.
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # the runner is an MRV2 runner
+    os.environ.pop("VLLM_PLUGINS", None)
+
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(args.model, pipeline_parallel_size=2, load_format=args.load_format,
+              max_model_len=1024, gpu_memory_utilization=0.5,
+              worker_cls="direct_runner.PPGraphWorker")
+    print("runner per stage:", llm.collective_rpc(runner_class))
+    for output in llm.generate(["Pipeline parallelism splits a model"],
+                               SamplingParams(max_tokens=24, temperature=0.0)):
+        print(f"{output.prompt!r} -> {output.outputs[0].text!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

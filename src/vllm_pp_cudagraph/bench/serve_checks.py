@@ -1,0 +1,282 @@
+"""Serving checks of what users turn on, behind ``vllm serve``, one report each.
+
+``structured``: the plugin with its defaults serves a mix of structured-output
+(JSON schema) and plain requests arriving over time, sampled and greedy. Every
+structured output must parse and match its schema, no request may fail, and
+the log may hold no grammar rejection. The model has a byte-level vocabulary,
+so its grammar can spell JSON.
+
+``fault``: a model whose first stage raises inside a serving step on request
+(the test-only ``pp_e2e_models`` plugin, ``tests/e2e/soak_plugins``). The
+server must exit within ``--exit-within`` seconds of the fault, non-zero, with
+the stage's error in its log and no process of its group left. Stock vLLM is
+run under the same fault beside it, and what it did is recorded.
+
+    python -m vllm_pp_cudagraph.bench.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
+    python -m vllm_pp_cudagraph.bench.serve_checks fault --out DIR [--runner plugin|stock]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, stop_process_group
+from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
+from vllm_pp_cudagraph.bench.serve_run import serve_and_call, serve_command
+
+#: Bounded JSON: enums and booleans only, so a random model completes it in a
+#: few dozen bytes once whitespace is fixed.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "size": {"enum": ["S", "M", "L"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["colour", "size", "ok"],
+    "additionalProperties": False,
+}
+#: Log lines that mean a grammar saw tokens it did not allow.
+GRAMMAR_REJECTIONS = ("grammar rejected tokens", "Failed to advance FSM")
+
+
+def structured_requests(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Half JSON-schema requests, half plain; a third sampled with a seed."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(count):
+        body: dict[str, Any] = {
+            "model": "dummy",
+            "messages": [{"role": "user", "content": f"item {i}: describe it as JSON"}],
+            "max_tokens": 96 if i % 2 == 0 else rng.randint(16, 96),
+        }
+        if i % 3 == 0:
+            body.update(temperature=0.8, top_p=0.9, seed=i)
+        else:
+            body["temperature"] = 0.0
+        if i % 2 == 0:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "item", "schema": SCHEMA},
+            }
+        requests.append(body)
+    return requests
+
+
+def schema_problems(text: str) -> list[str]:
+    """Why ``text`` is not a JSON document matching :data:`SCHEMA` (empty: it is)."""
+    import jsonschema
+
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return [f"does not parse: {exc}: {text[:80]!r}"]
+    try:
+        jsonschema.validate(document, SCHEMA)
+    except jsonschema.ValidationError as exc:
+        return [f"does not match the schema: {exc.message}"]
+    return []
+
+
+async def send_structured(base_url: str, requests: list[dict], concurrency: int,
+                          spread_s: float, seed: int = 0) -> dict[str, Any]:
+    """Send ``requests`` arriving over ``spread_s`` seconds; check every answer."""
+    rng = random.Random(seed)
+    arrivals = sorted(rng.uniform(0, spread_s) for _ in requests)
+    gate = asyncio.Semaphore(concurrency)
+    problems: list[str] = []
+    finish_reasons: dict[str, int] = {}
+    start = time.monotonic()
+
+    async def one(session: aiohttp.ClientSession, index: int, body: dict) -> None:
+        await asyncio.sleep(max(0.0, arrivals[index] - (time.monotonic() - start)))
+        async with gate:
+            async with session.post(f"{base_url}/v1/chat/completions", json=body) as resp:
+                payload = await resp.json(content_type=None)
+        if resp.status != 200:
+            problems.append(f"request {index}: HTTP {resp.status}: {str(payload)[:200]}")
+            return
+        choice = payload["choices"][0]
+        reason = choice.get("finish_reason")
+        finish_reasons[reason] = finish_reasons.get(reason, 0) + 1
+        if "response_format" in body:
+            problems.extend(f"request {index}: {p}" for p in
+                            schema_problems(choice["message"]["content"] or ""))
+
+    timeout = aiohttp.ClientTimeout(total=1800)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(one(session, i, body) for i, body in enumerate(requests)))
+    return {
+        "requests": len(requests),
+        "structured": sum("response_format" in r for r in requests),
+        "elapsed_s": round(time.monotonic() - start, 1),
+        "finish_reasons": finish_reasons,
+        "problems": problems,
+    }
+
+
+def check_structured(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="structured-"), "qwen3-0.6b-bytes",
+                                    tokenizer=True))
+    spec = RunSpec(args.runner, args.mode, pp=args.pp, max_num_seqs=64,
+                   weights="dummy", shape="qwen3-0.6b-bytes", attention_backend="TRITON_ATTN",
+                   gpu_memory_utilization=0.5,
+                   extra_env={"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})
+    log_path = out / f"structured-pp{args.pp}.log"
+    requests = structured_requests(args.requests)
+
+    async def call(base_url: str) -> dict[str, Any]:
+        return await send_structured(base_url, requests, args.concurrency, args.spread_s)
+
+    report = serve_and_call(
+        spec, model_dir, log_path, call, port=args.port,
+        extra_args=["--structured-outputs-config", json.dumps({"disable_any_whitespace": True}),
+                    "--max-model-len", "1024"],
+    )
+    log = log_path.read_text(errors="replace")
+    report["grammar_rejections"] = sum(log.count(line) for line in GRAMMAR_REJECTIONS)
+    report["plugin_loaded_lines"] = log.count("vllm-pp-cudagraph active in process")
+    report["passed"] = bool(
+        "error" not in report and not report.get("problems")
+        and report["grammar_rejections"] == 0 and report.get("shutdown_clean")
+        and report.get("requests") == args.requests
+        and (args.runner != "plugin" or report["plugin_loaded_lines"] >= args.pp)
+    )
+    return report
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def check_fault(args: argparse.Namespace) -> dict[str, Any]:
+    """Serve the fault model, inject the fault mid-serving, watch how the server ends."""
+    out = Path(args.out)
+    model_dir = write_model_dir(tempfile.mkdtemp(prefix="fault-"), tokenizer=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["architectures"] = ["StageFaultQwen3ForCausalLM"]
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    flag = Path(tempfile.mkdtemp(prefix="fault-flag-")) / "now"
+    spec = RunSpec(args.runner, "eager", pp=2, max_num_seqs=64, weights="dummy",
+                   attention_backend="TRITON_ATTN", gpu_memory_utilization=0.4,
+                   extra_env={"PP_E2E_FAULT_FILE": str(flag),
+                              **({"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})})
+    env = engine_env(spec)
+    env["VLLM_PLUGINS"] = ",".join(p for p in (env.get("VLLM_PLUGINS"), "pp_e2e_models") if p)
+    log_path = out / f"fault-{args.runner}.log"
+    base_url = f"http://127.0.0.1:{args.port}"
+    report: dict[str, Any] = {"runner": args.runner, "exit_within_s": args.exit_within}
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(serve_command(spec, str(model_dir), args.port), env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            if not asyncio.run(wait_until_healthy(base_url, 600, lambda: proc.poll() is None)):
+                report["error"] = f"server never healthy (rc={proc.poll()})"
+                return report
+
+            async def load() -> int:
+                body = {"model": "dummy", "prompt": "w5 w6 w7", "max_tokens": 200,
+                        "ignore_eos": True}
+                timeout = aiohttp.ClientTimeout(total=args.exit_within + 60)
+                async with aiohttp.ClientSession(timeout=timeout) as session:
+                    async def one() -> bool:
+                        try:
+                            async with session.post(f"{base_url}/v1/completions",
+                                                    json=body) as r:
+                                return r.status == 200
+                        except (aiohttp.ClientError, asyncio.TimeoutError):
+                            return False
+                    tasks = [asyncio.create_task(one()) for _ in range(32)]
+                    await asyncio.sleep(2.0)  # mid-serving
+                    flag.touch()
+                    results = await asyncio.gather(*tasks)
+                return sum(results)
+
+            started = time.monotonic()
+            loop_result: dict[str, Any] = {}
+
+            def run_load_thread() -> None:
+                loop_result["ok"] = asyncio.run(load())
+
+            import threading
+
+            thread = threading.Thread(target=run_load_thread, daemon=True)
+            thread.start()
+            while not flag.exists() and time.monotonic() - started < 30:
+                time.sleep(0.05)
+            fault_at = time.monotonic()
+            try:
+                rc = proc.wait(timeout=args.exit_within)
+                report["exit_s"] = round(time.monotonic() - fault_at, 1)
+                report["rc"] = rc
+            except subprocess.TimeoutExpired:
+                report["exit_s"] = None
+                report["rc"] = None
+            time.sleep(3)
+            report["left_running"] = _group_alive(proc.pid)
+            thread.join(timeout=5)
+            report["requests_ok"] = loop_result.get("ok")
+        finally:
+            if proc.poll() is None or _group_alive(proc.pid):
+                try:
+                    os.killpg(proc.pid, signal.SIGINT)
+                    proc.wait(timeout=30)
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    stop_process_group(proc)
+    log = log_path.read_text(errors="replace")
+    report["fault_in_log"] = "injected fault on the first stage" in log
+    report["stage_stop_in_log"] = "Pipeline stage 0 failed in execute_model" in log
+    report["passed"] = bool(
+        report.get("rc") not in (None, 0) and report.get("exit_s") is not None
+        and not report["left_running"] and report["fault_in_log"]
+    )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("check", choices=("structured", "fault"), help="which check to run")
+    parser.add_argument("--out", required=True, help="directory for the report and logs")
+    parser.add_argument("--runner", default="plugin", help="plugin, stock, ... (engine_run.RUNNERS)")
+    parser.add_argument("--mode", default="full_and_piecewise", help="graph mode (structured)")
+    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size (structured)")
+    parser.add_argument("--gpus", default="", help="CUDA_VISIBLE_DEVICES for the server")
+    parser.add_argument("--port", type=int, default=8000, help="port of the server")
+    parser.add_argument("--requests", type=int, default=200, help="requests (structured)")
+    parser.add_argument("--concurrency", type=int, default=64, help="in flight (structured)")
+    parser.add_argument("--spread-s", type=float, default=20.0,
+                        help="arrivals spread over this many seconds (structured)")
+    parser.add_argument("--exit-within", type=float, default=30.0,
+                        help="seconds the server has to exit after the fault (fault)")
+    args = parser.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    report = (check_structured if args.check == "structured" else check_fault)(args)
+    name = f"{args.check}-{args.runner}" + (f"-pp{args.pp}" if args.check == "structured" else "")
+    (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({k: v for k, v in report.items() if k != "problems"}, default=str))
+    for problem in report.get("problems", [])[:20]:
+        print("  ", problem)
+    return 0 if report.get("passed") or args.runner != "plugin" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

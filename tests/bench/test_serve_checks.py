@@ -1,0 +1,62 @@
+"""The structured-output and fault checks judge what they should."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from vllm_pp_cudagraph.bench.serve_checks import (
+    SCHEMA,
+    schema_problems,
+    send_structured,
+    structured_requests,
+)
+
+
+def test_requests_mix_schema_and_plain_greedy_and_seeded():
+    requests = structured_requests(12)
+    assert sum("response_format" in r for r in requests) == 6
+    assert requests[0]["response_format"]["json_schema"]["schema"] == SCHEMA
+    assert {r["temperature"] for r in requests} == {0.0, 0.8}
+    assert all("seed" in r for r in requests if r["temperature"] > 0)
+
+
+def test_schema_check_tells_valid_from_truncated_and_wrong():
+    assert schema_problems('{"colour":"red","size":"M","ok":true}') == []
+    assert "does not parse" in schema_problems('{"colour":"red","size":')[0]
+    assert "is not one of" in schema_problems('{"colour":"pink","size":"M","ok":true}')[0]
+    assert "does not match" in schema_problems('{"colour":"red","size":"M"}')[0]
+
+
+def test_every_structured_answer_is_checked_and_errors_are_reported():
+    answers = iter(['{"colour":"red","size":"S","ok":false}', '{"colour":"red"'])
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        if "response_format" not in body:
+            return web.json_response({"error": "boom"}, status=500)
+        text = next(answers)
+        return web.json_response({"choices": [{"message": {"content": text},
+                                               "finish_reason": "stop"}]})
+
+    async def run() -> dict:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await send_structured(f"http://127.0.0.1:{port}",
+                                         structured_requests(3), 2, 0.1)
+        finally:
+            await runner.cleanup()
+
+    report = asyncio.run(run())
+    assert report["requests"] == 3 and report["structured"] == 2
+    problems = "\n".join(report["problems"])
+    assert "HTTP 500" in problems and "does not parse" in problems
+    assert json.dumps(report)
