@@ -32,9 +32,8 @@ class PPGraphWorker(Worker):
         model_runner.GPUModelRunner = PPCudaGraphModelRunner
         super().init_device()
 
-
-def runner_class(worker) -> str:
-    return type(worker.model_runner).__name__
+    def runner_class(self) -> str:
+        return type(self.model_runner).__name__
 
 
 def main() -> int:
@@ -47,7 +46,10 @@ def main() -> int:
 
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # Counting devices must not initialise CUDA here: vLLM's worker processes would
+    # inherit it. Workers are spawned, the start method that tolerates it.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    gpus = torch.cuda.device_count()
     if gpus < 2:
         print(f"This example needs 2 NVIDIA GPUs (pipeline_parallel_size=2); {gpus} visible.",
               file=sys.stderr)
@@ -65,7 +67,7 @@ def main() -> int:
     llm = LLM(args.model, pipeline_parallel_size=2, load_format=args.load_format,
               max_model_len=1024, gpu_memory_utilization=0.5,
               worker_cls="direct_runner.PPGraphWorker")
-    print("runner per stage:", llm.collective_rpc(runner_class))
+    print("runner per stage:", llm.collective_rpc("runner_class"))
     for output in llm.generate(["Pipeline parallelism splits a model"],
                                SamplingParams(max_tokens=24, temperature=0.0)):
         print(f"{output.prompt!r} -> {output.outputs[0].text!r}")

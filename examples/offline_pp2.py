@@ -26,7 +26,10 @@ def main() -> int:
 
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # Counting devices must not initialise CUDA here: vLLM's worker processes would
+    # inherit it. Workers are spawned, the start method that tolerates it.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    gpus = torch.cuda.device_count()
     if gpus < 2:
         print(f"This example needs 2 NVIDIA GPUs (pipeline_parallel_size=2); {gpus} visible.",
               file=sys.stderr)

@@ -12,7 +12,10 @@ import threading
 import time
 
 import pytest
-from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:  # the serve parser moved in vLLM 0.29
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from vllm_pp_cudagraph.bench.soak import (
