@@ -79,6 +79,9 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     problems = worker_runner_problems(classes)
+    if not problems:
+        logger.info("vllm-pp-cudagraph: all %d workers run the plugin's runner; idle "
+                    "pipeline steps are filled", len(classes))
     if problems:
         raise WorkerRunnerError(
             "The engine core fills idle pipeline steps (vllm-pp-cudagraph) but some "
