@@ -14,7 +14,6 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
 from vllm_pp_cudagraph.descriptors import capture_num_reqs, captures_uniform_batch
-from vllm_pp_cudagraph.graph_agreement import Agreement
 
 SIZE_SETS = {
     "vllm-like": [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64],
@@ -29,12 +28,18 @@ def all_capture_descs(manager):
     return [d for descs in manager._capture_descs.values() for d in descs]
 
 
-CASES = list(itertools.product(MODES, SIZE_SETS, MAX_SEQS, QUERY_LENS))
+def shapes():
+    """(size set, max_num_seqs, decode query length): every combination, one test each mode."""
+    return itertools.product(SIZE_SETS, MAX_SEQS, QUERY_LENS)
 
 
-@pytest.mark.parametrize("mode, sizes, max_seqs, q", CASES)
-def test_every_full_graph_captures_a_uniform_batch(make_manager, mode, sizes, max_seqs, q):
-    manager = make_manager(mode, SIZE_SETS[sizes], max_seqs, q)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_full_graph_captures_a_uniform_batch(make_manager, mode):
+    for sizes, max_seqs, q in shapes():
+        check_uniform_captures(make_manager(mode, SIZE_SETS[sizes], max_seqs, q), max_seqs)
+
+
+def check_uniform_captures(manager, max_seqs):
     for desc in all_capture_descs(manager):
         if desc.cg_mode != CUDAGraphMode.FULL:
             continue
@@ -45,9 +50,13 @@ def test_every_full_graph_captures_a_uniform_batch(make_manager, mode, sizes, ma
             assert desc.num_tokens == num_reqs * desc.uniform_token_count, desc
 
 
-@pytest.mark.parametrize("mode, sizes, max_seqs, q", CASES)
-def test_dispatch_only_returns_captured_and_covering_shapes(make_manager, mode, sizes, max_seqs, q):
-    manager = make_manager(mode, SIZE_SETS[sizes], max_seqs, q)
+@pytest.mark.parametrize("mode", MODES)
+def test_dispatch_only_returns_captured_and_covering_shapes(make_manager, mode):
+    for sizes, max_seqs, q in shapes():
+        check_dispatch(make_manager(mode, SIZE_SETS[sizes], max_seqs, q), sizes, max_seqs, q)
+
+
+def check_dispatch(manager, sizes, max_seqs, q):
     manager._graphs_captured = True
     captured = set(all_capture_descs(manager))
     max_tokens = max(SIZE_SETS[sizes])
@@ -69,103 +78,13 @@ def test_dispatch_only_returns_captured_and_covering_shapes(make_manager, mode, 
                 assert desc.num_tokens == desc.num_reqs * q
 
 
-@pytest.mark.parametrize("mode, sizes, max_seqs, q", CASES)
-def test_valid_stock_graphs_are_all_kept(make_manager, mode, sizes, max_seqs, q):
+@pytest.mark.parametrize("mode", MODES)
+def test_valid_stock_graphs_are_all_kept(make_manager, mode):
     """Only the non-uniform shapes go; decode graphs vLLM builds are untouched."""
-    ours = make_manager(mode, SIZE_SETS[sizes], max_seqs, q)
-    stock = make_manager(mode, SIZE_SETS[sizes], max_seqs, q, cls=ModelCudaGraphManager)
-    stock_descs = set(all_capture_descs(stock))
-    expected = {d for d in stock_descs if d.cg_mode != CUDAGraphMode.FULL or captures_uniform_batch(d, max_seqs)}
-    assert set(all_capture_descs(ours)) == expected
-
-
-def test_served_shape_dispatches_every_batch_as_stock_does(make_manager):
-    """The serving soak's shape (max_num_seqs 256, vLLM's default capture sizes):
-    stock captures only uniform FULL shapes there, so every batch must replay the
-    very graph stock would replay."""
-    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
-    stock = make_manager("FULL_AND_PIECEWISE", sizes, 256, cls=ModelCudaGraphManager)
-    ours = make_manager("FULL_AND_PIECEWISE", sizes, 256)
-    assert set(all_capture_descs(ours)) == set(all_capture_descs(stock))
-    stock._graphs_captured = ours._graphs_captured = True
-    for num_reqs in range(1, 257):
-        for num_tokens in (num_reqs, num_reqs + 1, num_reqs * 3, 512, 513):
-            uniform = 1 if num_tokens == num_reqs else None
-            assert ours.dispatch(num_reqs, num_tokens, uniform, 0) == stock.dispatch(
-                num_reqs, num_tokens, uniform, 0), (num_reqs, num_tokens)
-
-
-def test_non_uniform_full_shapes_exist_in_stock_and_are_dropped(make_manager):
-    # max_num_seqs=8, capture size 13: stock captures 13 tokens over 8 requests.
-    sizes = [1, 2, 4, 8, 13, 16]
-    stock = make_manager("FULL", sizes, 8, cls=ModelCudaGraphManager)
-    ours = make_manager("FULL", sizes, 8)
-    assert any(d.num_tokens == 13 for d in all_capture_descs(stock))
-    assert not any(d.num_tokens == 13 for d in all_capture_descs(ours))
-    ours._graphs_captured = True
-    for num_tokens in (9, 12, 13):
-        desc = ours.dispatch(8, num_tokens, None, 0)
-        assert (desc.cg_mode, desc.num_tokens, desc.num_reqs) == (CUDAGraphMode.FULL, 16, 8)
-
-
-def test_agreement_prunes_dispatch_on_every_stage(make_manager):
-    manager = make_manager("FULL_AND_PIECEWISE", SIZE_SETS["vllm-like"], 8)
-    manager._graphs_captured = True
-    descs = all_capture_descs(manager)
-    keep = frozenset(d for d in descs if d.num_tokens <= 16)
-    manager.apply_agreement(Agreement(keep, frozenset(descs) - keep, "test"))
-    assert set(all_capture_descs(manager)) == keep
-    assert manager.dispatch(4, 4, 1, 0).num_tokens == 4
-    assert manager.dispatch(8, 40, None, 0).cg_mode == CUDAGraphMode.NONE
-
-
-def test_all_eager_agreement_turns_every_dispatch_eager(make_manager):
-    manager = make_manager("FULL_AND_PIECEWISE", SIZE_SETS["vllm-like"], 8)
-    manager._graphs_captured = True
-    manager.apply_agreement(Agreement(frozenset(), frozenset(all_capture_descs(manager)), "failed"))
-    assert not manager.needs_capture()
-    for r in range(1, 9):
-        assert manager.dispatch(r, r, 1, 0).cg_mode == CUDAGraphMode.NONE
-
-
-def test_capture_runs_under_the_guard_and_settles_before_raising(make_manager, monkeypatch):
-    """A forward that talks to the next stage during capture fails capture on
-    this stage, the failure is shared (peers fall back to eager instead of
-    waiting), and the guard's error is raised afterwards."""
-    import torch
-    from vllm.distributed.parallel_state import get_pp_group
-
-    from vllm_pp_cudagraph.capture_guard import CapturedCommunicationError
-
-    def forward_that_sends(self, *args, **kwargs):  # stands in for vLLM's capture body
-        get_pp_group().send_tensor_dict({"hidden_states": torch.zeros(1, 4)})
-
-    monkeypatch.setattr(ModelCudaGraphManager, "capture", forward_that_sends)
-    monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda *a: (0, 0))
-    manager = make_manager("FULL_AND_PIECEWISE", SIZE_SETS["vllm-like"], 8)
-    settled = []
-    monkeypatch.setattr(manager, "apply_agreement", settled.append)
-    with pytest.raises(CapturedCommunicationError, match="send_tensor_dict"):
-        manager.capture()
-    assert len(settled) == 1 and settled[0].all_eager
-    assert "CapturedCommunicationError" in settled[0].reason
-
-
-def test_stage_with_nothing_to_capture_still_settles(make_manager):
-    manager = make_manager("NONE", [1, 2, 4], 8)
-    assert not manager.needs_capture()
-    manager.settle_with_other_stages()
-    assert manager.dispatch(2, 2, 1, 0).cg_mode == CUDAGraphMode.NONE
-
-
-def test_replacing_keeps_the_stock_managers_configuration(make_manager):
-    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
-
-    stock = make_manager("FULL_AND_PIECEWISE", SIZE_SETS["vllm-like"], 8, 2, cls=ModelCudaGraphManager)
-    ours = PPCudaGraphManager.replacing(stock)
-    assert type(ours) is PPCudaGraphManager
-    assert (ours.cudagraph_mode, ours.decode_query_len, ours.lora_capture_cases) == (
-        stock.cudagraph_mode, stock.decode_query_len, stock.lora_capture_cases
-    )
-    assert ours.vllm_config is stock.vllm_config
-    assert set(all_capture_descs(ours)) == set(all_capture_descs(stock))
+    for sizes, max_seqs, q in shapes():
+        ours = make_manager(mode, SIZE_SETS[sizes], max_seqs, q)
+        stock = make_manager(mode, SIZE_SETS[sizes], max_seqs, q, cls=ModelCudaGraphManager)
+        stock_descs = set(all_capture_descs(stock))
+        expected = {d for d in stock_descs
+                    if d.cg_mode != CUDAGraphMode.FULL or captures_uniform_batch(d, max_seqs)}
+        assert set(all_capture_descs(ours)) == expected, (sizes, max_seqs, q)
