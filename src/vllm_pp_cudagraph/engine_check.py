@@ -16,12 +16,13 @@ the plugin stands aside.
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
-logger = logging.getLogger("vllm.pp_cudagraph.engine_check")
+from vllm.logger import init_logger
+
+logger = init_logger("vllm.pp_cudagraph.engine_check")
 
 #: Module and class name of the runner a worker must have built.
 PLUGIN_RUNNER = "vllm_pp_cudagraph.model_runner.PPCudaGraphModelRunner"

@@ -8,15 +8,20 @@ once it knows it is active.
 
 from __future__ import annotations
 
-import logging
 import os
 
 from vllm_pp_cudagraph import compat
 
 PLUGIN_NAME = "pp_cudagraph"
 
-# A child of vLLM's logger, so lines carry vLLM's format and level settings.
-logger = logging.getLogger("vllm.pp_cudagraph")
+
+
+def _logger():
+    # vLLM's own logger (its format, level and handlers, which newer releases set up
+    # only through init_logger), imported late so that `check` runs without vLLM.
+    from vllm.logger import init_logger
+
+    return init_logger("vllm.pp_cudagraph")
 
 _inactive_logged = False
 
@@ -37,7 +42,7 @@ def check_version(allow_unsupported: bool) -> compat.VersionInfo:
     if versions.supported:
         return versions
     if allow_unsupported:
-        logger.warning(
+        _logger().warning(
             "vllm-pp-cudagraph is tested with vLLM %s but vLLM %s is installed; "
             "continuing because VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM is set.",
             compat.SUPPORTED_RANGE,
@@ -80,7 +85,7 @@ def register() -> None:
     if not is_enabled():
         if not _inactive_logged:
             _inactive_logged = True
-            logger.info(
+            _logger().info(
                 "vllm-pp-cudagraph is installed but inactive; set "
                 "VLLM_PLUGINS=%s to use its pipeline-parallel CUDA graphs.",
                 PLUGIN_NAME,
@@ -96,7 +101,7 @@ def register() -> None:
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()
     applied = patches.apply_all(settings)
-    logger.info(
+    _logger().info(
         "vllm-pp-cudagraph active in process %d: patched %s",
         os.getpid(),
         ", ".join(applied) if applied else "nothing (already in place)",

@@ -22,7 +22,9 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-logger = logging.getLogger("vllm.pp_cudagraph.stage_failure")
+from vllm.logger import init_logger
+
+logger = init_logger("vllm.pp_cudagraph.stage_failure")
 
 #: Exit status of a worker stopped by a failed step (EX_SOFTWARE).
 EXIT_CODE = 70

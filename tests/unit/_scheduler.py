@@ -26,9 +26,13 @@ def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seq
         scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
                                          max_model_len=256, is_encoder_decoder=False,
                                          async_scheduling=True),
-        parallel_config=ParallelConfig(pipeline_parallel_size=pp),
+        parallel_config=ParallelConfig(pipeline_parallel_size=1),
         device_config=DeviceConfig(device="cpu"),
     )
+    # Built at PP=1: on this CPU vLLM configures its V1 runner (MRV2 needs Triton),
+    # and from 0.32 it refuses V1 with PP and async scheduling. The scheduler reads
+    # the pipeline size when it is constructed, below.
+    config.parallel_config.pipeline_parallel_size = pp
     config.cache_config.num_gpu_blocks = num_blocks
     kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=16,

@@ -63,7 +63,10 @@ def preemption_fix():
 def host_copies(monkeypatch):
     # vLLM's ring copies a masked index list to the GPU through pinned memory,
     # which needs a GPU; here the "device" is the CPU.
-    monkeypatch.setattr(pp_utils, "async_copy_to_gpu", lambda array, device=None: torch.from_numpy(array))
+    # (async_copy_to_gpu up to 0.29, async_tensor_h2d from 0.30)
+    for name in ("async_copy_to_gpu", "async_tensor_h2d"):
+        if hasattr(pp_utils, name):
+            monkeypatch.setattr(pp_utils, name, lambda array, device=None: torch.from_numpy(array))
 
 
 class _HostStream:

@@ -14,7 +14,10 @@ from conftest import DATA, run_python
 # GPU vLLM refuses to validate a V2 config (no Triton driver); the property the
 # scheduler and workers read is re-evaluated on every access.
 LOAD_AND_REPORT = f"""
-import json, os
+import argparse, json, os
+import vllm.logger
+if hasattr(vllm.logger, "configure_logging_from_args"):  # 0.31+: a process configures it
+    vllm.logger.configure_logging_from_args(argparse.Namespace())
 from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 moe = ModelConfig(model="{DATA / 'qwen3_moe_tiny'}", skip_tokenizer_init=True)
 config = VllmConfig(model_config=moe, device_config=DeviceConfig(device="cpu"))
