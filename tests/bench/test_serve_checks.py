@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from _local_server import local_server
 from aiohttp import web
 
 from vllm_pp_cudagraph.bench.serve_checks import (
@@ -44,16 +45,8 @@ def test_every_structured_answer_is_checked_and_errors_are_reported():
     async def run() -> dict:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            return await send_structured(f"http://127.0.0.1:{port}",
-                                         structured_requests(3), 2, 0.1)
-        finally:
-            await runner.cleanup()
+        async with local_server(app) as base_url:
+            return await send_structured(base_url, structured_requests(3), 2, 0.1)
 
     report = asyncio.run(run())
     assert report["requests"] == 3 and report["structured"] == 2

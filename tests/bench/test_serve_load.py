@@ -11,6 +11,7 @@ import json
 import math
 
 import pytest
+from _local_server import local_server
 from aiohttp import web
 
 from vllm_pp_cudagraph.bench.serve_load import (
@@ -80,25 +81,18 @@ def make_app(salt: str = "", fail_health_every: int = 0):
 
 
 async def serve_and_load(app, **spec_overrides):
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    spec = LoadSpec(
-        base_url=f"http://127.0.0.1:{port}",
-        model="m",
-        prompts=[f"w{i} w{i + 1}" for i in range(20)],
-        num_requests=200,
-        concurrency=32,
-        max_tokens=16,
-        health_interval_s=0.05,
-        **spec_overrides,
-    )
-    try:
+    async with local_server(app) as base_url:
+        spec = LoadSpec(
+            base_url=base_url,
+            model="m",
+            prompts=[f"w{i} w{i + 1}" for i in range(20)],
+            num_requests=200,
+            concurrency=32,
+            max_tokens=16,
+            health_interval_s=0.05,
+            **spec_overrides,
+        )
         return spec, await run_load(spec)
-    finally:
-        await runner.cleanup()
 
 
 def test_mixed_load_completes_streams_and_cancels_as_planned():
@@ -245,15 +239,8 @@ def greedy_run(prompt: list[int], n: int) -> list[int]:
 
 async def score_on_peer(sequences):
     app, seen = make_scoring_app()
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
-        return await score_greedy(f"http://127.0.0.1:{port}", "m", sequences, concurrency=4), seen
-    finally:
-        await runner.cleanup()
+    async with local_server(app) as base_url:
+        return await score_greedy(base_url, "m", sequences, concurrency=4), seen
 
 
 def test_token_check_finds_a_repeated_token_and_nothing_in_greedy_outputs():
