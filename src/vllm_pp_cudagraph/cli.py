@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 
 from vllm_pp_cudagraph import __version__, compat
-from vllm_pp_cudagraph.plugin import PLUGIN_NAME, is_enabled
+from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings, SettingsError
 
 EXIT_OK = 0
@@ -120,7 +120,7 @@ def check(out=sys.stdout) -> int:
             say(f"  {PPCudaGraphSettings.env_name(name)}={value}")
 
     if versions.installed and settings is not None:
-        from vllm_pp_cudagraph.patches import SCOPED_PATCHES, standing
+        from vllm_pp_cudagraph.patches import SCOPED_PATCHES, PluginConfigError, standing
 
         say("patches when enabled, on this vLLM with these settings:")
         for patch, why in standing(settings):
@@ -128,13 +128,12 @@ def check(out=sys.stdout) -> int:
             say(f"  - {patch.name}: {state}  [{patch.target}]")
         for scoped in SCOPED_PATCHES:
             say(f"  - {scoped.name}: applies during graph capture only  [{scoped.target}]")
-        v2_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-        if is_enabled() and v2_env is not None and v2_env.strip() == "0":
-            say(
-                "  ERROR: VLLM_USE_V2_MODEL_RUNNER=0 selects the V1 runner, which the "
-                "plugin cannot serve; unset it or remove pp_cudagraph from VLLM_PLUGINS."
-            )
-            problems.append(EXIT_MISCONFIGURED)
+        if is_enabled():
+            try:
+                check_runner_choice()
+            except PluginConfigError as exc:
+                say(f"  ERROR: {exc}")
+                problems.append(EXIT_MISCONFIGURED)
 
     gpus = _gpu_count()
     if gpus is None:

@@ -99,7 +99,7 @@ def test_v1_runner_with_plugin_enabled_exits_nonzero(gpus):
     gpus.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     code, out = run_check()
     assert code == cli.EXIT_MISCONFIGURED
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in out
+    assert "VLLM_USE_V2_MODEL_RUNNER='0' selects the V1 runner" in out
 
 
 def test_console_script_runs_and_reports_the_missing_gpu(clean_env):
