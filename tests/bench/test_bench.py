@@ -312,3 +312,42 @@ def test_every_runner_sets_only_settings_the_plugin_accepts():
     assert not both.fill_idle_steps and not both.kv_update_in_graphs
     assert not settings["plugin-cadence"].fill_idle_steps
     assert settings["plugin-cadence"].kv_update_in_graphs
+
+
+def test_serve_workload_drives_vllms_own_client_with_flags_it_accepts(tmp_path):
+    """The command must parse with the installed vLLM's `vllm bench serve` parser."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
+
+    cmd = vllm_bench_serve_command("http://127.0.0.1:8000", "/models/m", 32, 500, 64, 256,
+                                   tmp_path, "c32.json")
+    assert cmd[1:6] == ["-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend"]
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(cmd[5:])
+    assert (args.max_concurrency, args.num_prompts, args.random_input_len,
+            args.random_output_len) == (32, 500, 64, 256)
+    assert args.dataset_name == "random" and args.save_result and args.ignore_eos
+    assert args.percentile_metrics == "ttft,tpot,itl" and args.metric_percentiles == "50,99"
+
+
+def test_serve_workload_reports_throughput_and_p50_p99_latencies():
+    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_summary
+
+    result = {"request_throughput": 81.2, "output_throughput": 20787.0, "completed": 1000,
+              "failed": 0, "median_ttft_ms": 40.0, "p99_ttft_ms": 210.5, "median_tpot_ms": 9.1,
+              "p99_tpot_ms": 12.0, "median_itl_ms": 8.8, "p99_itl_ms": 30.2}
+    summary = vllm_bench_summary(result)
+    assert summary["req_per_s"] == 81.2 and summary["completed"] == 1000
+    assert (summary["ttft_p99_ms"], summary["itl_p99_ms"], summary["tpot_p50_ms"]) == (
+        210.5, 30.2, 9.1)
+
+
+def test_workload_and_concurrency_sweep_are_parsed():
+    args = bench.build_parser().parse_args(["--workload", "serve", "--concurrency", "16,64,200"])
+    assert args.workload == "serve" and args.concurrency == [16, 64, 200]
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--concurrency", "0,x"])
+    assert bench.build_parser().parse_args([]).workload == "batch"

@@ -28,7 +28,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     run_in_subprocess,
 )
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
-from vllm_pp_cudagraph.bench.serve_run import run_serve_mode
+from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, run_vllm_bench_sweep
 
 DEFAULT_MODES = [
     f"{runner}:{mode}"
@@ -45,6 +45,7 @@ COLUMNS = [
     ("ttft_p99_ms", "TTFT p99", "{:.1f}"),
     ("tpot_mean_ms", "TPOT ms", "{:.2f}"),
     ("tpot_p99_ms", "TPOT p99", "{:.2f}"),
+    ("itl_p99_ms", "ITL p99", "{:.2f}"),
     ("init_s", "init s", "{:.0f}"),
     ("capture_s", "capture s", "{:.0f}"),
     ("graph_gib", "graphs GiB", "{:.2f}"),
@@ -141,9 +142,12 @@ def across_engines(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _cell(report: dict[str, Any], key: str, fmt: str) -> str:
-    value = (
-        f"{report['spec']['runner']}:{report['spec']['mode']}" if key == "run" else report.get(key)
-    )
+    if key == "run":
+        value = f"{report['spec']['runner']}:{report['spec']['mode']}"
+        if "concurrency" in report:
+            value += f" c={report['concurrency']}"
+    else:
+        value = report.get(key)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "FAILED" if key == "req_per_s" else "-"
     if isinstance(value, bool):
@@ -191,6 +195,16 @@ def write_plot(reports: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def concurrency_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"bad --concurrency {text!r}: use N or N,M,...")
+    return values
+
+
 def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
     """Streamed greedy completions over the benchmark's prompts, as text."""
     prompts = [" ".join(map(token_word, ids)) for ids in make_prompts(args.prompts, args.input_len)]
@@ -199,7 +213,7 @@ def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
         model="",
         prompts=prompts,
         num_requests=args.num_requests or args.prompts,
-        concurrency=args.concurrency,
+        concurrency=args.concurrency[0],
         max_tokens=args.output_len,
         stream_fraction=1.0,
         cancel_fraction=0.0,
@@ -234,6 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, default=128,
                         help="vLLM's max_num_seqs: requests batched at once")
     parser.add_argument(
+        "--workload", choices=("batch", "engine", "serve"), default="batch",
+        help="batch: requests queued with the scheduler paused, one batch (tokens compared "
+        "across runners); engine: LLM.generate as users call it, requests arriving while "
+        "the engine steps (tokens not compared: vLLM is not batch-invariant); serve: "
+        "vllm serve driven by vLLM's own 'vllm bench serve' client, random dataset, one "
+        "run per --concurrency")
+    parser.add_argument(
         "--modes",
         type=parse_modes,
         default=",".join(DEFAULT_MODES),
@@ -267,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure through 'vllm serve' with an OpenAI-compatible client instead "
         "of the offline engine (TTFT/TPOT as users see them; streamed requests)",
     )
-    serve.add_argument("--concurrency", type=int, default=64,
-                       help="requests in flight at once")
+    serve.add_argument("--concurrency", type=concurrency_list, default="64",
+                       help="requests in flight at once; for --workload serve a comma "
+                       "list, one run each (a sweep)")
     serve.add_argument("--num-requests", type=int, default=None,
                        help="requests per timed run (None: --prompts)")
     serve.add_argument("--port", type=int, default=8000, help="port of the server")
@@ -314,10 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                      f"below --output-len={args.output_len}")
     args.out.mkdir(parents=True, exist_ok=True)
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
-    if model is None and (args.serve or args.weights == "random"):
+    serving = args.serve or args.workload == "serve"
+    if model is None and (serving or args.weights == "random"):
         model = str(
             write_model_dir(
-                args.out / "model", shape, tokenizer=args.serve, weights=args.weights == "random"
+                args.out / "model", shape, tokenizer=serving, weights=args.weights == "random"
             )
         )
     reports = []
@@ -343,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             output_len=args.output_len,
             output_len_spread=args.output_len_spread,
             max_num_seqs=args.max_num_seqs,
+            workload=args.workload,
             repeat=args.repeat,
             shape=shape,
             model=model,
@@ -352,7 +376,15 @@ def main(argv: list[str] | None = None) -> int:
             profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,
         )
         print(f"[{i}/{len(args.modes)}] {spec.name} ...", flush=True)
-        if args.serve:
+        if args.workload == "serve":
+            sweep = run_vllm_bench_sweep(spec, model, args.out / f"{log_name}.log",
+                                         args.concurrency, args.num_requests or args.prompts,
+                                         port=args.port, startup_timeout_s=timeout)
+            for point in sweep:
+                point["returncode"] = 0 if point.get("shutdown_clean") else point.get("shutdown_rc")
+            reports.extend(sweep[:-1])
+            report = sweep[-1]
+        elif args.serve:
             report = run_serve_mode(
                 spec,
                 model,
@@ -368,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.monotonic() - started
         print(f"    {engine_status(report, log_name)}  [{elapsed:.0f} s elapsed]", flush=True)
 
-    check_agreement(reports)
+    if args.workload == "batch":
+        check_agreement(reports)
     print()
     print(render_table(reports))
     for r in reports:
@@ -411,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     write_plot(reports, args.out / "bench.png")
     print(f"\nwrote {args.out / 'bench.json'}")
     failed = [r for r in reports if not r.get("digest")]
-    if args.serve:
+    if args.serve or args.workload != "batch":
         # Under changing batches vLLM is not batch-invariant: served outputs may
         # differ between modes, so disagreement is reported, not fatal.
         return 1 if failed else 0

@@ -94,6 +94,11 @@ class RunSpec:
     decodes. Whether the schedule then depends on the workload alone, not on
     timing, shows in the bench's check that every pass repeats its tokens."""
     max_num_seqs: int = 128
+    workload: str = "batch"
+    """"batch": every request queued with the scheduler paused, one batch (tokens
+    comparable across runners); "engine": ``LLM.generate`` as users call it, the
+    engine stepping while requests arrive; "serve": ``vllm serve`` driven by
+    ``vllm bench serve``."""
     repeat: int = 1
     shape: str = "qwen3-0.6b"
     model: str | None = None
@@ -165,7 +170,10 @@ def _child(spec: RunSpec) -> dict[str, Any]:
 
     def generate() -> tuple[dict[str, Any], list]:
         t0 = time.perf_counter()
-        outs = generate_as_one_batch(llm, prompts, params)
+        if spec.workload == "batch":
+            outs = generate_as_one_batch(llm, prompts, params)
+        else:
+            outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t0
         timings = [
             RequestTiming(

@@ -145,3 +145,79 @@ def run_serve_mode(
 
     return serve_and_call(spec, model_dir, log_path, send_load, port, startup_timeout_s,
                           shutdown_timeout_s, extra_args)
+
+
+#: What the ``serve`` workload keeps of each ``vllm bench serve`` result.
+VLLM_BENCH_KEYS = {
+    "req_per_s": "request_throughput",
+    "output_tok_per_s": "output_throughput",
+    "ttft_p50_ms": "median_ttft_ms",
+    "ttft_p99_ms": "p99_ttft_ms",
+    "tpot_p50_ms": "median_tpot_ms",
+    "tpot_p99_ms": "p99_tpot_ms",
+    "itl_p50_ms": "median_itl_ms",
+    "itl_p99_ms": "p99_itl_ms",
+}
+
+
+def vllm_bench_serve_command(base_url: str, model_dir: str, concurrency: int, num_prompts: int,
+                             input_len: int, output_len: int, result_dir: Path,
+                             result_name: str) -> list[str]:
+    """vLLM's own serving client: random dataset, fixed concurrency, p50/p99 metrics."""
+    return [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        "--backend", "openai", "--base-url", base_url, "--model", "dummy",
+        "--tokenizer", model_dir, "--dataset-name", "random",
+        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--ignore-eos", "--seed", "0",
+        "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name,
+    ]
+
+
+def vllm_bench_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The ``serve`` workload's columns from one ``vllm bench serve`` result file."""
+    summary = {ours: result.get(theirs) for ours, theirs in VLLM_BENCH_KEYS.items()}
+    summary["completed"] = result.get("completed")
+    summary["failed"] = result.get("failed", 0)
+    return summary
+
+
+def run_vllm_bench_sweep(
+    spec: RunSpec,
+    model_dir: str,
+    log_path: Path,
+    concurrencies: Sequence[int],
+    num_prompts: int,
+    port: int = 8000,
+    startup_timeout_s: float = 600,
+) -> list[dict[str, Any]]:
+    """Serve ``spec`` once and drive it with ``vllm bench serve`` at each concurrency.
+
+    One report per concurrency, each with the server's shutdown status.
+    """
+    result_dir = log_path.parent / f"{log_path.stem}-results"
+    result_dir.mkdir(parents=True, exist_ok=True)
+
+    async def sweep(base_url: str) -> dict[str, Any]:
+        points = []
+        for concurrency in concurrencies:
+            name = f"c{concurrency}.json"
+            cmd = vllm_bench_serve_command(base_url, model_dir, concurrency, num_prompts,
+                                           spec.input_len, spec.output_len, result_dir, name)
+            with open(result_dir / f"c{concurrency}.log", "w") as client_log:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, stdout=client_log, stderr=subprocess.STDOUT)
+                rc = await proc.wait()
+            point: dict[str, Any] = {"concurrency": concurrency, "client_rc": rc}
+            if rc == 0 and (result_dir / name).exists():
+                point.update(vllm_bench_summary(json.loads((result_dir / name).read_text())))
+            points.append(point)
+        return {"sweep": points}
+
+    report = serve_and_call(spec, model_dir, log_path, sweep, port, startup_timeout_s)
+    reports = []
+    for point in report.pop("sweep", []) or [{"concurrency": c} for c in concurrencies]:
+        reports.append({**report, **point, "digest": "n/a" if point.get("req_per_s") else None})
+    return reports
