@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -103,7 +105,9 @@ def test_v1_runner_with_plugin_enabled_exits_nonzero(gpus):
 
 
 def test_console_script_runs_and_reports_the_missing_gpu(clean_env):
-    exe = shutil.which("vllm-pp-cudagraph")
+    # pip puts console scripts beside the interpreter that installed the package
+    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    exe = shutil.which("vllm-pp-cudagraph", path=search)
     assert exe is not None
     proc = subprocess.run([exe, "check"], capture_output=True, text=True, timeout=300)
     import torch
