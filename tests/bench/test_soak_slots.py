@@ -251,17 +251,23 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
 
     monkeypatch.setattr(flashinfer.current_platform, "is_device_capability",
                         lambda capability: capability == 90)
-    support = flashinfer.FlashInferMetadataBuilder.get_cudagraph_support(None, None)
     undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
     try:
-        config = VllmConfig(
+        vllm_config = VllmConfig(
             device_config=DeviceConfig(device="cpu"),
             parallel_config=ParallelConfig(pipeline_parallel_size=2),
             compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
                                                  cudagraph_mode="FULL"),
-        ).compilation_config
+        )
     finally:
         undo()
+    try:
+        support = flashinfer.FlashInferMetadataBuilder.get_cudagraph_support(vllm_config, None)
+    except AttributeError:
+        pytest.skip("from vLLM 0.30 FlashInfer's CUDA-graph support query needs a loaded "
+                    "model and its KV-cache spec; this pins the message the soak's "
+                    "lowered-mode check reads on the GPU-tested release (0.26)")
+    config = vllm_config.compilation_config
     assert compat.KV_CACHE_UPDATE_OP not in config.splitting_ops
     config.cudagraph_mode = CUDAGraphMode.FULL
     records: list[str] = []
