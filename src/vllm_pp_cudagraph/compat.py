@@ -253,13 +253,22 @@ def bound_argument(method: Callable, name: str, args: tuple, kwargs: dict) -> An
     return args[_position(getattr(method, "__func__", method), name)]
 
 
+@functools.cache
+def _takes(fn: Callable, name: str) -> bool:
+    return name in _params(fn)
+
+
 def prev_sampled_outputs(handler: Any, draft_tokens: Any = None) -> dict | None:
-    """``PPHandler.get_prev_sampled_outputs``, passing draft tokens where it takes them (0.30+)."""
-    if draft_tokens is not None and "draft_tokens_to_update" in _params(
-        handler.get_prev_sampled_outputs
+    """``PPHandler.get_prev_sampled_outputs``, passing draft tokens where it takes them (0.30+).
+
+    The signature is read once per function: this runs on the first stages' step path.
+    """
+    method = handler.get_prev_sampled_outputs
+    if draft_tokens is not None and _takes(
+        getattr(method, "__func__", method), "draft_tokens_to_update"
     ):
-        return handler.get_prev_sampled_outputs(draft_tokens)
-    return handler.get_prev_sampled_outputs()
+        return method(draft_tokens)
+    return method()
 
 
 def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool:

@@ -44,12 +44,11 @@ def runner_class_of(worker: Any) -> str:
 
 def fill_runs_here(vllm_config: Any) -> bool:
     """Whether this engine core fills idle steps for its workers."""
-    config = vllm_config
-    if config.parallel_config.pipeline_parallel_size <= 1 or not config.use_v2_model_runner:
+    if (vllm_config.parallel_config.pipeline_parallel_size <= 1
+            or not vllm_config.use_v2_model_runner
+            or vllm_config.speculative_config is not None):
         return False
-    if config.speculative_config is not None:
-        return False
-    scheduler_cls = config.scheduler_config.get_scheduler_cls()
+    scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     return bool(getattr(scheduler_cls.schedule, "__pp_cudagraph_fill__", False))
 
 
@@ -60,8 +59,8 @@ def worker_runner_problems(runner_classes: list[str]) -> list[str]:
 
 def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None:
     """Refuse an engine whose idle-step fill its workers cannot follow; log V1 stand-aside."""
-    parallel = vllm_config.parallel_config
-    if parallel.pipeline_parallel_size > 1 and not vllm_config.use_v2_model_runner:
+    pipelined = vllm_config.parallel_config.pipeline_parallel_size > 1
+    if pipelined and not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
         logger.warning(
             "vllm-pp-cudagraph stands aside: vLLM runs %s on its V1 runner, which the "
@@ -80,9 +79,6 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     problems = worker_runner_problems(classes)
-    if not problems:
-        logger.info("vllm-pp-cudagraph: all %d workers run the plugin's runner; idle "
-                    "pipeline steps are filled", len(classes))
     if problems:
         raise WorkerRunnerError(
             "The engine core fills idle pipeline steps (vllm-pp-cudagraph) but some "
@@ -91,6 +87,8 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None
             "VLLM_PLUGINS=pp_cudagraph on every node and worker, or set "
             "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS=0 to keep vLLM's schedule."
         )
+    logger.info("vllm-pp-cudagraph: all %d workers run the plugin's runner; idle "
+                "pipeline steps are filled", len(classes))
 
 
 def checking_workers(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.config import VllmConfig
@@ -171,10 +173,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         *args,
         **kwargs,
     ):
-        if dummy_run or not self.use_pp:
-            return self._execute_step(scheduler_output, intermediate_tensors, dummy_run,
-                                      *args, **kwargs)
-        with stopping_worker_on_error(self.pp_stage, "execute_model"):
+        with self._serving_step("execute_model", serving=not dummy_run):
             return self._execute_step(scheduler_output, intermediate_tensors, dummy_run,
                                       *args, **kwargs)
 
@@ -202,10 +201,14 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         return output
 
     def sample_tokens(self, *args, **kwargs):
-        if not self.use_pp:
+        with self._serving_step("sample_tokens"):
             return super().sample_tokens(*args, **kwargs)
-        with stopping_worker_on_error(self.pp_stage, "sample_tokens"):
-            return super().sample_tokens(*args, **kwargs)
+
+    def _serving_step(self, what: str, serving: bool = True) -> AbstractContextManager:
+        """Under PP, a serving step that raises stops this worker (stage_failure.py)."""
+        if serving and self.use_pp:
+            return stopping_worker_on_error(self.pp_stage, what)
+        return nullcontext()
 
     def update_pp_decode_requests(self) -> None:
         # vLLM applies the tokens sampled pp_size steps ago; a request that

@@ -138,11 +138,10 @@ def _async_preemption_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
     from vllm_pp_cudagraph.async_preemption import dropping_stale_output_on_resume
 
-    scheduler_cls = _async_scheduler_cls()
-    if not compat.async_preemption_keeps_stale_placeholders(scheduler_cls):
+    if _async_preemption_stands_aside(settings):
         return None
     return _wrap_class_attr(
-        scheduler_cls, "_update_after_schedule", dropping_stale_output_on_resume
+        _async_scheduler_cls(), "_update_after_schedule", dropping_stale_output_on_resume
     )
 
 
@@ -151,7 +150,7 @@ def _fill_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_fill_idle_steps(settings: PPCudaGraphSettings) -> Undo | None:
-    if not settings.fill_idle_steps:
+    if _fill_stands_aside(settings):
         return None
     from vllm_pp_cudagraph.decode_cadence import filling_idle_steps
 
@@ -178,7 +177,7 @@ def _graph_memory_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo | None:
-    if not settings.kv_update_in_graphs:
+    if _kv_update_stands_aside(settings):
         return None
     from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
 
