@@ -27,6 +27,7 @@ import random
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -216,8 +217,6 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
 
             def run_load_thread() -> None:
                 loop_result["ok"] = asyncio.run(load())
-
-            import threading
 
             thread = threading.Thread(target=run_load_thread, daemon=True)
             thread.start()
