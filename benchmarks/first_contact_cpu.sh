@@ -17,7 +17,7 @@ run vllm-pp-cudagraph check
 run VLLM_PLUGINS=pp_cudagraph vllm-pp-cudagraph check
 run VLLM_PLUGINS=pp-cudagraph vllm-pp-cudagraph check
 run VLLM_PLUGINS=pp_cudagraph VLLM_USE_V2_MODEL_RUNNER=0 vllm-pp-cudagraph check
-run VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS=maybe vllm-pp-cudagraph check
+run VLLM_PP_CUDAGRAPH_DECODE_CADENCE=maybe vllm-pp-cudagraph check
 run VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 vllm-pp-cudagraph check
 run vllm-pp-cudagraph bench --pp 2 --out /tmp/first-contact-bench
 ls -d /tmp/first-contact-bench 2>/dev/null || echo "(nothing written: /tmp/first-contact-bench does not exist)"

@@ -76,6 +76,11 @@
 #   structured     structured outputs with the plugin's defaults (serve_checks structured):
 #                  half JSON-schema requests arriving over time, PP=2 (PP=4 with 4 GPUs)
 #   examples       the examples/ scripts as written, on a local model directory
+#   engine-0.6b    requests arriving while the engine steps (--workload engine): V1, stock,
+#                  the plugin, the plugin filling only idle steps (plugin-fill), profiled
+#   batch-0.6b     the batch cell, random weights: speed, and tokens against stock
+#   moe            Qwen3-30B-A3B (dummy weights): tokens against stock (batch), then engine
+#   serve-0.6b     vllm serve + vllm bench serve, concurrency 200: stock, plugin, V1
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -409,6 +414,38 @@ w('$model', 'qwen3-0.6b-bytes', tokenizer=True)"
   echo "exit $?" >>"$RES/example-serve.txt"
   python3 examples/direct_runner.py $model --load-format dummy >"$RES/example-direct.txt" 2>&1
   echo "exit $?" >>"$RES/example-direct.txt"
+}
+
+# Requests arriving while the engine steps (--workload engine), PP=2, FULL_AND_PIECEWISE:
+# V1, stock and the plugin (its default at PP=2 merges decode groups) twice each, the
+# plugin filling only idle steps (the old default) once, interleaved, each profiled.
+FAP=full_and_piecewise
+job_engine-0.6b() {
+  $BENCH --workload engine --weights dummy --repeat 3 --profile --timeout 300 --deadline 600 \
+    --out "$RES/engine-0.6b" \
+    --modes v1:$FAP,stock:$FAP,plugin:$FAP,plugin-fill:$FAP,plugin:$FAP,v1:$FAP,stock:$FAP
+}
+
+# The batch cell at PP=2 with random weights: speed and the plugin's tokens against stock's.
+job_batch-0.6b() {
+  $BENCH --workload batch --repeat 3 --timeout 240 --deadline 300 --out "$RES/batch-0.6b" \
+    --modes stock:$FAP,plugin:$FAP,v1:$FAP
+}
+
+# The seed's MoE model (dummy weights): the plugin's tokens against stock's under batch
+# queueing, then requests arriving while the engine steps.
+job_moe() {
+  $BENCH --model qwen3-30b-a3b --weights dummy --workload batch --repeat 1 --timeout 400 \
+    --deadline 500 --out "$RES/batch-30b-a3b" --modes stock:$FAP,plugin:$FAP
+  $BENCH --model qwen3-30b-a3b --weights dummy --workload engine --repeat 3 --profile \
+    --timeout 300 --deadline 450 --out "$RES/engine-30b-a3b" --modes stock:$FAP,plugin:$FAP,v1:$FAP
+}
+
+# vllm serve driven by vllm bench serve: random dataset, 64 in / 256 out, 1,000 prompts.
+job_serve-0.6b() {
+  $BENCH --workload serve --weights dummy --concurrency 200 --num-requests 1000 --input-len 64 \
+    --output-len 256 --repeat 2 --timeout 240 --deadline 420 --out "$RES/serve-0.6b" \
+    --modes stock:$FAP,plugin:$FAP,v1:$FAP
 }
 
 case "$1" in

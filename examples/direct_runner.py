@@ -3,8 +3,8 @@
 vLLM's ``worker_cls`` setting names the worker class every worker process
 builds. ``PPGraphWorker`` below has vLLM build the plugin's runner class for
 Model Runner V2 and nothing else: the runner's graphs, checked stage
-hand-offs and stage agreement apply; the plugin's scheduler changes (the
-idle-step fill) do not, since they live in the engine core and come with
+hand-offs and stage agreement apply; the plugin's scheduler changes (its
+decode cadence) do not, since they live in the engine core and come with
 ``VLLM_PLUGINS=pp_cudagraph``. Needs 2 NVIDIA GPUs.
 
     python examples/direct_runner.py [MODEL] [--load-format dummy]

@@ -4,31 +4,30 @@ With Model Runner V2 and PP, vLLM's async scheduler lets a request decode again
 only ``pp_size`` steps after its last decode (``next_decode_eligible_step``).
 The first stages follow the same ring: the tokens the last stage sampled at
 step T are applied to a first stage's request state at step T + ``pp_size``
-(``PPHandler``). With several groups of requests this interleaves them through
-the pipeline. But when all running requests decode together, as they do once a
-batch has formed, every step between two decodes is empty: the engine core
-schedules nothing, every worker takes a round trip, and at PP=2 the empty steps
-were about a third of the step time at PP=2 (docs/performance.md).
+(``PPHandler``). Requests that arrive at different steps therefore form up to
+``pp_size`` groups that take turns, one group per step; and when all running
+requests decode together, as after a batch queued at once, every step between
+two decodes is empty. Either way each request decodes once per ``pp_size``
+steps, and when a step costs about the same whatever its batch (small models,
+CUDA graphs, decode), throughput is a ``pp_size``-th of one batch per step.
 
-The two halves below remove those empty steps without changing what any step
-computes:
+The two halves below change how often a request decodes without changing what
+any step computes:
 
-* Scheduler (:func:`filling_idle_steps`): when no running request may decode
-  at this step because all of them are waiting out the cadence, and no waiting
-  request can be admitted either, the group that would become eligible first
-  decodes now. Nothing else changes: a step that has any eligible request, or
-  room for a new one, is scheduled exactly as vLLM does, so new requests still
-  form their own group in an idle step and groups keep overlapping in the
-  pipeline.
+* Scheduler (:func:`changing_cadence`), by ``VLLM_PP_CUDAGRAPH_DECODE_CADENCE``:
+  ``merge`` lets every running request decode at every step
+  (:func:`merge_decode_groups`); ``fill`` lets only steps that would be empty,
+  with no room for a new request either, decode the group that would become
+  eligible first (:func:`lift_idle_cadence`). Requests guided by structured
+  output, or complete with what is in flight, keep vLLM's cadence (:func:`may_lift`).
 * First stages (:func:`consume_entries_needed_by`): before a step runs, every
   sampled-token entry still waiting in the ring that holds a request this step
   decodes is applied, oldest first. The step's forward then waits on the GPU
   for the last stage's tokens of the step before, not on the host. Entries
-  nobody needs yet keep vLLM's timing, so interleaved groups still overlap.
+  nobody needs yet keep vLLM's timing.
 
 The worker half depends only on what a step schedules, so it is correct for
-any schedule; the scheduler half is the policy, and it only turns steps that
-would have been empty into decode steps.
+any schedule; the scheduler half is the policy.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ import numpy as np
 from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.settings import DecodeCadence
 
 ScheduleFn = Callable[..., Any]
 
@@ -86,6 +86,22 @@ def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
     return len(lifted)
 
 
+def merge_decode_groups(running: Iterable[Any], step: int) -> int:
+    """Let every held request that :func:`may_lift` decode at ``step``; return how many.
+
+    Requests that arrive while others decode form groups of their own, and
+    vLLM's cadence keeps each group ``pp_size`` steps apart for as long as it
+    runs. Merging them makes every running request decode at every step, as
+    one batch does when all its requests arrive together.
+    """
+    lifted = 0
+    for request in running:
+        if request.next_decode_eligible_step > step and may_lift(request):
+            request.next_decode_eligible_step = step
+            lifted += 1
+    return lifted
+
+
 def cadence_applies(scheduler: Any) -> bool:
     """Whether ``scheduler`` runs vLLM's MRV2 PP decode cadence that this module fills.
 
@@ -114,16 +130,26 @@ def may_admit(scheduler: Any) -> bool:
     return occupied < compat.admission_cap(scheduler)
 
 
-def filling_idle_steps(original: ScheduleFn) -> ScheduleFn:
-    """Wrap ``Scheduler.schedule`` for the async scheduler as described above."""
+def changing_cadence(original: ScheduleFn, cadence: DecodeCadence) -> ScheduleFn:
+    """Wrap ``Scheduler.schedule`` for the async scheduler with ``cadence`` (module docstring).
+
+    ``cadence`` is resolved per scheduler by its ``pp_size``
+    (:meth:`DecodeCadence.at`); the wrapper carries it as
+    ``__pp_cudagraph_cadence__`` for the engine core's worker check.
+    """
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if cadence_applies(self) and not may_admit(self):
-            lift_idle_cadence(self.running, self.current_step + 1)
+        if cadence_applies(self):
+            policy = cadence.at(self.pp_size)
+            step = self.current_step + 1
+            if policy is DecodeCadence.MERGE:
+                merge_decode_groups(self.running, step)
+            elif policy is DecodeCadence.FILL and not may_admit(self):
+                lift_idle_cadence(self.running, step)
         return original(self, *args, **kwargs)
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
-    schedule.__pp_cudagraph_fill__ = True  # type: ignore[attr-defined]
+    schedule.__pp_cudagraph_cadence__ = cadence  # type: ignore[attr-defined]
     return schedule
 
 

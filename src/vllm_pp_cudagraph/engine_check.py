@@ -1,8 +1,8 @@
 """The engine core checks, once its workers exist, that they can serve the plugin's schedule.
 
-The idle-step fill (decode_cadence.py) runs in the engine core; what makes it
-correct runs in the workers: the plugin's runner applies the last stage's
-newer tokens on the first stages before a lifted step. A worker that builds
+The plugin's decode cadence (decode_cadence.py) runs in the engine core; what
+makes it correct runs in the workers: the plugin's runner applies the last
+stage's newer tokens on the first stages before a lifted step. A worker that builds
 vLLM's own runner (a Ray node without this package, a worker process started
 without ``VLLM_PLUGINS``) would embed stale tokens without any error. So right
 after the engine core has set up its workers' KV caches, and before it
@@ -21,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm.logger import init_logger
+
+from vllm_pp_cudagraph.settings import DecodeCadence
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
 
@@ -42,14 +44,16 @@ def runner_class_of(worker: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def fill_runs_here(vllm_config: Any) -> bool:
-    """Whether this engine core fills idle steps for its workers."""
-    if (vllm_config.parallel_config.pipeline_parallel_size <= 1
+def cadence_changed_here(vllm_config: Any) -> bool:
+    """Whether this engine core lets requests decode sooner than vLLM's cadence."""
+    pp_size = vllm_config.parallel_config.pipeline_parallel_size
+    if (pp_size <= 1
             or not vllm_config.use_v2_model_runner
             or vllm_config.speculative_config is not None):
         return False
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
-    return bool(getattr(scheduler_cls.schedule, "__pp_cudagraph_fill__", False))
+    cadence = getattr(scheduler_cls.schedule, "__pp_cudagraph_cadence__", None)
+    return cadence is not None and cadence.at(pp_size) is not DecodeCadence.VLLM
 
 
 def worker_runner_problems(runner_classes: list[str]) -> list[str]:
@@ -58,7 +62,7 @@ def worker_runner_problems(runner_classes: list[str]) -> list[str]:
 
 
 def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None:
-    """Refuse an engine whose idle-step fill its workers cannot follow; log V1 stand-aside."""
+    """Refuse an engine whose decode cadence its workers cannot follow; log V1 stand-aside."""
     pipelined = vllm_config.parallel_config.pipeline_parallel_size > 1
     if pipelined and not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
@@ -69,7 +73,7 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None
             architectures[0],
         )
         return
-    if not fill_runs_here(vllm_config):
+    if not cadence_changed_here(vllm_config):
         return
     import cloudpickle
 
@@ -81,14 +85,15 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None
     problems = worker_runner_problems(classes)
     if problems:
         raise WorkerRunnerError(
-            "The engine core fills idle pipeline steps (vllm-pp-cudagraph) but some "
+            "The engine core schedules decodes sooner than vLLM's PP cadence "
+            "(vllm-pp-cudagraph) but some "
             f"workers do not run the plugin's runner ({'; '.join(problems)}); they would "
             "serve stale tokens. Install vllm-pp-cudagraph and set "
             "VLLM_PLUGINS=pp_cudagraph on every node and worker, or set "
-            "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS=0 to keep vLLM's schedule."
+            "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm to keep vLLM's schedule."
         )
-    logger.info("vllm-pp-cudagraph: all %d workers run the plugin's runner; idle "
-                "pipeline steps are filled", len(classes))
+    logger.info("vllm-pp-cudagraph: all %d workers run the plugin's runner; requests "
+                "decode sooner than vLLM's pipeline cadence", len(classes))
 
 
 def checking_workers(original: Callable[..., Any]) -> Callable[..., Any]:

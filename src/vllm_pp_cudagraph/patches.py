@@ -13,6 +13,7 @@ only reaches through the patches listed here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
 Undo = Callable[[], None]
 
@@ -145,16 +146,19 @@ def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
     )
 
 
-def _fill_stands_aside(settings: PPCudaGraphSettings) -> str | None:
-    return None if settings.fill_idle_steps else "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS is off"
+def _cadence_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    if settings.decode_cadence is DecodeCadence.VLLM:
+        return "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm"
+    return None
 
 
-def _patch_fill_idle_steps(settings: PPCudaGraphSettings) -> Undo | None:
-    if _fill_stands_aside(settings):
+def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo | None:
+    if _cadence_stands_aside(settings):
         return None
-    from vllm_pp_cudagraph.decode_cadence import filling_idle_steps
+    from vllm_pp_cudagraph.decode_cadence import changing_cadence
 
-    return _wrap_class_attr(_async_scheduler_cls(), "schedule", filling_idle_steps)
+    wrap = functools.partial(changing_cadence, cadence=settings.decode_cadence)
+    return _wrap_class_attr(_async_scheduler_cls(), "schedule", wrap)
 
 
 def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
@@ -252,28 +256,31 @@ PATCHES: tuple[Patch, ...] = (
         off_from="0.27.0",
     ),
     Patch(
-        name="fill-idle-steps",
-        target=f"{compat.ASYNC_SCHEDULER_MODULE}.AsyncScheduler.schedule (with VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS, default on)",
-        why=(
-            "With MRV2 and PP a request may decode only every pp_size-th step, so "
-            "when all running requests decode together every other step (at PP=2) "
-            "is empty, a full engine and worker round trip. Before scheduling, "
-            "when no running request is eligible and none can be admitted, the group "
-            "that would become eligible first is made eligible now, except requests "
-            "guided by structured output or already complete with what is in flight; "
-            "the plugin's runner applies the last stage's newer tokens on the first "
-            "stages before such a step. Steps that have eligible work, or room for a "
-            "new request, are scheduled as in vLLM. Details: decode_cadence.py."
+        name="decode-cadence",
+        target=(
+            f"{compat.ASYNC_SCHEDULER_MODULE}.AsyncScheduler.schedule "
+            "(with VLLM_PP_CUDAGRAPH_DECODE_CADENCE, default auto)"
         ),
-        drop_when="vLLM's scheduler lets a lone decode group run on consecutive steps under PP.",
-        apply=_patch_fill_idle_steps,
-        stands_aside=_fill_stands_aside,
+        why=(
+            "With MRV2 and PP a request may decode only every pp_size-th step: "
+            "requests that arrived at different steps take turns in groups, and "
+            "when all decode together every other step (at PP=2) is empty. Before "
+            "scheduling, held requests are made eligible now: all of them (merge, "
+            "auto at PP=2) or, in a step that would be empty, the group that would "
+            "become eligible first (fill). Requests guided by structured output or "
+            "already complete with what is in flight keep vLLM's cadence; the "
+            "plugin's runner applies the last stage's newer tokens on the first "
+            "stages before such a step. Details: decode_cadence.py."
+        ),
+        drop_when="vLLM's scheduler lets a request decode on consecutive steps under PP.",
+        apply=_patch_decode_cadence,
+        stands_aside=_cadence_stands_aside,
     ),
     Patch(
         name="engine-core-check",
         target=f"{compat.ENGINE_CORE_MODULE}.EngineCore._initialize_kv_caches",
         why=(
-            "The idle-step fill is safe only if every worker runs the plugin's runner, "
+            "A changed decode cadence is safe only if every worker runs the plugin's runner, "
             "which applies the newer tokens on the first stages; a worker without the "
             "package (a Ray node installed apart) would serve stale tokens. Once the "
             "engine core has its workers it asks each for its runner class and, if one "
@@ -281,7 +288,7 @@ PATCHES: tuple[Patch, ...] = (
             "when vLLM runs a pipeline-parallel model on its V1 runner, where the "
             "plugin stands aside. Details: engine_check.py."
         ),
-        drop_when="the idle-step fill goes (see fill-idle-steps).",
+        drop_when="the decode cadence patch goes (see decode-cadence).",
         apply=_patch_engine_core_check,
     ),
     Patch(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from enum import Enum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -38,6 +39,39 @@ def _parse_bool(value: Any) -> Any:
 EnvBool = Annotated[bool, BeforeValidator(_parse_bool)]
 
 
+def _lower(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+class DecodeCadence(str, Enum):
+    """How often a running request may decode under PP (see ``decode_cadence.py``)."""
+
+    AUTO = "auto"
+    MERGE = "merge"
+    FILL = "fill"
+    VLLM = "vllm"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def at(self, pp_size: int) -> DecodeCadence:
+        """The policy that applies at ``pp_size``: AUTO resolved, VLLM without PP."""
+        if pp_size <= 1:
+            return DecodeCadence.VLLM
+        if self is DecodeCadence.AUTO:
+            return DecodeCadence.MERGE if pp_size == 2 else DecodeCadence.VLLM
+        return self
+
+
+#: Settings that were replaced, with what to set instead.
+REPLACED = {
+    "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": (
+        "VLLM_PP_CUDAGRAPH_DECODE_CADENCE (fill for the old 1, vllm for the old 0)"
+    ),
+    "VLLM_PP_CUDAGRAPH_MERGE_DECODE_GROUPS": "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=merge",
+}
+
+
 class PPCudaGraphSettings(BaseModel):
     """Validated plugin settings; build with :meth:`from_env`."""
 
@@ -60,12 +94,17 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
-    fill_idle_steps: EnvBool = Field(
-        default=True,
+    decode_cadence: Annotated[DecodeCadence, BeforeValidator(_lower)] = Field(
+        default=DecodeCadence.AUTO,
         description=(
-            "Under PP, when every running request is waiting out vLLM's decode "
-            "cadence (one decode per pp_size steps), let the group that can go "
-            "first decode instead of running an empty step. 0 keeps vLLM's cadence."
+            "How often a request decodes under PP. vLLM lets each request decode once "
+            "every pp_size steps, so requests that arrived at different times take "
+            "turns in groups and, when all decode together, every other step is "
+            "empty. merge: every running request decodes at every step. fill: only "
+            "steps that would be empty get the group that can go first. vllm: "
+            "vLLM's cadence. auto: merge at PP=2, vllm at larger PP (the only PP "
+            "sizes measured so far). Requests with structured output always keep "
+            "vLLM's cadence; nothing changes with speculative decoding."
         ),
     )
 
@@ -92,6 +131,8 @@ class PPCudaGraphSettings(BaseModel):
         for key, raw in environ.items():
             if not key.startswith(ENV_PREFIX):
                 continue
+            if key in REPLACED:
+                raise SettingsError(f"{key} was replaced: set {REPLACED[key]}.")
             if key not in known:
                 raise SettingsError(
                     f"Unknown setting {key}. Known settings: {', '.join(sorted(known))}."
@@ -114,5 +155,6 @@ class PPCudaGraphSettings(BaseModel):
         """(variable, default, description) rows; the README's table must list them."""
         rows = []
         for name, field in cls.model_fields.items():
-            rows.append((cls.env_name(name), str(field.default), field.description or ""))
+            default = field.default.value if isinstance(field.default, Enum) else field.default
+            rows.append((cls.env_name(name), str(default), field.description or ""))
         return rows

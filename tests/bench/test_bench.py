@@ -309,8 +309,10 @@ def test_every_runner_sets_only_settings_the_plugin_accepts():
     settings = {name: PPCudaGraphSettings.from_env(env) for name, env in RUNNERS.items()}
     assert settings["plugin"] == PPCudaGraphSettings.from_env({})
     both = settings["plugin-cadence-kvsplit"]
-    assert not both.fill_idle_steps and not both.kv_update_in_graphs
-    assert not settings["plugin-cadence"].fill_idle_steps
+    assert both.decode_cadence == "vllm" and not both.kv_update_in_graphs
+    assert settings["plugin-cadence"].decode_cadence == "vllm"
+    assert settings["plugin-merge"].decode_cadence == "merge"
+    assert settings["plugin-fill"].decode_cadence == "fill"
     assert settings["plugin-cadence"].kv_update_in_graphs
 
 

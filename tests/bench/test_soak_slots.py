@@ -171,7 +171,7 @@ def test_the_plugin_side_of_a_soak_can_keep_vllms_decode_cadence():
     assert (runner, mode, tag) == ("plugin-cadence", "full_decode_only", "plugin")
     env = engine_env(server_spec(runner, mode, args))
     assert env["VLLM_PLUGINS"] == "pp_cudagraph"
-    assert env["VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS"] == "0"
+    assert env["VLLM_PP_CUDAGRAPH_DECODE_CADENCE"] == "vllm"
 
 
 def test_several_runs_per_side_hold_the_mean_plugin_share_to_the_mean_stock_share():

@@ -31,6 +31,7 @@ from vllm_pp_cudagraph.decode_cadence import (
     cadence_applies,
     consume_entries_needed_by,
     lift_idle_cadence,
+    merge_decode_groups,
 )
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -43,10 +44,22 @@ def model_dir(tmp_path_factory):
     return str(write_model_dir(tmp_path_factory.mktemp("model"), tokenizer=False))
 
 
+def _cadence(cadence: str):
+    undo = patches._patch_decode_cadence(PPCudaGraphSettings(decode_cadence=cadence))
+    assert undo is not None
+    return undo
+
+
 @pytest.fixture
 def fill():
-    undo = patches._patch_fill_idle_steps(PPCudaGraphSettings())
-    assert undo is not None
+    undo = _cadence("fill")
+    yield
+    undo()
+
+
+@pytest.fixture
+def merged():
+    undo = _cadence("merge")
     yield
     undo()
 
@@ -215,29 +228,36 @@ def test_no_request_is_scheduled_past_max_tokens(model_dir, fill, pp):
     assert set(extra.values()) == {0}, extra
 
 
-def test_structured_output_requests_keep_vllms_cadence(model_dir, fill):
+@pytest.mark.parametrize("cadence", ["fill", "merge"])
+@pytest.mark.parametrize("pp", [2, 4])
+def test_structured_output_requests_keep_vllms_cadence(model_dir, cadence, pp):
     """The engine core builds a step's grammar bitmask after applying only the
     oldest batch in flight; vLLM's cadence (a decode every pp_size steps) is what
     makes that batch hold a structured request's previous token. Half the
-    requests are structured, arriving over time, PP 2 and 4, 20 seeds: no
-    structured request may decode sooner than pp_size steps after its last
-    decode, while the unstructured ones are still lifted."""
+    requests are structured, arriving over time, 20 seeds: no structured request
+    may decode sooner than pp_size steps after its last decode, while the
+    unstructured ones are still lifted, and none is scheduled past max_tokens."""
+    undo = _cadence(cadence)
     too_soon, lifted = [], 0
-    for pp in (2, 4):
+    try:
         for seed in range(20):
             rng = random.Random(seed)
             requests = make_requests(12, rng, structured=lambda i: i % 2 == 0)
             arrivals = [rng.randint(0, 20) for _ in range(12)]
             run = serve(make_scheduler(model_dir, num_blocks=64, pp=pp), requests, arrivals)
             assert run.problems == []
+            most = {r.request_id: r.max_tokens + r.num_preemptions for r in requests}
             for rid, steps in scheduled_steps(run).items():
+                assert len(steps) <= most[rid], (seed, rid)
                 gaps = [b - a for a, b in zip(steps, steps[1:])]
                 if int(rid) % 2 == 0:
-                    too_soon += [(pp, seed, rid, g) for g in gaps if g < pp]
+                    too_soon += [(seed, rid, g) for g in gaps if g < pp]
                 else:
                     lifted += sum(g < pp for g in gaps)
+    finally:
+        undo()
     assert too_soon == []
-    assert lifted > 0, "the fill never acted: nothing was tested"
+    assert lifted > 0, "nothing was lifted: nothing was tested"
 
 
 def test_vllm_cadence_leaves_every_other_step_empty(model_dir):
@@ -261,7 +281,7 @@ def test_interleaved_groups_are_scheduled_as_vllm_does(model_dir):
         return serve(make_scheduler(model_dir, num_blocks=64), requests, [0, 0, 0, 0, 1, 1, 1, 1])
 
     stock = two_groups()
-    undo = patches._patch_fill_idle_steps(PPCudaGraphSettings())
+    undo = _cadence("fill")
     try:
         patched = two_groups()
     finally:
@@ -269,6 +289,26 @@ def test_interleaved_groups_are_scheduled_as_vllm_does(model_dir):
     assert patched.problems == stock.problems == []
     assert len(set(stock.steps[2:20])) == 2, "stock should alternate two groups"
     assert patched.steps[:20] == stock.steps[:20]
+
+
+def test_merged_groups_decode_together_on_every_step(model_dir, merged):
+    """Requests arriving one step apart form two groups that take turns under vLLM's
+    cadence; merged, every step from the third on decodes all of them, and every
+    first-stage input is still the token the last stage sampled."""
+    run = two_groups(model_dir, pp=2)
+    assert run.problems == []
+    everyone = frozenset(run.steps[2])
+    assert len(everyone) == 8
+    assert all(step == everyone for step in run.steps[2:28]), run.steps[:30]
+    assert run.consumed_early > 0
+    assert len(run.steps) <= 35  # two prefill steps, 30 tokens, a short tail
+
+
+def test_merge_lifts_every_held_request_it_may():
+    a, b, c = _request("a", 7), _request("b", 5), _request("c", 6)
+    assert merge_decode_groups([a, b, c], step=5) == 2
+    assert [r.next_decode_eligible_step for r in (a, b, c)] == [5, 5, 5]
+    assert merge_decode_groups([a, b, c], step=5) == 0
 
 
 def arrivals_under_preemption(model_dir: str, pp: int) -> list[Run]:
@@ -294,10 +334,19 @@ def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_
 
 
 @pytest.mark.parametrize("pp", [2, 4])
-def test_with_vllms_cadence_the_early_consume_never_acts(model_dir, preemption_fix, pp):
-    """Idle steps not filled: the first stage takes each token when vLLM's runner would.
+def test_merged_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(
+    model_dir, merged, preemption_fix, pp
+):
+    problems, preemptions = problems_and_preemptions(arrivals_under_preemption(model_dir, pp))
+    assert preemptions > 0, "the KV cache never ran short: nothing was tested"
+    assert problems == []
 
-    The runner's early consume stays installed when the fill is off; with vLLM's
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_with_vllms_cadence_the_early_consume_never_acts(model_dir, preemption_fix, pp):
+    """vLLM's cadence kept: the first stage takes each token when vLLM's runner would.
+
+    The runner's early consume stays installed with DECODE_CADENCE=vllm; with vLLM's
     cadence a request is never scheduled while an output of its own is still in
     the ring, so the consume must find nothing to take, whatever arrives or is
     preempted: the first stage then runs exactly as stock's does.
@@ -349,10 +398,30 @@ def test_cadence_applies_only_to_v2_pp_without_draft_tokens(model_dir):
     assert not cadence_applies(make_scheduler(model_dir, pp=1))
 
 
+def two_groups(model_dir: str, pp: int) -> Run:
+    """Eight requests arriving over two steps: under vLLM's cadence, two groups."""
+    requests = make_requests(8, random.Random(1), output=(30, 30))
+    arrivals = [0, 0, 0, 0, 1, 1, 1, 1]
+    return serve(make_scheduler(model_dir, num_blocks=64, pp=pp), requests, arrivals)
+
+
+def test_the_default_merges_at_pp2_and_keeps_vllms_cadence_beyond(model_dir):
+    """auto: measured faster merged at PP=2; larger PP sizes are scheduled as stock."""
+    stock = {pp: two_groups(model_dir, pp) for pp in (2, 4)}
+    undo = patches._patch_decode_cadence(PPCudaGraphSettings())
+    try:
+        default = {pp: two_groups(model_dir, pp) for pp in (2, 4)}
+    finally:
+        undo()
+    assert all(run.problems == [] for run in (*stock.values(), *default.values()))
+    assert len(default[2].steps) < 0.6 * len(stock[2].steps)
+    assert default[4].steps == stock[4].steps
+
+
 def test_patch_is_undone_exactly_and_off_when_disabled():
     assert "schedule" not in AsyncScheduler.__dict__
-    assert patches._patch_fill_idle_steps(PPCudaGraphSettings(fill_idle_steps=False)) is None
-    undo = patches._patch_fill_idle_steps(PPCudaGraphSettings())
+    assert patches._patch_decode_cadence(PPCudaGraphSettings(decode_cadence="vllm")) is None
+    undo = patches._patch_decode_cadence(PPCudaGraphSettings())
     assert AsyncScheduler.schedule.__wrapped__ is AsyncScheduler.__mro__[1].schedule
     undo()
     assert "schedule" not in AsyncScheduler.__dict__

@@ -1,4 +1,4 @@
-"""The engine core refuses to fill idle steps for workers that cannot follow."""
+"""The engine core refuses to change the decode cadence for workers that cannot follow."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 @pytest.fixture
 def fill():
-    undo = patches._patch_fill_idle_steps(PPCudaGraphSettings())
+    undo = patches._patch_decode_cadence(PPCudaGraphSettings())
     yield
     undo()
 
@@ -52,7 +52,7 @@ def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config, fill):
     assert config.scheduler_config.get_scheduler_cls() is AsyncScheduler
     stock = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
     rpc, _ = rpc_answering([PLUGIN_RUNNER, stock])
-    with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*FILL_IDLE_STEPS=0"):
+    with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*DECODE_CADENCE=vllm"):
         check_workers(config, rpc)
 
 
@@ -64,6 +64,17 @@ def test_workers_with_the_plugins_runner_pass(config, fill):
 
 def test_without_the_fill_no_worker_is_asked(config):
     rpc, calls = rpc_answering(["anything"])
+    check_workers(config, rpc)
+    assert calls == []
+
+
+def test_where_the_default_keeps_vllms_cadence_no_worker_is_asked(tmp_path, monkeypatch, fill):
+    """auto keeps vLLM's cadence beyond PP=2, so workers without the plugin serve right."""
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=4).vllm_config
+    monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
+    rpc, calls = rpc_answering(["vllm.v1.worker.gpu.model_runner.GPUModelRunner"] * 4)
     check_workers(config, rpc)
     assert calls == []
 

@@ -62,8 +62,8 @@ def test_each_patch_says_whether_it_stands_aside_here(clean_env):
     standing = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
     assert standing["v2-runner-class"] is None
     assert standing["breakable-env"] == "VLLM_PP_CUDAGRAPH_BREAKABLE is off"
-    off = PPCudaGraphSettings(fill_idle_steps=False, kv_update_in_graphs=False)
-    assert dict((p.name, why) for p, why in patches.standing(off))["fill-idle-steps"]
+    off = PPCudaGraphSettings(decode_cadence="vllm", kv_update_in_graphs=False)
+    assert dict((p.name, why) for p, why in patches.standing(off))["decode-cadence"]
     for patch in patches.PATCHES:
         if patch.off_from is not None:
             assert compat.parse_release(patch.off_from), patch.name

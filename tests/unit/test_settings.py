@@ -39,6 +39,26 @@ def test_unknown_variable_is_an_error_listing_known_ones():
     assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM" in str(err.value).split("Known")[1]
 
 
+@pytest.mark.parametrize("raw, pp2, pp4", [("auto", "merge", "vllm"), (" MERGE ", "merge", "merge"),
+                                         ("fill", "fill", "fill"), ("vllm", "vllm", "vllm")])
+def test_decode_cadence_resolves_per_pipeline_size(raw, pp2, pp4):
+    cadence = PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_DECODE_CADENCE": raw}).decode_cadence
+    assert (cadence.at(2), cadence.at(4), cadence.at(1)) == (pp2, pp4, "vllm")
+
+
+def test_decode_cadence_names_its_choices():
+    with pytest.raises(SettingsError) as err:
+        PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "1"})
+    assert "VLLM_PP_CUDAGRAPH_DECODE_CADENCE='1'" in str(err.value)
+    assert all(choice in str(err.value) for choice in ("auto", "merge", "fill", "vllm"))
+
+
+def test_a_replaced_setting_says_what_to_set_instead():
+    with pytest.raises(SettingsError, match="FILL_IDLE_STEPS was replaced: set "
+                       "VLLM_PP_CUDAGRAPH_DECODE_CADENCE"):
+        PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"})
+
+
 def test_unrelated_variables_are_ignored():
     assert PPCudaGraphSettings.from_env({"VLLM_PLUGINS": "x", "PATH": "/"})
 

@@ -18,7 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES, token_word, write_model_dir
+from vllm_pp_cudagraph.bench.dummy_model import (
+    SHAPES,
+    has_random_weights,
+    token_word,
+    write_model_dir,
+)
 from vllm_pp_cudagraph.bench.engine_run import (
     MODES,
     RUNNERS,
@@ -336,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"below --output-len={args.output_len}")
     args.out.mkdir(parents=True, exist_ok=True)
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
+    if model is None and args.weights == "random" and not has_random_weights(shape):
+        parser.error(f"--model {shape} has no random checkpoint (MoE); add --weights dummy")
     serving = args.serve or args.workload == "serve"
     if model is None and (serving or args.weights == "random"):
         model = str(
@@ -400,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.monotonic() - started
         print(f"    {engine_status(report, log_name)}  [{elapsed:.0f} s elapsed]", flush=True)
 
+    unloaded = [r for r in reports if r["spec"]["runner"].startswith("plugin")
+                and r.get("plugin_stages", args.pp) < args.pp]
+    for r in unloaded:
+        print(f"PLUGIN NOT LOADED: {r['spec']['runner']}:{r['spec']['mode']} logged the plugin's "
+              f"runner on {r['plugin_stages']} of {args.pp} stages; its numbers are not the plugin's")
     if args.workload == "batch":
         check_agreement(reports)
     print()
@@ -443,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "bench.json").write_text(json.dumps(result, indent=1))
     write_plot(reports, args.out / "bench.png")
     print(f"\nwrote {args.out / 'bench.json'}")
-    failed = [r for r in reports if not r.get("digest")]
+    failed = [r for r in reports if not r.get("digest")] + unloaded
     if args.serve or args.workload != "batch":
         # Under changing batches vLLM is not batch-invariant: served outputs may
         # differ between modes, so disagreement is reported, not fatal.

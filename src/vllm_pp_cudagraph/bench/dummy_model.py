@@ -41,6 +41,35 @@ QWEN3_0_6B: dict[str, Any] = {
     "eos_token_id": 151645,
 }
 
+QWEN3_4B: dict[str, Any] = {
+    **QWEN3_0_6B,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+}
+
+#: The seed's model. MoE: 128 experts, 8 per token, about 3B of 30B active.
+QWEN3_30B_A3B: dict[str, Any] = {
+    **QWEN3_0_6B,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "router_aux_loss_coef": 0.001,
+    "output_router_logits": False,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
+
 #: A vocabulary of the 256 bytes plus specials: text of any kind (JSON for
 #: structured outputs) is spelled byte by byte (see :func:`write_byte_tokenizer`).
 BYTE_VOCAB = 512
@@ -49,10 +78,17 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": QWEN3_0_6B,
     # 27 layers: does not split evenly across 2 pipeline stages.
     "qwen3-0.6b-27l": {**QWEN3_0_6B, "num_hidden_layers": 27},
+    "qwen3-4b": QWEN3_4B,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
     # Byte-level vocabulary, for structured outputs and anything that parses text.
     "qwen3-0.6b-bytes": {**QWEN3_0_6B, "vocab_size": BYTE_VOCAB,
                          "bos_token_id": 256, "eos_token_id": 257},
 }
+
+
+def has_random_weights(shape: str) -> bool:
+    """Whether :func:`write_weights` can write a checkpoint for ``shape`` (dense Qwen3)."""
+    return SHAPES[shape]["architectures"] == QWEN3_0_6B["architectures"]
 
 
 def write_model_dir(
@@ -79,6 +115,9 @@ def write_model_dir(
     elif tokenizer:
         write_tokenizer(path, config)
     if weights:
+        if not has_random_weights(shape):
+            raise ValueError(f"Random weights are written for dense Qwen3 shapes only; "
+                             f"run {shape!r} with vLLM's dummy weights (--weights dummy).")
         write_weights(path, config)
     return path
 

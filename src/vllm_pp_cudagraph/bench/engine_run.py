@@ -55,12 +55,16 @@ MODES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
 _PLUGIN = {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_USE_V2_MODEL_RUNNER": "1"}
 RUNNERS: dict[str, dict[str, str]] = {
     "plugin": _PLUGIN,
-    # The plugin keeping vLLM's PP decode cadence: measures what filling idle steps gives.
-    "plugin-cadence": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"},
+    # The plugin keeping vLLM's PP decode cadence: measures what the plugin's cadence gives.
+    "plugin-cadence": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "vllm"},
+    # The plugin filling only the steps that would be empty (the default before merging).
+    "plugin-fill": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "fill"},
+    # The plugin with every running request decoding at every step, at any PP size.
+    "plugin-merge": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "merge"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
     "plugin-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     # Both: the plugin's runner and graphs with vLLM's schedule and vLLM's split.
-    "plugin-cadence-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0",
+    "plugin-cadence-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "vllm",
                                "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
@@ -261,6 +265,15 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
     proc.wait()
 
 
+#: The line the plugin's runner logs on each pipeline stage it runs on.
+PLUGIN_STAGE_LINE = "PPCudaGraphModelRunner on pipeline stage"
+
+
+def plugin_stages(log: str) -> int:
+    """How many stages ran the plugin's runner, by its log line (a run without it is stock)."""
+    return log.count(PLUGIN_STAGE_LINE)
+
+
 def run_in_subprocess(
     spec: RunSpec, log_path: Path, timeout_s: float | None = None
 ) -> dict[str, Any]:
@@ -294,6 +307,7 @@ def run_in_subprocess(
     else:
         report["error_tail"] = log[-3000:]
     report.update(capture_stats(log))
+    report["plugin_stages"] = plugin_stages(log)
     if spec.profile_dir and Path(spec.profile_dir).is_dir():
         report["profile"] = analyze_dir(Path(spec.profile_dir))
     return report
