@@ -81,6 +81,7 @@
 #   batch-0.6b     the batch cell, random weights: speed, and tokens against stock
 #   moe            Qwen3-30B-A3B (dummy weights): tokens against stock (batch), then engine
 #   serve-0.6b     vllm serve + vllm bench serve, concurrency 200: stock, plugin, V1
+#   soak-sampling  the serving soak with the sampling mix and the token check
 set -u
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
@@ -446,6 +447,17 @@ job_serve-0.6b() {
   $BENCH --workload serve --weights dummy --concurrency 200 --num-requests 1000 --input-len 64 \
     --output-len 256 --repeat 2 --timeout 240 --deadline 420 --out "$RES/serve-0.6b" \
     --modes stock:$FAP,plugin:$FAP,v1:$FAP
+}
+
+# The serving soak with the sampling mix (seeded sampling, penalties, n=2, logprobs,
+# stop strings) and the token check, on this job's GPU pair.
+job_soak-sampling() {
+  local gpus=$CUDA_VISIBLE_DEVICES
+  unset CUDA_VISIBLE_DEVICES
+  soak_bg soak-sampling --sampling-mix --token-check --modes full_and_piecewise \
+    --gpus $gpus $gpus $gpus --port 9500
+  wait
+  export CUDA_VISIBLE_DEVICES=$gpus
 }
 
 case "$1" in

@@ -15,11 +15,14 @@ from _local_server import local_server
 from aiohttp import web
 
 from vllm_pp_cudagraph.bench.serve_load import (
+    SAMPLING_MIX,
     LoadReport,
     LoadSpec,
     RequestResult,
     preemptions_from_metrics,
+    request_body,
     run_load,
+    scored,
 )
 from vllm_pp_cudagraph.bench.soak_judge import (
     GreedyCheck,
@@ -303,3 +306,37 @@ def test_request_digests_line_up_by_index_and_skip_unfinished_requests():
     assert digests[0] != digests[2] and len(digests[0]) == 12
     again = text_digests(LoadReport([RequestResult(0, stream=True, text="a b")], 1.0, 1, []))
     assert again == [digests[0]]
+
+
+@pytest.mark.parametrize("sampling", sorted(SAMPLING_MIX))
+def test_each_sampling_option_reaches_vllms_sampling_params(sampling):
+    """What the soak sends parses with vLLM's own request model, and each option
+    arrives in the SamplingParams the engine will sample with."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    spec = LoadSpec("http://x", "m", ["w5 w6"], 10, 2, 32, sampling_mix=True)
+    body = request_body(spec, 0, stream=False, sampling=sampling)
+    params = CompletionRequest(**body).to_sampling_params(max_tokens=32)
+    expected = {"temperature": 0.0, "ignore_eos": True, **SAMPLING_MIX[sampling]}
+    for key, value in expected.items():
+        assert getattr(params, key) == value, key
+    assert scored(sampling) == (params.temperature == 0.0 and params.n == 1
+                                and params.presence_penalty == 0.0
+                                and params.repetition_penalty == 1.0)
+
+
+def test_sampling_mix_covers_every_option_and_streams_one_choice():
+    spec = LoadSpec("http://x", "m", ["p"], 600, 4, 32, seed=1, sampling_mix=True)
+    plans = [spec.plan(i) for i in range(600)]
+    assert {sampling for _, _, sampling in plans} == set(SAMPLING_MIX)
+    assert not any(stream and SAMPLING_MIX[s].get("n", 1) > 1 for stream, _, s in plans)
+    plain = LoadSpec("http://x", "m", ["p"], 600, 4, 32, seed=1)
+    assert {plan[2] for plan in map(plain.plan, range(600))} == {"greedy"}
+    assert [p[:2] for p in plans] == [plain.plan(i)[:2] for i in range(600)]
+
+
+def test_the_token_check_scores_only_outputs_that_follow_the_top_choice():
+    results = [RequestResult(i, False, sampling=s, prompt_token_ids=[1], token_ids=[2, 3])
+               for i, s in enumerate(SAMPLING_MIX)]
+    kept = completed_sequences(LoadReport(results, 1.0, 0, []))
+    assert {results[i].sampling for i in kept} == {"greedy", "logprobs", "stop"}

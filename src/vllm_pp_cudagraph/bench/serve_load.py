@@ -1,6 +1,7 @@
 """Load for an OpenAI-compatible server, as users send it.
 
-Sends ``num_requests`` greedy completions at a fixed concurrency, a share of
+Sends ``num_requests`` completions at a fixed concurrency, greedy or, with
+``sampling_mix``, each with one of :data:`SAMPLING_MIX`'s options; a share of
 them streamed, a share of the streamed ones cancelled mid-stream (the client
 closes the connection, as a user pressing stop does), while a side task polls
 ``/health``. Records per-request outcome, text, token ids, time to first token and time per
@@ -17,10 +18,34 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
 from vllm_pp_cudagraph.bench.stats import percentile
+
+
+#: Sampling options users send, one per request with ``sampling_mix`` (by its seed).
+#: Sampled ones carry a seed, so a request samples the same tokens wherever its
+#: logits are the same. Only requests without options that move the output off
+#: the model's top choice are scored by the soak's token check (:func:`scored`).
+SAMPLING_MIX: dict[str, dict[str, Any]] = {
+    "greedy": {},
+    "seeded-top-p-top-k": {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 7},
+    "penalties": {"presence_penalty": 0.5, "repetition_penalty": 1.2},
+    "n2": {"temperature": 0.7, "n": 2, "seed": 11},
+    "logprobs": {"logprobs": 5},
+    # The soak's word tokenizer spells every token "w<id>": about one token in
+    # nine starts with "w1", so most requests stop early on it.
+    "stop": {"stop": ["w1"]},
+}
+
+_OFF_TOP_CHOICE = ("temperature", "presence_penalty", "repetition_penalty", "n")
+
+
+def scored(sampling: str) -> bool:
+    """Whether outputs of ``sampling`` follow the model's top choice at every token."""
+    return not any(key in SAMPLING_MIX[sampling] for key in _OFF_TOP_CHOICE)
 
 
 @dataclass
@@ -38,13 +63,21 @@ class LoadSpec:
     seed: int = 0
     health_interval_s: float = 1.0
     request_timeout_s: float = 600.0
+    sampling_mix: bool = False
 
-    def plan(self, index: int) -> tuple[bool, int | None]:
-        """(stream?, cancel after this many chunks or None) for request ``index``."""
+    def plan(self, index: int) -> tuple[bool, int | None, str]:
+        """(stream?, cancel after this many chunks or None, sampling) for request ``index``.
+
+        ``n > 1`` is only sent unstreamed: the load reads one choice per chunk.
+        """
         rng = random.Random(self.seed * 1_000_003 + index)
         stream = rng.random() < self.stream_fraction
         cancel = stream and rng.random() < self.cancel_fraction / max(self.stream_fraction, 1e-9)
-        return stream, (max(1, self.max_tokens // 4) if cancel else None)
+        sampling = "greedy"
+        if self.sampling_mix:
+            sampling = rng.choice([name for name, options in SAMPLING_MIX.items()
+                                   if not (stream and options.get("n", 1) > 1)])
+        return stream, (max(1, self.max_tokens // 4) if cancel else None), sampling
 
 
 @dataclass
@@ -53,6 +86,7 @@ class RequestResult:
 
     index: int
     stream: bool
+    sampling: str = "greedy"
     cancelled: bool = False
     error: str | None = None
     text: str | None = None
@@ -110,10 +144,9 @@ def completed_texts(report: LoadReport) -> list[str | None]:
     return texts
 
 
-async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> RequestResult:
-    stream, cancel_after = spec.plan(index)
-    result = RequestResult(index=index, stream=stream)
-    body = {
+def request_body(spec: LoadSpec, index: int, stream: bool, sampling: str) -> dict[str, Any]:
+    """The ``/v1/completions`` body of request ``index``."""
+    return {
         "model": spec.model,
         "prompt": spec.prompts[index % len(spec.prompts)],
         "max_tokens": spec.max_tokens,
@@ -121,7 +154,14 @@ async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> Re
         "ignore_eos": True,
         "stream": stream,
         "return_token_ids": True,
+        **SAMPLING_MIX[sampling],
     }
+
+
+async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int) -> RequestResult:
+    stream, cancel_after, sampling = spec.plan(index)
+    result = RequestResult(index=index, stream=stream, sampling=sampling)
+    body = request_body(spec, index, stream, sampling)
     start = time.perf_counter()
     try:
         async with session.post(f"{spec.base_url}/v1/completions", json=body) as resp:

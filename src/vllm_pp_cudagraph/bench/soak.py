@@ -98,10 +98,12 @@ def soak_prompts(count: int = 256) -> list[str]:
 
 def soak_load(args: argparse.Namespace, requests: int | None = None,
               concurrency: int | None = None) -> LoadSpec:
-    """The soak's load: half the requests streamed, a tenth cancelled mid-stream."""
+    """The soak's load: half the requests streamed, a tenth cancelled mid-stream,
+    with ``--sampling-mix`` each request with one of the mix's sampling options."""
     return LoadSpec("", "", soak_prompts(), requests or args.requests,
                     concurrency or args.concurrency, args.max_tokens,
-                    stream_fraction=0.5, cancel_fraction=0.1)
+                    stream_fraction=0.5, cancel_fraction=0.1,
+                    sampling_mix=getattr(args, "sampling_mix", False))
 
 
 @dataclass(frozen=True)
@@ -446,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
                         choices=[r for r in RUNNERS if r.startswith("plugin")],
                         help="the plugin's engine: plugin-cadence keeps vLLM's PP decode cadence "
                              "(idle steps not filled), plugin-kvsplit vLLM's split at the KV-cache write")
+    parser.add_argument("--sampling-mix", action="store_true",
+                        help="give each request one of serve_load.SAMPLING_MIX's options (seeded "
+                             "sampling, penalties, n=2, logprobs, stop strings) instead of greedy; "
+                             "the token check scores the ones that follow the top choice")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
     parser.add_argument("--lowered-mode", action="store_true",

@@ -22,7 +22,12 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult, completed_texts
+from vllm_pp_cudagraph.bench.serve_load import (
+    LoadReport,
+    RequestResult,
+    completed_texts,
+    scored,
+)
 
 
 def _completed_pairs(a: LoadReport, b: LoadReport) -> list[tuple[RequestResult, RequestResult]]:
@@ -154,11 +159,14 @@ class GreedyCheck:
 
 
 def completed_sequences(report: LoadReport) -> dict[int, tuple[list[int], int]]:
-    """Request index -> (prompt + output token ids, where the output starts)."""
+    """Request index -> (prompt + output token ids, where the output starts).
+
+    Only requests whose sampling follows the model's top choice (:func:`scored`).
+    """
     return {
         r.index: (r.prompt_token_ids + r.token_ids, len(r.prompt_token_ids))
         for r in report.results
-        if r.completed and r.prompt_token_ids and r.token_ids
+        if r.completed and r.prompt_token_ids and r.token_ids and scored(r.sampling)
     }
 
 
