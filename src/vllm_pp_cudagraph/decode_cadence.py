@@ -103,7 +103,7 @@ def merge_decode_groups(running: Iterable[Any], step: int) -> int:
 
 
 def cadence_applies(scheduler: Any) -> bool:
-    """Whether ``scheduler`` runs vLLM's MRV2 PP decode cadence that this module fills.
+    """Whether ``scheduler`` runs vLLM's MRV2 PP decode cadence that this module changes.
 
     Speculative decoding is left alone: its rejected draft tokens are applied
     to the first stages' state through the same ring, and that path has not

@@ -68,7 +68,6 @@ REPLACED = {
     "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": (
         "VLLM_PP_CUDAGRAPH_DECODE_CADENCE (fill for the old 1, vllm for the old 0)"
     ),
-    "VLLM_PP_CUDAGRAPH_MERGE_DECODE_GROUPS": "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=merge",
 }
 
 
@@ -102,9 +101,10 @@ class PPCudaGraphSettings(BaseModel):
             "turns in groups and, when all decode together, every other step is "
             "empty. merge: every running request decodes at every step. fill: only "
             "steps that would be empty get the group that can go first. vllm: "
-            "vLLM's cadence. auto: merge at PP=2, vllm at larger PP (the only PP "
-            "sizes measured so far). Requests with structured output always keep "
-            "vLLM's cadence; nothing changes with speculative decoding."
+            "vLLM's cadence. auto: merge at PP=2, vllm at larger PP (where merging "
+            "has not been measured; docs/performance.md). Requests with structured "
+            "output always keep vLLM's cadence; nothing changes with speculative "
+            "decoding."
         ),
     )
 
