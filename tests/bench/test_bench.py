@@ -138,6 +138,8 @@ def test_request_summary_in_milliseconds():
 def test_median_run_is_the_middle_elapsed():
     runs = [{"elapsed_s": 3.0, "k": "c"}, {"elapsed_s": 1.0, "k": "a"}, {"elapsed_s": 2.0, "k": "b"}]
     assert median_run(runs)["k"] == "b"
+    passes = [{"req_per_s": 5.0}, {"req_per_s": 9.0}, {"req_per_s": 7.0}]
+    assert median_run(passes, key="req_per_s")["req_per_s"] == 7.0
     with pytest.raises(ValueError):
         median_run([])
 

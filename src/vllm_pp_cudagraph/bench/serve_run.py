@@ -32,7 +32,7 @@ from vllm_pp_cudagraph.bench.serve_load import (
     run_load,
     wait_until_healthy,
 )
-from vllm_pp_cudagraph.bench.stats import output_digest
+from vllm_pp_cudagraph.bench.stats import median_run, output_digest
 
 
 def mode_cli_args(mode: str) -> list[str]:
@@ -228,8 +228,8 @@ def run_vllm_bench_sweep(
         for concurrency in concurrencies:
             passes = [await one_pass(base_url, concurrency, num_prompts, f"c{concurrency}-{i}")
                       for i in range(max(spec.repeat, 1))]
-            done = sorted((p for p in passes if p.get("req_per_s")), key=lambda p: p["req_per_s"])
-            point = dict(done[(len(done) - 1) // 2]) if done else passes[-1]
+            done = [p for p in passes if p.get("req_per_s")]
+            point = dict(median_run(done, key="req_per_s")) if done else passes[-1]
             point["pass_req_per_s"] = [p.get("req_per_s") for p in passes]
             points.append(point)
         return {"sweep": points}

@@ -60,11 +60,11 @@ def summarize_requests(timings: Sequence[RequestTiming]) -> dict[str, float]:
     }
 
 
-def median_run(runs: Sequence[dict]) -> dict:
-    """The timed run with the median elapsed time (lower median for even counts)."""
+def median_run(runs: Sequence[dict], key: str = "elapsed_s") -> dict:
+    """The timed run with the median ``key`` (lower median for even counts)."""
     if not runs:
         raise ValueError("no timed runs")
-    ordered = sorted(runs, key=lambda r: r["elapsed_s"])
+    ordered = sorted(runs, key=lambda r: r[key])
     return ordered[(len(ordered) - 1) // 2]
 
 
