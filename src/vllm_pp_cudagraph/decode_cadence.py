@@ -16,10 +16,16 @@ any step computes:
 
 * Scheduler (:func:`changing_cadence`), by ``VLLM_PP_CUDAGRAPH_DECODE_CADENCE``:
   ``merge`` lets every running request decode at every step
-  (:func:`merge_decode_groups`); ``fill`` lets only steps that would be empty,
-  with no room for a new request either, decode the group that would become
-  eligible first (:func:`lift_idle_cadence`). Requests guided by structured
-  output, or complete with what is in flight, keep vLLM's cadence (:func:`may_lift`).
+  (:func:`merge_decode_groups`); ``balance`` delays requests by a step so the
+  decoding requests take turns in ``pp_size`` groups of even size, one group
+  per stage at a time (:func:`balance_decode_groups`); ``auto`` measures both
+  as it serves and keeps the faster (cadence_policy.py); ``fill`` lets only
+  steps that would be empty, with no room for a new request either, decode
+  the group that would become eligible first (:func:`lift_idle_cadence`).
+  Requests guided by structured output are never moved; requests complete
+  with what is in flight are never lifted (:func:`may_lift`). Delaying a
+  decode needs nothing from the workers: a first stage holds a request's
+  newest token from the step it would have decoded at on.
 * First stages (:func:`consume_entries_needed_by`): before a step runs, every
   sampled-token entry still waiting in the ring that holds a request this step
   decodes is applied, oldest first. The step's forward then waits on the GPU
@@ -27,7 +33,8 @@ any step computes:
   nobody needs yet keep vLLM's timing.
 
 The worker half depends only on what a step schedules, so it is correct for
-any schedule; the scheduler half is the policy.
+any schedule; the scheduler half is the policy. Lifting (``merge``, ``fill``,
+``auto``) relies on the worker half; delaying (``balance``) does not.
 """
 
 from __future__ import annotations
@@ -35,10 +42,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import math
+
 import numpy as np
 from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.settings import DecodeCadence
 
 ScheduleFn = Callable[..., Any]
@@ -102,6 +112,43 @@ def merge_decode_groups(running: Iterable[Any], step: int) -> int:
     return lifted
 
 
+def is_decoding(request: Any) -> bool:
+    """Whether ``request`` has a token out or in flight and no prompt chunk left."""
+    if getattr(request, "is_prefill_chunk", False):
+        return False
+    return request.num_output_tokens + request.num_output_placeholders > 0
+
+
+def balance_decode_groups(running: Iterable[Any], step: int, pp_size: int) -> int:
+    """Delay requests so ``step`` decodes about a ``pp_size``-th of them; return how many.
+
+    Of the decoding requests eligible at ``step``, those beyond
+    ``ceil(decoding / pp_size)`` move to ``step + 1``, newest first, where the
+    same rule applies: one lone group (everything arrived at once) splits into
+    ``pp_size`` even groups over the next steps, and lopsided groups even out.
+    Nothing is ever made eligible sooner. Structured-output requests are not
+    moved (their grammar follows vLLM's cadence), but count in their group.
+    """
+    decoding = [r for r in running if is_decoding(r)]
+    eligible = [r for r in decoding if r.next_decode_eligible_step <= step]
+    excess = len(eligible) - math.ceil(len(decoding) / pp_size)
+    if excess <= 0:
+        return 0
+    movable = [r for r in eligible if not r.use_structured_output][-excess:]
+    for request in movable:
+        request.next_decode_eligible_step = step + 1
+    return len(movable)
+
+
+def lifts_decodes(cadence: DecodeCadence, pp_size: int) -> bool:
+    """Whether ``cadence`` may let a request decode sooner than vLLM's cadence at ``pp_size``.
+
+    Such a schedule is right only where every worker runs the plugin's runner
+    (its early consume, below); ``balance`` only ever delays.
+    """
+    return pp_size > 1 and cadence in (DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL)
+
+
 def cadence_applies(scheduler: Any) -> bool:
     """Whether ``scheduler`` runs vLLM's MRV2 PP decode cadence that this module changes.
 
@@ -130,23 +177,40 @@ def may_admit(scheduler: Any) -> bool:
     return occupied < compat.admission_cap(scheduler)
 
 
+def decode_tokens(output: Any) -> int:
+    """Requests a scheduler output decodes one token for (without draft tokens: 1 each)."""
+    return sum(1 for n in output.num_scheduled_tokens.values() if n == 1)
+
+
 def changing_cadence(original: ScheduleFn, cadence: DecodeCadence) -> ScheduleFn:
     """Wrap ``Scheduler.schedule`` for the async scheduler with ``cadence`` (module docstring).
 
-    ``cadence`` is resolved per scheduler by its ``pp_size``
-    (:meth:`DecodeCadence.at`); the wrapper carries it as
-    ``__pp_cudagraph_cadence__`` for the engine core's worker check.
+    Under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed
+    every step. The wrapper carries ``cadence`` as ``__pp_cudagraph_cadence__``
+    for the engine core's worker check (:func:`lifts_decodes`).
     """
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if cadence_applies(self):
-            policy = cadence.at(self.pp_size)
-            step = self.current_step + 1
-            if policy is DecodeCadence.MERGE:
-                merge_decode_groups(self.running, step)
-            elif policy is DecodeCadence.FILL and not may_admit(self):
-                lift_idle_cadence(self.running, step)
-        return original(self, *args, **kwargs)
+        if not cadence_applies(self):
+            return original(self, *args, **kwargs)
+        chooser = None
+        policy = cadence
+        if cadence is DecodeCadence.AUTO:
+            chooser = self.__dict__.get("_pp_cudagraph_chooser")
+            if chooser is None:
+                chooser = self._pp_cudagraph_chooser = CadenceChooser(self.pp_size)
+            policy = chooser.cadence
+        step = self.current_step + 1
+        if policy is DecodeCadence.MERGE:
+            merge_decode_groups(self.running, step)
+        elif policy is DecodeCadence.BALANCE:
+            balance_decode_groups(self.running, step, self.pp_size)
+        elif policy is DecodeCadence.FILL and not may_admit(self):
+            lift_idle_cadence(self.running, step)
+        output = original(self, *args, **kwargs)
+        if chooser is not None:
+            chooser.record_step(decode_tokens(output), sum(1 for r in self.running if is_decoding(r)))
+        return output
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
     schedule.__pp_cudagraph_cadence__ = cadence  # type: ignore[attr-defined]

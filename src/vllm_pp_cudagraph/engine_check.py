@@ -22,7 +22,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_pp_cudagraph.settings import DecodeCadence
+from vllm_pp_cudagraph.decode_cadence import lifts_decodes
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
 
@@ -53,7 +53,7 @@ def cadence_changed_here(vllm_config: Any) -> bool:
         return False
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     cadence = getattr(scheduler_cls.schedule, "__pp_cudagraph_cadence__", None)
-    return cadence is not None and cadence.at(pp_size) is not DecodeCadence.VLLM
+    return cadence is not None and lifts_decodes(cadence, pp_size)
 
 
 def worker_runner_problems(runner_classes: list[str]) -> list[str]:

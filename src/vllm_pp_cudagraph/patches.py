@@ -263,14 +263,16 @@ PATCHES: tuple[Patch, ...] = (
         ),
         why=(
             "With MRV2 and PP a request may decode only every pp_size-th step: "
-            "requests that arrived at different steps take turns in groups, and "
-            "when all decode together every other step (at PP=2) is empty. Before "
-            "scheduling, held requests are made eligible now: all of them (merge, "
-            "auto at PP=2) or, in a step that would be empty, the group that would "
-            "become eligible first (fill). Requests guided by structured output or "
-            "already complete with what is in flight keep vLLM's cadence; the "
-            "plugin's runner applies the last stage's newer tokens on the first "
-            "stages before such a step. Details: decode_cadence.py."
+            "requests take turns in groups of whatever size they arrived in, and a "
+            "lone group leaves steps empty. Before scheduling, requests are moved: "
+            "all made eligible now (merge), split into pp_size even groups by "
+            "delaying some a step (balance), whichever of the two measures faster "
+            "as it serves (auto, the default), or, in a step that would be empty, "
+            "the group that would become eligible first (fill). Structured-output "
+            "requests are never moved and requests complete with what is in flight "
+            "never lifted; the plugin's runner applies the last stage's newer "
+            "tokens on the first stages before a lifted step. Details: "
+            "decode_cadence.py, cadence_policy.py."
         ),
         drop_when="vLLM's scheduler lets a request decode on consecutive steps under PP.",
         apply=_patch_decode_cadence,

@@ -48,19 +48,12 @@ class DecodeCadence(str, Enum):
 
     AUTO = "auto"
     MERGE = "merge"
+    BALANCE = "balance"
     FILL = "fill"
     VLLM = "vllm"
 
     def __str__(self) -> str:
         return self.value
-
-    def at(self, pp_size: int) -> DecodeCadence:
-        """The policy that applies at ``pp_size``: AUTO resolved, VLLM without PP."""
-        if pp_size <= 1:
-            return DecodeCadence.VLLM
-        if self is DecodeCadence.AUTO:
-            return DecodeCadence.MERGE if pp_size == 2 else DecodeCadence.VLLM
-        return self
 
 
 #: Settings that were replaced, with what to set instead.
@@ -97,14 +90,16 @@ class PPCudaGraphSettings(BaseModel):
         default=DecodeCadence.AUTO,
         description=(
             "How often a request decodes under PP. vLLM lets each request decode once "
-            "every pp_size steps, so requests that arrived at different times take "
-            "turns in groups and, when all decode together, every other step is "
-            "empty. merge: every running request decodes at every step. fill: only "
-            "steps that would be empty get the group that can go first. vllm: "
-            "vLLM's cadence. auto: merge at PP=2, vllm at larger PP (where merging "
-            "has not been measured; docs/performance.md). Requests with structured "
-            "output always keep vLLM's cadence; nothing changes with speculative "
-            "decoding."
+            "every pp_size steps, so requests take turns in groups of whatever size "
+            "they arrived in, and a lone group leaves steps empty. merge: every "
+            "running request decodes at every step (best when host time dominates a "
+            "step). balance: requests take turns in pp_size groups of even size, so "
+            "the stages run at the same time (best when GPU time dominates). auto: "
+            "measures the time per token under merge and balance as it serves and "
+            "keeps the faster, re-checking as the batch changes (cadence_policy.py). "
+            "fill: only steps that would be empty get the group that can go first. "
+            "vllm: vLLM's cadence. Requests with structured output are never moved "
+            "sooner or later; nothing changes with speculative decoding."
         ),
     )
 

@@ -1,4 +1,4 @@
-"""Filling idle PP steps: fewer engine steps, and every first-stage input still right.
+"""Moving decodes between PP steps: the schedule each cadence makes, and every first-stage input still right.
 
 vLLM's real ``AsyncScheduler`` at ``pipeline_parallel_size=2`` is driven the
 way the engine core drives it (``pp_size + 1`` batches in flight). Each step is
@@ -26,6 +26,7 @@ from vllm.v1.worker.gpu import pp_utils
 from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 
 from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.decode_cadence import (
     batch_req_indices,
     cadence_applies,
@@ -156,6 +157,49 @@ class FirstStage:
         )
 
 
+class PipelineClock:
+    """Simulated time of a ``pp_size``-stage pipeline serving the scheduler's steps.
+
+    A step's first stage starts once the engine has sent it (``host_ms`` after
+    the previous step), the stage is free, and every request in it has its
+    previous token back from the last stage; each stage then takes
+    ``forward_ms(tokens)``. As in the engine core, up to ``pp_size + 1`` steps are
+    in flight: the next step is scheduled once the oldest one is out.
+    Calling the clock gives the time of the ``schedule()`` call in progress.
+    """
+
+    def __init__(self, pp_size: int, host_ms: float, forward_ms):
+        self.pp_size = pp_size
+        self.host_ms = host_ms
+        self.forward_ms = forward_ms
+        self.now_ms = 0.0
+        self.stage_free = [0.0] * pp_size
+        self.token_ready: dict[str, float] = {}
+        self.in_flight: deque[float] = deque()
+
+    def __call__(self) -> float:
+        return self.now_ms / 1000
+
+    def run(self, output) -> None:
+        tokens = sum(output.num_scheduled_tokens.values())
+        t = max([self.now_ms + self.host_ms]
+                + [self.token_ready.get(r, 0.0) for r in output.num_scheduled_tokens])
+        if tokens:
+            for stage in range(self.pp_size):
+                t = max(t, self.stage_free[stage]) + self.forward_ms(tokens)
+                self.stage_free[stage] = t
+        for req_id in output.num_scheduled_tokens:
+            self.token_ready[req_id] = t
+        self.in_flight.append(t)
+        self.now_ms += self.host_ms
+        if len(self.in_flight) > self.pp_size:
+            self.now_ms = max(self.now_ms, self.in_flight.popleft())
+
+    @property
+    def end_ms(self) -> float:
+        return max([self.now_ms, *self.in_flight])
+
+
 class Run:
     """What one simulated serving run produced."""
 
@@ -167,8 +211,11 @@ class Run:
 
 
 def serve(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int],
-          early_consume: bool = True) -> Run:
-    """Run the requests through the scheduler and a first stage; collect what went wrong."""
+          early_consume: bool = True, clock: PipelineClock | None = None) -> Run:
+    """Run the requests through the scheduler and a first stage; collect what went wrong.
+
+    With ``clock``, each step is also timed on a simulated pipeline.
+    """
     run = Run()
     run.requests = requests
     stage = FirstStage(scheduler.pp_size, early_consume)
@@ -184,6 +231,8 @@ def serve(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int
         for rid in output.num_scheduled_tokens:
             previous_token[rid] = sampled.get(rid)
         stage.receive(output, sampled)
+        if clock is not None:
+            clock.run(output)
 
     drive(scheduler, requests, arrivals, on_step)
     run.problems += wrong_outputs(requests)
@@ -405,17 +454,96 @@ def two_groups(model_dir: str, pp: int) -> Run:
     return serve(make_scheduler(model_dir, num_blocks=64, pp=pp), requests, arrivals)
 
 
-def test_the_default_merges_at_pp2_and_keeps_vllms_cadence_beyond(model_dir):
-    """auto: measured faster merged at PP=2; larger PP sizes are scheduled as stock."""
-    stock = {pp: two_groups(model_dir, pp) for pp in (2, 4)}
-    undo = patches._patch_decode_cadence(PPCudaGraphSettings())
+def _balanced(pp: int, run: Run, first: int) -> None:
+    sizes = [len(step) for step in run.steps[first:first + 20]]
+    assert set(sizes) == {8 // pp}, run.steps[:first + 20]
+    assert all(a.isdisjoint(b) for a, b in zip(run.steps[first:], run.steps[first + 1:first + pp]))
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_balance_splits_a_lone_group_into_even_groups(model_dir, pp):
+    """Eight requests arriving at once decode, under vLLM's cadence, all in one step
+    of every pp_size; balanced, every step decodes a pp_size-th of them, so each
+    stage has work while the others run. Only delays: no early consume, tokens right."""
+    undo = _cadence("balance")
     try:
-        default = {pp: two_groups(model_dir, pp) for pp in (2, 4)}
+        run = lone_group(model_dir, pp=pp)
     finally:
         undo()
-    assert all(run.problems == [] for run in (*stock.values(), *default.values()))
-    assert len(default[2].steps) < 0.6 * len(stock[2].steps)
-    assert default[4].steps == stock[4].steps
+    assert run.problems == [] and run.consumed_early == 0
+    _balanced(pp, run, first=pp + 1)
+    assert empty_steps(run) <= 2 * pp + 1, run.steps  # until the first decodes, and the tail
+
+
+def test_balance_evens_out_lopsided_groups(model_dir):
+    """Six requests, then two a step later: vLLM keeps groups of six and two for
+    good; balanced, they become two groups of four."""
+    requests = make_requests(8, random.Random(1), output=(30, 30))
+    undo = _cadence("balance")
+    try:
+        run = serve(make_scheduler(model_dir, num_blocks=64), requests, [0] * 6 + [1, 1])
+    finally:
+        undo()
+    assert run.problems == [] and run.consumed_early == 0
+    _balanced(2, run, first=4)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_balanced_arrivals_and_preemption_never_decode_sooner_and_keep_tokens_right(
+    model_dir, preemption_fix, pp
+):
+    """Balancing only delays: no request is ever scheduled while an output of its own
+    is still in the ring (the early consume finds nothing to take), whatever arrives
+    or is preempted, and every token and first-stage input is right."""
+    undo = _cadence("balance")
+    try:
+        runs = arrivals_under_preemption(model_dir, pp)
+    finally:
+        undo()
+    problems, preemptions = problems_and_preemptions(runs)
+    assert preemptions > 0, "the KV cache never ran short: nothing was tested"
+    assert problems == []
+    assert sum(run.consumed_early for run in runs) == 0
+
+
+#: Recorded-shape cost profiles (milliseconds): a small model whose steps cost host
+#: time whatever their size, and a big one whose stages' forwards grow with the batch.
+HOST_BOUND = {"host_ms": 2.0, "forward_ms": lambda n: 0.3 + 0.01 * n}
+GPU_BOUND = {"host_ms": 0.3, "forward_ms": lambda n: 0.5 + 0.5 * n}
+
+
+def timed(model_dir: str, cadence: str, profile: dict, pp: int = 2) -> tuple[Run, PipelineClock, object]:
+    """Eight requests of 240 tokens arriving at once, served on a simulated pipeline."""
+    clock = PipelineClock(pp, **profile)
+    scheduler = make_scheduler(model_dir, num_blocks=256, pp=pp)
+    chooser = scheduler._pp_cudagraph_chooser = CadenceChooser(pp, clock=clock)
+    requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(240, 240))
+    undo = _cadence(cadence)
+    try:
+        run = serve(scheduler, requests, [0] * 8, clock=clock)
+    finally:
+        undo()
+    return run, clock, chooser
+
+
+@pytest.mark.parametrize("profile, wins, loses", [(HOST_BOUND, "merge", "balance"),
+                                                  (GPU_BOUND, "balance", "merge")])
+@pytest.mark.parametrize("pp", [2, 4])
+def test_auto_keeps_the_cadence_that_measures_faster(model_dir, profile, wins, loses, pp):
+    """On a host-bound profile merging wins, on a GPU-bound one balancing does (by
+    about 2x either way); auto finds the winner within a few windows, keeps it to the
+    end, and serves within 20% of the winner's time (trials of the loser cost the rest on
+    so short a run), with every token right."""
+    runs = {c: timed(model_dir, c, profile, pp) for c in ("auto", wins, loses)}
+    assert {c: run.problems[:3] for c, (run, _, _) in runs.items()} == {c: [] for c in runs}
+    end = {c: clock.end_ms for c, (_, clock, _) in runs.items()}
+    assert end[wins] < 0.7 * end[loses], end
+    assert end["auto"] < 1.2 * end[wins], end
+    chooser = runs["auto"][2]
+    assert chooser.cadence.value == wins
+    # Adopted at most once, early (auto starts balanced).
+    assert [c.value for _, c, *_ in chooser.switches] == ([] if wins == "balance" else ["merge"])
+    assert all(step < 40 for step, *_ in chooser.switches), chooser.switches
 
 
 def test_patch_is_undone_exactly_and_off_when_disabled():

@@ -21,7 +21,7 @@ from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 
 @pytest.fixture
-def fill():
+def default_cadence():
     undo = patches._patch_decode_cadence(PPCudaGraphSettings())
     yield
     undo()
@@ -48,7 +48,7 @@ def rpc_answering(classes):
     return collective_rpc, calls
 
 
-def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config, fill):
+def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config, default_cadence):
     assert config.scheduler_config.get_scheduler_cls() is AsyncScheduler
     stock = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
     rpc, _ = rpc_answering([PLUGIN_RUNNER, stock])
@@ -56,7 +56,7 @@ def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config, fill):
         check_workers(config, rpc)
 
 
-def test_workers_with_the_plugins_runner_pass(config, fill):
+def test_workers_with_the_plugins_runner_pass(config, default_cadence):
     rpc, calls = rpc_answering([PLUGIN_RUNNER, PLUGIN_RUNNER])
     check_workers(config, rpc)
     assert calls == [runner_class_of]
@@ -68,18 +68,23 @@ def test_without_the_fill_no_worker_is_asked(config):
     assert calls == []
 
 
-def test_where_the_default_keeps_vllms_cadence_no_worker_is_asked(tmp_path, monkeypatch, fill):
-    """auto keeps vLLM's cadence beyond PP=2, so workers without the plugin serve right."""
+@pytest.mark.parametrize("pp", [2, 4])
+def test_where_the_cadence_only_delays_no_worker_is_asked(tmp_path, monkeypatch, pp):
+    """balance never lets a request decode sooner, so workers without the plugin serve right."""
     from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 
-    config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=4).vllm_config
+    config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=pp).vllm_config
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
-    rpc, calls = rpc_answering(["vllm.v1.worker.gpu.model_runner.GPUModelRunner"] * 4)
-    check_workers(config, rpc)
+    undo = patches._patch_decode_cadence(PPCudaGraphSettings(decode_cadence="balance"))
+    try:
+        rpc, calls = rpc_answering(["vllm.v1.worker.gpu.model_runner.GPUModelRunner"] * pp)
+        check_workers(config, rpc)
+    finally:
+        undo()
     assert calls == []
 
 
-def test_a_refusal_shuts_the_workers_down_before_raising(config, fill):
+def test_a_refusal_shuts_the_workers_down_before_raising(config, default_cadence):
     class Executor:
         shut_down = False
 

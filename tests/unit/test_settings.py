@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_pp_cudagraph.compat import parse_release
+from vllm_pp_cudagraph.decode_cadence import lifts_decodes
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings, SettingsError
 
 
@@ -39,18 +40,22 @@ def test_unknown_variable_is_an_error_listing_known_ones():
     assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM" in str(err.value).split("Known")[1]
 
 
-@pytest.mark.parametrize("raw, pp2, pp4", [("auto", "merge", "vllm"), (" MERGE ", "merge", "merge"),
-                                         ("fill", "fill", "fill"), ("vllm", "vllm", "vllm")])
-def test_decode_cadence_resolves_per_pipeline_size(raw, pp2, pp4):
+@pytest.mark.parametrize("raw, lifts", [("auto", True), (" MERGE ", True), ("fill", True),
+                                         ("Balance", False), ("vllm", False)])
+def test_decode_cadence_parses_and_says_whether_workers_must_follow(raw, lifts):
+    """Cadences that let a request decode sooner need the plugin's runner on every
+    worker (the engine core checks); balance only delays and vllm changes nothing."""
     cadence = PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_DECODE_CADENCE": raw}).decode_cadence
-    assert (cadence.at(2), cadence.at(4), cadence.at(1)) == (pp2, pp4, "vllm")
+    assert cadence.value == raw.strip().lower()
+    assert (lifts_decodes(cadence, 2), lifts_decodes(cadence, 4), lifts_decodes(cadence, 1)) == (
+        lifts, lifts, False)
 
 
 def test_decode_cadence_names_its_choices():
     with pytest.raises(SettingsError) as err:
         PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "1"})
     assert "VLLM_PP_CUDAGRAPH_DECODE_CADENCE='1'" in str(err.value)
-    assert all(choice in str(err.value) for choice in ("auto", "merge", "fill", "vllm"))
+    assert all(choice in str(err.value) for choice in ("auto", "merge", "balance", "fill", "vllm"))
 
 
 def test_a_replaced_setting_says_what_to_set_instead():

@@ -49,7 +49,9 @@ COLUMNS = [
     ("ttft_mean_ms", "TTFT ms", "{:.1f}"),
     ("ttft_p99_ms", "TTFT p99", "{:.1f}"),
     ("tpot_mean_ms", "TPOT ms", "{:.2f}"),
+    ("tpot_p50_ms", "TPOT p50", "{:.2f}"),
     ("tpot_p99_ms", "TPOT p99", "{:.2f}"),
+    ("gpu_busy_pct", "GPU busy % per stage", "{}"),
     ("itl_p99_ms", "ITL p99", "{:.2f}"),
     ("init_s", "init s", "{:.0f}"),
     ("capture_s", "capture s", "{:.0f}"),
@@ -157,6 +159,8 @@ def _cell(report: dict[str, Any], key: str, fmt: str) -> str:
         return "FAILED" if key == "req_per_s" else "-"
     if isinstance(value, bool):
         return "yes" if value else "NO"
+    if isinstance(value, list):
+        return "/".join(f"{v:.0f}" for v in value)
     return fmt.format(value)
 
 
@@ -342,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
     if model is None and args.weights == "random" and not has_random_weights(shape):
-        parser.error(f"--model {shape} has no random checkpoint (MoE); add --weights dummy")
+        parser.error(f"--model {shape} has no random checkpoint (MoE, or too big to write); "
+                     "add --weights dummy")
     serving = args.serve or args.workload == "serve"
     if model is None and (serving or args.weights == "random"):
         model = str(

@@ -14,6 +14,7 @@ the benchmark.
 from __future__ import annotations
 
 import json
+import math
 import os
 import zlib
 from pathlib import Path
@@ -70,6 +71,42 @@ QWEN3_30B_A3B: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
+#: Dense shapes that need two GPUs in bf16 (about 64 and 141 GB of weights).
+QWEN3_32B: dict[str, Any] = {
+    **QWEN3_0_6B,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+}
+
+LLAMA_3_1_70B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+
 #: A vocabulary of the 256 bytes plus specials: text of any kind (JSON for
 #: structured outputs) is spelled byte by byte (see :func:`write_byte_tokenizer`).
 BYTE_VOCAB = 512
@@ -80,15 +117,25 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-0.6b-27l": {**QWEN3_0_6B, "num_hidden_layers": 27},
     "qwen3-4b": QWEN3_4B,
     "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "qwen3-32b": QWEN3_32B,
+    "llama-3.1-70b": LLAMA_3_1_70B,
     # Byte-level vocabulary, for structured outputs and anything that parses text.
     "qwen3-0.6b-bytes": {**QWEN3_0_6B, "vocab_size": BYTE_VOCAB,
                          "bos_token_id": 256, "eos_token_id": 257},
 }
 
 
+#: Largest random checkpoint written: bigger shapes run on vLLM's dummy weights.
+RANDOM_WEIGHTS_MAX_PARAMS = 5_000_000_000
+
+
 def has_random_weights(shape: str) -> bool:
-    """Whether :func:`write_weights` can write a checkpoint for ``shape`` (dense Qwen3)."""
-    return SHAPES[shape]["architectures"] == QWEN3_0_6B["architectures"]
+    """Whether :func:`write_weights` writes a checkpoint for ``shape``: dense Qwen3 up to 4B."""
+    config = SHAPES[shape]
+    if config["architectures"] != QWEN3_0_6B["architectures"]:
+        return False
+    params = sum(math.prod(dims) for dims in qwen3_weight_shapes(config).values())
+    return params <= RANDOM_WEIGHTS_MAX_PARAMS
 
 
 def write_model_dir(
@@ -116,7 +163,7 @@ def write_model_dir(
         write_tokenizer(path, config)
     if weights:
         if not has_random_weights(shape):
-            raise ValueError(f"Random weights are written for dense Qwen3 shapes only; "
+            raise ValueError(f"Random weights are written for dense Qwen3 shapes up to 4B only; "
                              f"run {shape!r} with vLLM's dummy weights (--weights dummy).")
         write_weights(path, config)
     return path

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir
+from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
 from vllm_pp_cudagraph.bench.stats import (
     RequestTiming,
     capture_stats,
@@ -59,8 +60,10 @@ RUNNERS: dict[str, dict[str, str]] = {
     "plugin-cadence": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "vllm"},
     # The plugin filling only the steps that would be empty (the default before merging).
     "plugin-fill": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "fill"},
-    # The plugin with every running request decoding at every step, at any PP size.
+    # The plugin with every running request decoding at every step.
     "plugin-merge": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "merge"},
+    # The plugin with requests in pp_size even groups that take turns.
+    "plugin-balance": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "balance"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
     "plugin-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     # Both: the plugin's runner and graphs with vLLM's schedule and vLLM's split.
@@ -274,6 +277,14 @@ def plugin_stages(log: str) -> int:
     return log.count(PLUGIN_STAGE_LINE)
 
 
+_CADENCE_CHOICE = re.compile(r"vllm-pp-cudagraph: decode cadence (\w+) at")
+
+
+def cadence_choices(log: str) -> list[str]:
+    """The cadences ``auto`` switched to, in order, by its log lines (none: it kept balance)."""
+    return _CADENCE_CHOICE.findall(log)
+
+
 def run_in_subprocess(
     spec: RunSpec, log_path: Path, timeout_s: float | None = None
 ) -> dict[str, Any]:
@@ -308,8 +319,10 @@ def run_in_subprocess(
         report["error_tail"] = log[-3000:]
     report.update(capture_stats(log))
     report["plugin_stages"] = plugin_stages(log)
+    report["cadence_choices"] = cadence_choices(log)
     if spec.profile_dir and Path(spec.profile_dir).is_dir():
         report["profile"] = analyze_dir(Path(spec.profile_dir))
+        report["gpu_busy_pct"] = stage_busy(report["profile"])
     return report
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from vllm_pp_cudagraph.bench.engine_run import (
     MODES,
     RunSpec,
+    cadence_choices,
     engine_env,
     plugin_stages,
     stop_process_group,
@@ -235,7 +236,9 @@ def run_vllm_bench_sweep(
         return {"sweep": points}
 
     report = serve_and_call(spec, model_dir, log_path, sweep, port, startup_timeout_s)
-    report["plugin_stages"] = plugin_stages(log_path.read_text(errors="replace"))
+    log = log_path.read_text(errors="replace")
+    report["plugin_stages"] = plugin_stages(log)
+    report["cadence_choices"] = cadence_choices(log)
     reports = []
     for point in report.pop("sweep", []) or [{"concurrency": c} for c in concurrencies]:
         reports.append({**report, **point, "digest": "n/a" if point.get("req_per_s") else None})

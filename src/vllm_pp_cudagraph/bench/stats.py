@@ -49,13 +49,14 @@ class RequestTiming:
 
 
 def summarize_requests(timings: Sequence[RequestTiming]) -> dict[str, float]:
-    """TTFT and TPOT mean / p99, in milliseconds."""
+    """TTFT mean / p99 and TPOT mean / p50 / p99, in milliseconds."""
     ttft = [t.first_token_latency * 1000 for t in timings]
     tpot = [t.tpot * 1000 for t in timings if t.tpot is not None]
     return {
         "ttft_mean_ms": statistics.fmean(ttft) if ttft else math.nan,
         "ttft_p99_ms": percentile(ttft, 99),
         "tpot_mean_ms": statistics.fmean(tpot) if tpot else math.nan,
+        "tpot_p50_ms": percentile(tpot, 50),
         "tpot_p99_ms": percentile(tpot, 99),
     }
 

@@ -10,7 +10,9 @@ host synchronisations and NCCL time. It summarises decode-only steps by
 their median, and counts empty steps (nothing scheduled: the engine sends
 those while a pipelined batch is in flight) separately, with the time from
 one decode step to the next, which is what a request waits per token when
-all requests decode together, and the decode batch size. It also splits the
+all requests decode together, and the decode batch size. Over the decode and
+empty steps it gives the share of wall time the GPU spent in compute kernels
+(``gpu_busy_pct``) and in NCCL (``nccl_pct``). It also splits the
 wall time between prefill, decode and empty steps, and names where a decode
 step's host time goes: the host operations and CUDA runtime calls inside and
 after the forward, by time per step. Traces are large, so this runs where they
@@ -141,6 +143,15 @@ def summarize(all_steps: list[Step]) -> dict[str, float | int]:
         summary[f"{kind}_steps"] = len(of_kind)
         summary[f"{kind}_total_ms"] = round(sum(s.period_ms for s in of_kind), 3)
     decode, empty = by_kind["decode"], by_kind["empty"]
+    steady = decode + empty
+    steady_ms = sum(s.period_ms for s in steady)
+    if steady_ms > 0:
+        # How busy this stage's GPU is while the engine decodes: compute kernels
+        # over the wall time of the decode and empty steps; NCCL kernels (which
+        # wait for the other stages as much as they move data) apart.
+        compute_ms = sum(s.kernel_ms - s.nccl_ms for s in steady)
+        summary["gpu_busy_pct"] = round(100 * compute_ms / steady_ms, 1)
+        summary["nccl_pct"] = round(100 * sum(s.nccl_ms for s in steady) / steady_ms, 1)
     if empty:
         summary["median_empty_period_ms"] = round(statistics.median(s.period_ms for s in empty), 3)
     if not decode:
@@ -212,6 +223,14 @@ def analyze_dir(directory: Path) -> dict[str, dict[str, Any]]:
         summary["host_ops"] = host_ops(trace, [s for s in all_steps if s.decode_only])
         result[f"rank{rank}" if rank is not None else path.name] = summary
     return result
+
+
+def stage_busy(profile: dict[str, dict[str, Any]]) -> list[float] | None:
+    """Each stage's ``gpu_busy_pct``, first stage first, from :func:`analyze_dir`'s result."""
+    ranks = sorted((int(name[4:]), summary) for name, summary in profile.items()
+                   if name.startswith("rank") and name[4:].isdigit())
+    busy = [summary.get("gpu_busy_pct") for _, summary in ranks]
+    return busy if busy and None not in busy else None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,212 @@
+"""Choose the PP decode cadence by measurement (``VLLM_PP_CUDAGRAPH_DECODE_CADENCE=auto``).
+
+Two schedules keep a pipeline busy, each in its own regime:
+
+* ``merge``: every running request decodes at every step. A first stage then
+  waits for the last stage's tokens of the step before, so the stages never
+  run at the same time, but each step carries every request. It wins when a
+  step costs mostly host time (engine round trip, metadata, launches): small
+  models, short contexts, CUDA graphs.
+* ``balance``: the running requests take turns in ``pp_size`` groups of even
+  size, so while one group runs on the last stage the next runs on the first.
+  It wins when a step costs mostly GPU time: the models PP exists for.
+
+Which one keeps the pipeline busier depends on the model, the machine, the
+batch and the context length, and changes as requests come and go. So
+:class:`CadenceChooser` measures, in the engine core where the schedule is
+made, what matters to a request: the wall time it waits per token, i.e. the
+time between scheduler steps times the decoding requests, over the decode
+tokens those steps scheduled. It measures the cadence in use over a window of
+steps, then tries the other one for a window; it switches only if the other
+is better by ``margin``, and tries again later, sooner when the number of
+decoding requests has moved a lot, less and less often while the incumbent
+keeps winning. The steps right after a switch, while the groups re-form, are
+not measured. Nothing here changes what a step computes: the cadence only
+moves when a request decodes (decode_cadence.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vllm.logger import init_logger
+
+from vllm_pp_cudagraph.settings import DecodeCadence
+
+logger = init_logger("vllm.pp_cudagraph.cadence")
+
+#: The cadences ``auto`` chooses between.
+CANDIDATES = (DecodeCadence.MERGE, DecodeCadence.BALANCE)
+
+
+@dataclass
+class _Window:
+    """Steps measured under one cadence since ``start`` (clock seconds)."""
+
+    start: float
+    last: float
+    steps: int = 0
+    tokens: int = 0
+    decoders: int = 0
+    longest_gap: float = 0.0
+
+    def add(self, now: float, tokens: int, decoders: int) -> None:
+        self.longest_gap = max(self.longest_gap, now - self.last)
+        self.last = now
+        self.steps += 1
+        self.tokens += tokens
+        self.decoders += decoders
+
+    @property
+    def mean_decoders(self) -> float:
+        return self.decoders / self.steps if self.steps else 0.0
+
+    def token_interval(self, now: float) -> float | None:
+        """Seconds a decoding request waited per token, or None if the window says nothing.
+
+        Nothing when no token was decoded, or when one gap between steps is
+        most of the window (the engine was idle, not slow).
+        """
+        elapsed = now - self.start
+        gap = max(self.longest_gap, now - self.last)
+        if self.tokens == 0 or elapsed <= 0 or gap > 0.5 * elapsed:
+            return None
+        return elapsed * self.mean_decoders / self.tokens
+
+
+class CadenceChooser:
+    """Picks ``merge`` or ``balance`` for one scheduler from measured step times.
+
+    Call :meth:`record_step` once per ``schedule()`` with the decode tokens that
+    step scheduled and the requests decoding at the time; :attr:`cadence` is
+    the cadence for the next step.
+    """
+
+    def __init__(
+        self,
+        pp_size: int,
+        window_rounds: int = 3,
+        margin: float = 0.05,
+        first_gap: int = 8,
+        growth: int = 4,
+        longest_gap: int = 128,
+        regroup: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.pp_size = pp_size
+        #: Steps per window: every group decodes ``window_rounds`` times in one.
+        self.window_steps = window_rounds * pp_size
+        self.margin = margin
+        self.first_gap = first_gap
+        self.growth = growth
+        self.longest_gap = longest_gap
+        self.regroup = regroup
+        self.clock = clock
+        # Balance first: it only delays decodes, as close to vLLM's own schedule
+        # as the choices come.
+        self.cadence = DecodeCadence.BALANCE
+        #: Windows of the incumbent to measure before trying the other cadence again.
+        self.gap = first_gap
+        self._windows_left = 1
+        self._settle = 0
+        self._window: _Window | None = None
+        self._exploring = False
+        self._incumbent: float | None = None
+        self._incumbent_decoders = 0.0
+        self._decided_decoders = 0.0
+        #: Every adopted switch, newest last: (step, cadence adopted, its token
+        #: interval, the other's, decoding requests).
+        self.switches: list[tuple[int, DecodeCadence, float, float, float]] = []
+        self._steps = 0
+
+    @property
+    def other(self) -> DecodeCadence:
+        return CANDIDATES[1] if self.cadence is CANDIDATES[0] else CANDIDATES[0]
+
+    def record_step(self, tokens: int, decoders: int) -> DecodeCadence:
+        """Account for the step just scheduled; return the cadence for the next."""
+        now = self.clock()
+        self._steps += 1
+        if self._settle > 0:
+            self._settle -= 1
+            self._window = None
+            return self.cadence
+        window = self._window
+        if window is None:
+            self._window = _Window(start=now, last=now)
+            self._window.add(now, tokens, decoders)
+            return self.cadence
+        if window.steps < self.window_steps:
+            if self._exploring and window.steps == self.pp_size and self._far_behind(
+                    window.token_interval(now)):
+                # One round of the trial is enough to see it lose.
+                self._keep_incumbent()
+                return self.cadence
+            window.add(now, tokens, decoders)
+            return self.cadence
+        interval = window.token_interval(now)
+        self._window = _Window(start=now, last=now)
+        self._window.add(now, tokens, decoders)
+        if interval is not None:
+            self._judge(interval, window.mean_decoders)
+        return self.cadence
+
+    def _judge(self, interval: float, decoders: float) -> None:
+        if self._exploring:
+            comparable = (self._incumbent is not None
+                          and abs(decoders - self._incumbent_decoders)
+                          <= 0.25 * max(self._incumbent_decoders, 1.0))
+            if comparable and interval < self._incumbent * (1 - self.margin):
+                self._adopt(interval, decoders)
+            else:
+                self._keep_incumbent(held=comparable)
+            return
+        self._incumbent = interval
+        self._incumbent_decoders = decoders
+        if decoders < self.pp_size:
+            # Too few requests to form groups: balance could only leave steps empty.
+            if self.cadence is not DecodeCadence.MERGE:
+                self._switch(DecodeCadence.MERGE)
+            return
+        self._windows_left -= 1
+        moved = abs(decoders - self._decided_decoders) > self.regroup * max(self._decided_decoders, 1.0)
+        if self._windows_left <= 0 or moved:
+            if moved:
+                self.gap = self.first_gap
+            self._exploring = True
+            self._switch(self.other)
+
+    def _far_behind(self, interval: float | None) -> bool:
+        return interval is not None and self._incumbent is not None and interval > 1.5 * self._incumbent
+
+    def _keep_incumbent(self, held: bool = True) -> None:
+        """End a trial and go back; if the incumbent held, ask again less often."""
+        self._exploring = False
+        if held:
+            self.gap = min(self.growth * self.gap, self.longest_gap)
+            self._decided_decoders = self._incumbent_decoders
+        self._switch(self.other)
+        self._windows_left = self.gap
+        self._incumbent = None
+
+    def _adopt(self, interval: float, decoders: float) -> None:
+        self._exploring = False
+        self.switches.append((self._steps, self.cadence, interval, self._incumbent, decoders))
+        logger.info(
+            "vllm-pp-cudagraph: decode cadence %s at %.0f decoding requests "
+            "(%.2f ms per token against %.2f ms with %s)",
+            self.cadence, decoders, 1e3 * interval, 1e3 * self._incumbent, self.other,
+        )
+        self._decided_decoders = decoders
+        self._incumbent = interval
+        self._incumbent_decoders = decoders
+        self.gap = self.first_gap
+        self._windows_left = self.gap
+
+    def _switch(self, cadence: DecodeCadence) -> None:
+        if cadence is not self.cadence:
+            self.cadence = cadence
+            self._settle = self.pp_size
+            self._window = None
