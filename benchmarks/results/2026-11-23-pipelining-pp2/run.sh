@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The runs behind this folder, on one host with 2 GPUs (vLLM 0.26.0 installed into
-# /tmp/site from wheels, this package beside it). Each cell is one bench invocation:
-# plugin (defaults), stock MRV2 and V1 side by side, plus the plugin with each of the
-# cadences auto chooses between, FULL_AND_PIECEWISE, TRITON_ATTN, dummy weights.
-#   bash run.sh OUT CELL...    CELL in engine-32b, engine-0.6b, serve-32b
+# The runs behind this folder, on one host with 2 GPUs: vLLM 0.26.0 and this package
+# installed from wheels into the directory SITE_DIR names (benchmarks/README.md,
+# "Offline hosts"). Each cell is one bench invocation: the plugin's defaults, stock
+# MRV2 (and V1 where the device time allowed) side by side, FULL_AND_PIECEWISE,
+# TRITON_ATTN, dummy weights.
+#   SITE_DIR=DIR bash run.sh OUT CELL...    CELL in engine-32b, engine-0.6b, serve-32b
 set -uo pipefail
 out=${1:?usage: run.sh OUT CELL...}; shift
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=${SITE_DIR:?set SITE_DIR} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 bench() { python3 -m vllm_pp_cudagraph.bench --pp 2 --weights dummy "$@"; }
 fp=full_and_piecewise
@@ -15,7 +16,7 @@ for cell in "$@"; do
     engine-32b)
       bench --model qwen3-32b --workload engine --prompts 256 --input-len 64 --output-len 256 \
         --max-num-seqs 256 --repeat 3 --profile --out "$out/$cell" \
-        --modes plugin:$fp,stock:$fp,plugin-balance:$fp,plugin-merge:$fp,v1:$fp ;;
+        --modes plugin-balance:$fp,stock:$fp,plugin:$fp ;;
     engine-0.6b)
       bench --model qwen3-0.6b --workload engine --prompts 128 --input-len 2 --output-len 512 \
         --max-num-seqs 128 --repeat 3 --profile --out "$out/$cell" \
