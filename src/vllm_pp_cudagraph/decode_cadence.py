@@ -1,4 +1,4 @@
-"""Decode on every engine step under pipeline parallelism, not every ``pp_size``-th.
+"""Which engine steps a request decodes in under pipeline parallelism (the scheduler half).
 
 With Model Runner V2 and PP, vLLM's async scheduler lets a request decode again
 only ``pp_size`` steps after its last decode (``next_decode_eligible_step``).
@@ -26,11 +26,10 @@ any step computes:
   with what is in flight are never lifted (:func:`may_lift`). Delaying a
   decode needs nothing from the workers: a first stage holds a request's
   newest token from the step it would have decoded at on.
-* First stages (:func:`consume_entries_needed_by`): before a step runs, every
-  sampled-token entry still waiting in the ring that holds a request this step
-  decodes is applied, oldest first. The step's forward then waits on the GPU
-  for the last stage's tokens of the step before, not on the host. Entries
-  nobody needs yet keep vLLM's timing.
+* First stages (``first_stage_tokens.py``): before a step runs, every
+  sampled-token entry still waiting in vLLM's ring that holds a request this
+  step decodes is applied, oldest first, so a lifted request reads the token
+  the last stage sampled at its previous step.
 
 The worker half depends only on what a step schedules, so it is correct for
 any schedule; the scheduler half is the policy. Lifting (``merge``, ``fill``,
@@ -39,12 +38,11 @@ any schedule; the scheduler half is the policy. Lifting (``merge``, ``fill``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import math
 
-import numpy as np
 from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph import compat
@@ -140,26 +138,50 @@ def balance_decode_groups(running: Iterable[Any], step: int, pp_size: int) -> in
     return len(movable)
 
 
-def lifts_decodes(cadence: DecodeCadence, pp_size: int) -> bool:
-    """Whether ``cadence`` may let a request decode sooner than vLLM's cadence at ``pp_size``.
+def lifts_decodes(cadence: DecodeCadence) -> bool:
+    """Whether ``cadence`` may let a request decode sooner than vLLM's cadence.
 
     Such a schedule is right only where every worker runs the plugin's runner
-    (its early consume, below); ``balance`` only ever delays.
+    (first_stage_tokens.py); ``balance`` only ever delays.
     """
-    return pp_size > 1 and cadence in (DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL)
+    return cadence in (DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL)
 
 
-def cadence_applies(scheduler: Any) -> bool:
-    """Whether ``scheduler`` runs vLLM's MRV2 PP decode cadence that this module changes.
+def cadence_in_effect(
+    cadence: DecodeCadence, pp_size: int, use_v2_model_runner: bool, num_spec_tokens: int
+) -> DecodeCadence:
+    """The cadence a scheduler set up so runs: ``cadence`` where vLLM's MRV2 PP cadence
+    exists to change, else ``vllm``.
 
     Speculative decoding is left alone: its rejected draft tokens are applied
     to the first stages' state through the same ring, and that path has not
-    been measured with consecutive decodes.
+    been measured with consecutive decodes. The scheduler hook asks this with
+    the scheduler's own settings (:func:`scheduler_cadence`), the engine core's
+    worker check with the config's (:func:`config_cadence`).
     """
-    return (
-        getattr(scheduler, "pp_size", 1) > 1
-        and bool(getattr(scheduler, "use_v2_model_runner", False))
-        and not getattr(scheduler, "num_spec_tokens", 0)
+    if pp_size <= 1 or not use_v2_model_runner or num_spec_tokens:
+        return DecodeCadence.VLLM
+    return cadence
+
+
+def scheduler_cadence(scheduler: Any, cadence: DecodeCadence) -> DecodeCadence:
+    """:func:`cadence_in_effect` for a built scheduler."""
+    return cadence_in_effect(
+        cadence,
+        getattr(scheduler, "pp_size", 1),
+        bool(getattr(scheduler, "use_v2_model_runner", False)),
+        getattr(scheduler, "num_spec_tokens", 0),
+    )
+
+
+def config_cadence(vllm_config: Any, cadence: DecodeCadence) -> DecodeCadence:
+    """:func:`cadence_in_effect` for the scheduler ``vllm_config`` will build."""
+    speculative = vllm_config.speculative_config
+    return cadence_in_effect(
+        cadence,
+        vllm_config.parallel_config.pipeline_parallel_size,
+        bool(vllm_config.use_v2_model_runner),
+        (getattr(speculative, "num_speculative_tokens", None) or 0) if speculative else 0,
     )
 
 
@@ -187,15 +209,15 @@ def changing_cadence(original: ScheduleFn, cadence: DecodeCadence) -> ScheduleFn
 
     Under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed
     every step. The wrapper carries ``cadence`` as ``__pp_cudagraph_cadence__``
-    for the engine core's worker check (:func:`lifts_decodes`).
+    for the engine core's worker check (:func:`config_cadence`, :func:`lifts_decodes`).
     """
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not cadence_applies(self):
+        policy = scheduler_cadence(self, cadence)
+        if policy is DecodeCadence.VLLM:
             return original(self, *args, **kwargs)
         chooser = None
-        policy = cadence
-        if cadence is DecodeCadence.AUTO:
+        if policy is DecodeCadence.AUTO:
             chooser = self.__dict__.get("_pp_cudagraph_chooser")
             if chooser is None:
                 chooser = self._pp_cudagraph_chooser = CadenceChooser(self.pp_size)
@@ -215,62 +237,3 @@ def changing_cadence(original: ScheduleFn, cadence: DecodeCadence) -> ScheduleFn
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
     schedule.__pp_cudagraph_cadence__ = cadence  # type: ignore[attr-defined]
     return schedule
-
-
-def batch_req_indices(req_ids: Sequence[str], req_id_to_index: dict[str, int]) -> np.ndarray:
-    """Request-state indices of the cached requests a step schedules."""
-    found = [req_id_to_index[r] for r in req_ids if r in req_id_to_index]
-    return np.fromiter(found, dtype=np.int32, count=len(found))
-
-
-def _live_rows(handler: Any, entry: Any) -> np.ndarray:
-    """Rows of a ring entry whose request still needs its sampled tokens."""
-    alive = handler.req_idx_gen_np[entry.idx_mapping_np] == entry.gen_at_receive_np
-    return alive & entry.need_sampled_mask
-
-
-def consume_entries_needed_by(
-    handler: Any, req_indices: np.ndarray, draft_tokens: Any = None
-) -> list[dict]:
-    """Consume from ``handler``'s ring, early, the entries a step with ``req_indices`` needs.
-
-    ``handler`` is vLLM's ``PPHandler`` on a first stage, after this step's
-    ``get_prev_sampled_outputs``: its queue then holds one slot per step still
-    in flight, oldest first, the last one reserved for this step. Every entry
-    up to the newest that holds a live request of this step is consumed, oldest
-    first, and its slot left as ``None`` so the ring keeps its length and
-    vLLM's later consume of that slot finds nothing to do. Returns the
-    ``postprocess_sampled`` arguments of each entry that still has live rows.
-    """
-    if req_indices.size == 0:
-        return []
-    pending = list(handler.queue)[:-1]
-    newest = -1
-    for position, entry in enumerate(pending):
-        if entry is None:
-            continue
-        rows = entry.idx_mapping_np[_live_rows(handler, entry)]
-        if np.isin(rows, req_indices).any():
-            newest = position
-    consumed = []
-    for position in range(newest + 1):
-        entry = handler.queue[position]
-        if entry is not None:
-            handler.queue[position] = None
-            outputs = _consume_now(handler, entry, draft_tokens)
-            if outputs is not None:
-                consumed.append(outputs)
-    return consumed
-
-
-def _consume_now(handler: Any, entry: Any, draft_tokens: Any = None) -> dict | None:
-    """vLLM's own consume of one entry: freed and unneeded rows masked, the broadcast awaited.
-
-    ``get_prev_sampled_outputs`` consumes the head of the ring and reserves a
-    slot at its tail, so the entry is put at the head and that slot taken off
-    again, leaving the ring as it was.
-    """
-    handler.queue.appendleft(entry)
-    outputs = compat.prev_sampled_outputs(handler, draft_tokens)
-    handler.queue.pop()
-    return outputs

@@ -2,8 +2,8 @@
 
 The plugin's decode cadence (decode_cadence.py) runs in the engine core; what
 makes it correct runs in the workers: the plugin's runner applies the last
-stage's newer tokens on the first stages before a lifted step. A worker that builds
-vLLM's own runner (a Ray node without this package, a worker process started
+stage's newer tokens on the first stages before a lifted step
+(first_stage_tokens.py). A worker that builds vLLM's own runner (a Ray node without this package, a worker process started
 without ``VLLM_PLUGINS``) would embed stale tokens without any error. So right
 after the engine core has set up its workers' KV caches, and before it
 schedules anything, it asks every worker for its runner class and refuses to
@@ -22,7 +22,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_pp_cudagraph.decode_cadence import lifts_decodes
+from vllm_pp_cudagraph.decode_cadence import config_cadence, lifts_decodes
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
 
@@ -45,15 +45,10 @@ def runner_class_of(worker: Any) -> str:
 
 
 def cadence_changed_here(vllm_config: Any) -> bool:
-    """Whether this engine core lets requests decode sooner than vLLM's cadence."""
-    pp_size = vllm_config.parallel_config.pipeline_parallel_size
-    if (pp_size <= 1
-            or not vllm_config.use_v2_model_runner
-            or vllm_config.speculative_config is not None):
-        return False
+    """Whether this engine core may let requests decode sooner than vLLM's cadence."""
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     cadence = getattr(scheduler_cls.schedule, "__pp_cudagraph_cadence__", None)
-    return cadence is not None and lifts_decodes(cadence, pp_size)
+    return cadence is not None and lifts_decodes(config_cadence(vllm_config, cadence))
 
 
 def worker_runner_problems(runner_classes: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat, graph_memory
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
-from vllm_pp_cudagraph.decode_cadence import batch_req_indices, consume_entries_needed_by
+from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 from vllm_pp_cudagraph.stage_failure import stopping_worker_on_error
 from vllm_pp_cudagraph.stage_inputs import (
@@ -65,7 +65,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     Beyond vLLM's runner it checks every stage hand-off against the persistent
     input buffers, measures graph memory before the KV cache is sized,
     runs :class:`PPCudaGraphManager`, on the first stages applies the last
-    stage's sampled tokens as soon as a step needs them (decode_cadence.py),
+    stage's sampled tokens as soon as a step needs them (first_stage_tokens.py),
     and stops its worker when a serving step fails (stage_failure.py).
     """
 

@@ -272,7 +272,7 @@ PATCHES: tuple[Patch, ...] = (
             "requests are never moved and requests complete with what is in flight "
             "never lifted; the plugin's runner applies the last stage's newer "
             "tokens on the first stages before a lifted step. Details: "
-            "decode_cadence.py, cadence_policy.py."
+            "decode_cadence.py, cadence_policy.py, first_stage_tokens.py."
         ),
         drop_when="vLLM's scheduler lets a request decode on consecutive steps under PP.",
         apply=_patch_decode_cadence,

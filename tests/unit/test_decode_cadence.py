@@ -28,14 +28,15 @@ from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 from vllm_pp_cudagraph import patches
 from vllm_pp_cudagraph.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.decode_cadence import (
-    batch_req_indices,
-    cadence_applies,
-    consume_entries_needed_by,
+    cadence_in_effect,
+    config_cadence,
     lift_idle_cadence,
     merge_decode_groups,
+    scheduler_cadence,
 )
+from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
 MAX_REQS = 16
 
@@ -439,12 +440,20 @@ def test_lift_leaves_a_step_with_eligible_work_alone():
     assert a.next_decode_eligible_step == 7
 
 
-def test_cadence_applies_only_to_v2_pp_without_draft_tokens(model_dir):
+def test_the_cadence_changes_only_under_v2_pp_without_draft_tokens(model_dir):
+    """One decision, read from a built scheduler and from the config it came from."""
     scheduler = make_scheduler(model_dir)
-    assert cadence_applies(scheduler)
+    merge = DecodeCadence.MERGE
+    assert scheduler_cadence(scheduler, merge) is merge
+    assert cadence_in_effect(merge, 2, True, 0) is merge
+    assert cadence_in_effect(merge, 2, True, 2) is DecodeCadence.VLLM
+    assert cadence_in_effect(merge, 2, False, 0) is DecodeCadence.VLLM
+    assert cadence_in_effect(merge, 1, True, 0) is DecodeCadence.VLLM
     scheduler.num_spec_tokens = 2
-    assert not cadence_applies(scheduler)
-    assert not cadence_applies(make_scheduler(model_dir, pp=1))
+    assert scheduler_cadence(scheduler, merge) is DecodeCadence.VLLM
+    assert scheduler_cadence(make_scheduler(model_dir, pp=1), merge) is DecodeCadence.VLLM
+    # The config this CPU builds runs vLLM's V1 runner (MRV2 needs Triton).
+    assert config_cadence(scheduler.vllm_config, merge) is DecodeCadence.VLLM
 
 
 def two_groups(model_dir: str, pp: int) -> Run:
