@@ -14,7 +14,7 @@ so a back-port or a release candidate is handled by what it contains.
 Plain imports of vLLM names stay in the modules that use them; only their
 listing is here. The rest of the package asks this module, never
 ``vllm.__version__``, which release it runs on. On a vLLM upgrade, the surface
-test and the release matrix (``tests/release_matrix.sh``) are where to look.
+test and the repository's release matrix are where to look.
 """
 
 from __future__ import annotations
