@@ -11,6 +11,7 @@ depend on each other, so the first that fails names the cause.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -70,13 +71,31 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
 
 
+def vllm_pin(name: str) -> str | None:
+    """The release of ``name`` the installed vLLM requires exactly (``torch==2.11.0``), if any."""
+    try:
+        requires = metadata.requires("vllm") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for requirement in requires:
+        spec, _, marker = requirement.partition(";")
+        match = re.fullmatch(rf"\s*{re.escape(name)}\s*==\s*([\w.]+)\s*", spec)
+        if match and "extra" not in marker:
+            return match.group(1)
+    return None
+
+
 def fix_command(package: str) -> str:
-    """The command that reinstalls ``package`` (torch with its torchvision) from the index."""
+    """The command that reinstalls ``package`` (torch with its torchvision) from the index.
+
+    torch and torchvision are pinned to the releases vLLM requires, else to
+    the installed ones: a wrong torch release can be the cause too.
+    """
     if package == "vllm":
         pins = [f'"vllm=={_release(_dist_version("vllm") or "")}"']
     else:
-        pins = [f'"{name}=={_release(version)}"' for name in ("torch", "torchvision")
-                if (version := _dist_version(name)) is not None]
+        pins = [f'"{name}=={release}"' for name in ("torch", "torchvision")
+                if (release := vllm_pin(name) or _release(_dist_version(name) or ""))]
     return f"{INDEX_ONLY_PIP} --force-reinstall {' '.join(pins)}"
 
 
