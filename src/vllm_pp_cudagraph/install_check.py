@@ -11,7 +11,6 @@ depend on each other, so the first that fails names the cause.
 from __future__ import annotations
 
 import importlib
-import re
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -42,14 +41,15 @@ class ImportFailure:
     def message(self) -> str:
         name = "vLLM" if self.package == "vllm" else self.package
         if self.package == "vllm":
-            why = "Reinstall vLLM with the torch it pins, from the package index alone"
+            why = "Install vLLM again from the package index alone"
         else:
             why = (
-                "torch and torchvision must be matching builds (a '+cpu' torch from a local "
-                "wheel folder or an extra index is the usual cause). Reinstall them from the "
-                "package index alone"
+                "torch and torchvision must be the builds vLLM pins (a '+cpu' torch from a "
+                "local wheel folder or an extra index is the usual cause). Remove them and "
+                "install vLLM again from the package index alone, which brings them back"
             )
-        return f"{name} {self.version} is installed but does not import: {self.error}. {why}:\n    {self.fix}"
+        return (f"{name} {self.version} is installed but does not import: {self.error}. "
+                f"{why}:\n    {self.fix}")
 
 
 def _dist_version(name: str) -> str | None:
@@ -71,32 +71,18 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
 
 
-def vllm_pin(name: str) -> str | None:
-    """The release of ``name`` the installed vLLM requires exactly (``torch==2.11.0``), if any."""
-    try:
-        requires = metadata.requires("vllm") or []
-    except metadata.PackageNotFoundError:
-        return None
-    for requirement in requires:
-        spec, _, marker = requirement.partition(";")
-        match = re.fullmatch(rf"\s*{re.escape(name)}\s*==\s*([\w.]+)\s*", spec)
-        if match and "extra" not in marker:
-            return match.group(1)
-    return None
-
-
 def fix_command(package: str) -> str:
-    """The command that reinstalls ``package`` (torch with its torchvision) from the index.
+    """The commands that replace ``package`` (torch with its torchvision) from the index.
 
-    torch and torchvision are pinned to the releases vLLM requires, else to
-    the installed ones: a wrong torch release can be the cause too.
+    The broken packages are removed and vLLM is installed again from the
+    package index alone, so pip brings back the torch and torchvision builds
+    vLLM pins and leaves everything else as it is (``--force-reinstall`` would
+    also upgrade their dependencies past what vLLM's own tree allows).
     """
-    if package == "vllm":
-        pins = [f'"vllm=={_release(_dist_version("vllm") or "")}"']
-    else:
-        pins = [f'"{name}=={release}"' for name in ("torch", "torchvision")
-                if (release := vllm_pin(name) or _release(_dist_version(name) or ""))]
-    return f"{INDEX_ONLY_PIP} --force-reinstall {' '.join(pins)}"
+    broken = ["vllm"] if package == "vllm" else [
+        name for name in ("torch", "torchvision") if _dist_version(name) is not None]
+    vllm = _release(_dist_version("vllm") or "")
+    return f'pip uninstall -y {" ".join(broken)} && {INDEX_ONLY_PIP} "vllm=={vllm}"'
 
 
 def import_failure() -> ImportFailure | None:
