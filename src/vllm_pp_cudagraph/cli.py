@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 
-from vllm_pp_cudagraph import __version__, compat
+from vllm_pp_cudagraph import __version__, compat, install_check
 from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings, SettingsError
 
@@ -19,6 +21,8 @@ EXIT_UNSUPPORTED = 1
 EXIT_MISCONFIGURED = 2
 #: Everything is in order except that no NVIDIA GPU is visible.
 EXIT_NO_GPU = 3
+#: torch, torchvision or vLLM is installed but does not import (or lacks what the plugin reads).
+EXIT_BROKEN_INSTALL = 4
 
 
 def _near_misses(value: str) -> list[str]:
@@ -40,18 +44,39 @@ def _general_plugins() -> list[str]:
 
 
 def _gpu_count() -> int | None:
+    """GPUs torch sees; None where torch is not installed or does not import."""
     try:
         import torch
-    except ImportError:
+    except Exception:  # a broken torch build raises more than ImportError
         return None
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@contextlib.contextmanager
+def _vllm_logs_to_stderr() -> Iterator[None]:
+    """vLLM logs to stdout; while it is first imported, point its handler at stderr.
+
+    vLLM reads ``VLLM_LOGGING_STREAM`` once, when its logger is set up on
+    first import, so its later lines (from the probes behind the patch list)
+    go to stderr too and the report on stdout stays whole.
+    """
+    before = os.environ.get("VLLM_LOGGING_STREAM")
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_LOGGING_STREAM", None)
+        else:
+            os.environ["VLLM_LOGGING_STREAM"] = before
 
 
 def check(out=sys.stdout) -> int:
     """Report whether this install can run the plugin; return the exit code.
 
     The code is that of the first problem found, in this order: the vLLM
-    version (1), settings (2), no GPU visible (3); 0 when there is none.
+    version (1), an install that does not import (4), settings (2), no GPU
+    visible (3); 0 when there is none.
     """
     problems: list[int] = []
 
@@ -86,6 +111,15 @@ def check(out=sys.stdout) -> int:
         )
         problems.append(EXIT_UNSUPPORTED)
     say(f"torch: {versions.torch or 'not installed'}")
+    broken = None
+    if versions.installed:
+        with _vllm_logs_to_stderr():
+            broken = install_check.import_failure()
+        if broken is None:
+            say("imports: OK")
+        else:
+            say(f"imports: BROKEN: {broken.message()}")
+            problems.append(EXIT_BROKEN_INSTALL)
 
     plugins_value = os.environ.get("VLLM_PLUGINS")
     if is_enabled():
@@ -119,14 +153,25 @@ def check(out=sys.stdout) -> int:
         for name, value in settings.model_dump().items():
             say(f"  {PPCudaGraphSettings.env_name(name)}={value}")
 
-    if versions.installed and settings is not None:
+    if broken is not None:
+        say("patches: not listed (vLLM does not import, see above)")
+    elif versions.installed and settings is not None:
         from vllm_pp_cudagraph.patches import SCOPED_PATCHES, PluginConfigError, standing
 
-        say("patches when enabled, on this vLLM with these settings:")
-        for patch, why in standing(settings):
+        try:
+            rows = standing(settings)
+        except Exception as exc:  # a vLLM whose internals differ from SURFACE's
+            rows = []
+            missing = compat.missing_surface()
+            say(f"patches: could not be listed: {install_check.describe(exc)}"
+                + (f". Missing from this vLLM: {'; '.join(missing)}" if missing else ""))
+            problems.append(EXIT_BROKEN_INSTALL)
+        else:
+            say("patches when enabled, on this vLLM with these settings:")
+        for patch, why in rows:
             state = "applies" if why is None else f"stands aside: {why}"
             say(f"  - {patch.name}: {state}  [{patch.target}]")
-        for scoped in SCOPED_PATCHES:
+        for scoped in SCOPED_PATCHES if rows else ():
             say(f"  - {scoped.name}: applies during graph capture only  [{scoped.target}]")
         if is_enabled():
             try:
@@ -137,7 +182,7 @@ def check(out=sys.stdout) -> int:
 
     gpus = _gpu_count()
     if gpus is None:
-        say("GPUs visible: unknown (torch is not installed)")
+        say("GPUs visible: unknown (torch is not installed or does not import)")
     elif gpus == 0:
         say("GPUs visible: 0  PROBLEM: no NVIDIA GPU visible; vLLM cannot serve here "
             "(check the driver and CUDA_VISIBLE_DEVICES)")
@@ -161,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "check",
-        help="Report versions, whether the plugin is enabled, which patches apply or "
-        "stand aside, and GPUs visible. Exit codes: 0 ok, 1 unsupported vLLM, "
-        "2 misconfigured, 3 no GPU visible.",
+        help="Report versions, whether torch and vLLM import, whether the plugin is "
+        "enabled, which patches apply or stand aside, and GPUs visible. Exit codes: 0 ok, "
+        "1 unsupported vLLM, 2 misconfigured, 3 no GPU visible, 4 torch, torchvision or "
+        "vLLM does not import.",
     )
     sub.add_parser(
         "bench",

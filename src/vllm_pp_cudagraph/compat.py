@@ -1,16 +1,20 @@
 """The vLLM surface this plugin relies on, and how it differs between releases.
 
-This is the one module that names vLLM internals. The rest of the package asks
-it (never ``vllm.__version__``): which modules and classes to patch, which
-private attributes exist, and how a call changed shape between releases.
-Differences are found by probing the installed vLLM (a parameter, an attribute,
-how a decorator behaves) rather than by comparing version numbers, so a
-back-port or a release candidate is handled by what it contains.
+Two things live here. :data:`SURFACE` lists the vLLM names the package
+relies on: every name it imports from vLLM (a CPU test walks the source and
+fails on an import missing here) and the attributes it reads or overrides on
+vLLM's objects, private ones included. :func:`missing_surface` checks an
+installed vLLM against it, and a CPU test fails naming whatever is missing.
+The probes below absorb the differences between releases: the module paths
+the plugin patches, private attributes that moved, calls that changed shape.
+Differences are found by probing the installed vLLM (a parameter, an
+attribute, how a decorator behaves) rather than by comparing version numbers,
+so a back-port or a release candidate is handled by what it contains.
 
-:data:`SURFACE` lists every vLLM name the plugin reads or overrides, private
-attributes included; :func:`missing_surface` checks an installed vLLM against
-it, and a CPU test fails naming whatever is missing. On a vLLM upgrade, that
-test and the release matrix (``tests/release_matrix.sh``) are where to look.
+Plain imports of vLLM names stay in the modules that use them; only their
+listing is here. The rest of the package asks this module, never
+``vllm.__version__``, which release it runs on. On a vLLM upgrade, the surface
+test and the repository's release matrix are where to look.
 """
 
 from __future__ import annotations
@@ -112,7 +116,15 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.v1.request", "Request",
            members=("use_structured_output", "num_output_tokens"),
            instance_attrs=("next_decode_eligible_step", "num_output_placeholders",
-                           "max_tokens")),
+                           "max_tokens", "async_tokens_to_discard")),
+    Needed("vllm.v1.core.sched.output", "SchedulerOutput", members=("scheduled_cached_reqs",)),
+    Needed("vllm.v1.core.sched.output", "CachedRequestData",
+           members=("req_ids", "resumed_req_ids")),
+    Needed("vllm.v1.worker.gpu.states", "RequestState", instance_attrs=("req_id_to_index",)),
+    Needed("vllm.v1.worker.gpu.model_states.interface", "ModelState",
+           members=("prepare_dummy_inputs",)),
+    Needed("vllm.model_executor.models.interfaces", "SupportsPP",
+           members=("make_empty_intermediate_tensors",)),
     Needed(COMPILATION_CONFIG_MODULE, "CompilationConfig",
            members=("set_splitting_ops_for_v1",)),
     Needed(VLLM_CONFIG_MODULE, "VllmConfig", members=("__post_init__", "use_v2_model_runner")),
@@ -125,6 +137,18 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.distributed.parallel_state", "graph_capture"),
     Needed("vllm.forward_context", "set_forward_context"),
     Needed("vllm.utils.torch_utils", "_USE_LAYERNAME"),
+    Needed("vllm.logger", "init_logger"),
+    Needed("vllm.config", "VllmConfig"),
+    Needed("vllm.config", "CompilationMode", members=("VLLM_COMPILE",)),
+    Needed(COMPILATION_CONFIG_MODULE, "CUDAGraphMode",
+           members=("NONE", "FULL", "mixed_mode", "decode_mode", "separate_routine")),
+    Needed("vllm.v1.kv_cache_interface", "KVCacheConfig"),
+    Needed("vllm.v1.worker.gpu.input_batch", "InputBatch"),
+    # What the bench drives: vLLM's public offline API.
+    Needed("vllm", "LLM"),
+    Needed("vllm", "SamplingParams"),
+    Needed("vllm.inputs", "TokensPrompt"),
+    Needed("vllm.config", "ProfilerConfig"),
 )
 
 

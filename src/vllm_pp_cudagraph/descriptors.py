@@ -17,9 +17,12 @@ piecewise/eager path when there is none.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from vllm.config.compilation import CUDAGraphMode
-from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+if TYPE_CHECKING:
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 
 
 def capture_num_reqs(desc: BatchExecutionDescriptor, max_num_reqs: int) -> int:

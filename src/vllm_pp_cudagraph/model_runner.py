@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
-from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
-from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.kv_cache_interface import KVCacheConfig
-from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
-from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat, graph_memory
@@ -31,6 +27,13 @@ from vllm_pp_cudagraph.stage_inputs import (
     check_stage_inputs,
     schema_of,
 )
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+    from vllm.v1.worker.gpu.input_batch import InputBatch
 
 logger = init_logger("vllm.pp_cudagraph.runner")
 

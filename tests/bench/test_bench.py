@@ -6,6 +6,7 @@ import argparse
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -355,3 +356,69 @@ def test_workload_and_concurrency_sweep_are_parsed():
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--concurrency", "0,x"])
     assert bench.build_parser().parse_args([]).workload == "batch"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pp", "0"], "--pp 0 must be at least 2 (pipeline parallelism needs at least 2 stages"),
+    (["--pp", "1"], "--pp 1 must be at least 2"),
+    (["--prompts", "0"], "--prompts 0 must be at least 1"),
+    (["--input-len", "-3"], "--input-len -3 must be at least 1"),
+    (["--output-len", "0"], "--output-len 0 must be at least 1"),
+    (["--max-num-seqs", "0"], "--max-num-seqs 0 must be at least 1"),
+    (["--repeat", "-1"], "--repeat -1 must be at least 0"),
+    (["--num-requests", "0"], "--num-requests 0 must be at least 1"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5 must be in (0, 1]"),
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization 0.0 must be in (0, 1]"),
+    (["--timeout", "0"], "--timeout 0.0 must be positive"),
+    (["--deadline", "30"], "--deadline 30.0 leaves no engine time to run"),
+    (["--port", "70000"], "--port 70000 must be in 1..65535"),
+    (["--model", "qwen3-30b-a3b"], "--model qwen3-30b-a3b has no random checkpoint (MoE, or too big"),
+    (["--model", "qwen3-32b"], "--model qwen3-32b has no random checkpoint (MoE, or too big to "
+                               "write); add --weights dummy"),
+])
+def test_impossible_arguments_are_refused_before_anything_starts(flags, message, tmp_path,
+                                                                 capsys, monkeypatch):
+    """Refused with the flag named and exit status 2, whatever GPUs there are; no
+    directory, checkpoint or engine is made."""
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 8)
+    monkeypatch.setattr(bench, "write_model_dir", lambda *a, **k: pytest.fail("wrote a model"))
+    monkeypatch.setattr(bench, "run_in_subprocess", lambda *a, **k: pytest.fail("started"))
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main([*flags, "--out", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert not out.exists()
+
+
+def test_every_impossible_argument_is_named_at_once(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--pp", "0", "--prompts", "0", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert "--pp 0 must be" in err and "--prompts 0 must be" in err
+    assert "Nothing was started or written." in err
+
+
+def test_pp_above_the_visible_gpus_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--pp", "4", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert "--pp 4 needs 4 NVIDIA GPUs (one per pipeline stage) but 2 are visible" in \
+        capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_pp_zero_from_the_command_line_exits_within_seconds_and_writes_nothing(tmp_path):
+    out = tmp_path / "results"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--pp", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--pp 0 must be at least 2" in proc.stderr
+    assert not out.exists()
+    assert time.monotonic() - started < 30

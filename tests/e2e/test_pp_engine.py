@@ -1,28 +1,33 @@
-"""End-to-end checks on GPUs: the plugin inside a real PP=2 vLLM engine.
+"""End-to-end checks on GPUs: the plugin inside real PP=2 vLLM engines and servers.
 
-Skipped where no CUDA device is visible; results of runs on 2x H200 are in
-benchmarks/results/.
+Each check drives the repository's own tooling as a GPU run would: the
+``bench`` CLI for tokens per graph mode, ``benchmarks.tools.serve_checks``
+for structured outputs and a stage fault, ``benchmarks.tools.soak`` for a
+short serving soak and the start-up refusals. Skipped without 2 CUDA devices;
+longer runs of the same tools are committed under benchmarks/results/.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
-import torch
 
 from vllm_pp_cudagraph.bench.engine_run import RunSpec, run_in_subprocess
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_gpus")]
 
-
-def _need_gpus(n: int) -> None:
-    if torch.cuda.device_count() < n:
-        pytest.skip(f"needs {n} GPUs")
+#: The graph modes the bench compares by default, plugin against stock.
+GRAPH_MODES = ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable")
 
 
 def test_plugin_runner_on_every_pp_rank_and_tokens_match_stock(tmp_path):
-    _need_gpus(2)
-    plugin = run_in_subprocess(RunSpec("plugin", "piecewise", output_len=64), tmp_path / "p.log", timeout_s=600)
-    stock = run_in_subprocess(RunSpec("stock", "piecewise", output_len=64), tmp_path / "s.log", timeout_s=600)
+    plugin = run_in_subprocess(RunSpec("plugin", "piecewise", output_len=64), tmp_path / "p.log",
+                               timeout_s=600)
+    stock = run_in_subprocess(RunSpec("stock", "piecewise", output_len=64), tmp_path / "s.log",
+                              timeout_s=600)
     assert plugin["returncode"] == 0, plugin.get("error_tail")
     log = (tmp_path / "p.log").read_text()
     for stage in (0, 1):
@@ -30,11 +35,66 @@ def test_plugin_runner_on_every_pp_rank_and_tokens_match_stock(tmp_path):
     assert plugin["digest"] == stock["digest"]
 
 
-def test_serving_smoke_against_stock(tmp_path):
-    """A small version of tests/e2e/serve_soak.py (the full run is committed
-    under benchmarks/results/)."""
-    _need_gpus(2)
-    from tests.e2e.serve_soak import main
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_plugin_tokens_equal_stock_per_graph_mode(mode, tmp_path, random_model):
+    """``vllm-pp-cudagraph bench --workload batch``: requests queued as one batch, so
+    batches form alike and the plugin's greedy tokens must equal stock's."""
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
+         "--model", str(random_model), "--modes", f"stock:{mode},plugin:{mode}",
+         "--repeat", "0", "--timeout", "600", "--out", str(out)],
+        capture_output=True, text=True, timeout=1500,
+    )
+    console = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert (out / "bench.json").exists(), console
+    runs = {r["spec"]["runner"]: r for r in json.loads((out / "bench.json").read_text())["runs"]}
+    plugin = runs["plugin"]
+    assert plugin.get("digest"), f"the plugin's engine failed (see {out}/plugin-{mode}.log)"
+    assert plugin["plugin_stages"] == 2, "a stage ran without the plugin's runner"
+    assert plugin["tokens_agree"] is True, (
+        f"{plugin.get('requests_differ')} requests differ from {plugin.get('tokens_reference')}"
+    )
+    assert proc.returncode == 0, console
 
-    assert main(["--out", str(tmp_path), "--modes", "piecewise", "--requests", "200",
-                 "--concurrency", "64", "--refusals"]) == 0
+
+def test_structured_outputs_parse_and_match_their_schema(tmp_path):
+    from benchmarks.tools.serve_checks import main
+
+    code = main(["structured", "--out", str(tmp_path), "--pp", "2", "--port", "8310"])
+    report = json.loads((tmp_path / "structured-plugin-pp2.json").read_text())
+    assert code == 0, {k: report.get(k) for k in
+                       ("error", "problems", "grammar_rejections", "plugin_loaded_lines",
+                        "shutdown_clean", "requests")}
+
+
+@pytest.mark.usefixtures("test_plugins")
+def test_a_stage_fault_stops_the_server_promptly_leaving_nothing(tmp_path):
+    from benchmarks.tools.serve_checks import main
+
+    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--port", "8320"])
+    report = json.loads((tmp_path / "fault-plugin.json").read_text())
+    assert code == 0, report
+    assert report["stage_stop_in_log"], "the plugin did not stop the failed stage's worker"
+
+
+def test_a_short_soak_differs_from_stock_no_more_than_stock_from_itself(tmp_path):
+    """One plugin and two stock servers under streamed, cancelled and concurrent
+    requests, PIECEWISE, with the token check (the full soak is committed)."""
+    from benchmarks.tools.soak import main
+
+    code = main(["--out", str(tmp_path), "--modes", "piecewise", "--requests", "200",
+                 "--concurrency", "64", "--token-check", "--port", "8330"])
+    results = json.loads((tmp_path / "soak.json").read_text())
+    assert code == 0, [(r.get("mode") or r.get("case"), r.get("problems")) for r in results]
+
+
+@pytest.mark.usefixtures("test_plugins")
+def test_bad_start_ups_are_refused_naming_the_setting_and_leave_nothing(tmp_path):
+    """Bad settings, and models whose stages disagree on the tensors they exchange."""
+    from benchmarks.tools.soak import main
+
+    code = main(["--out", str(tmp_path), "--modes", "", "--refusals", "--port", "8340"])
+    results = json.loads((tmp_path / "soak.json").read_text())
+    assert len(results) == 5
+    assert code == 0, [r for r in results if not r["passed"]]

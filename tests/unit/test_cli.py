@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from vllm_pp_cudagraph import cli, compat
+from vllm_pp_cudagraph import cli, compat, install_check
 
 
 @pytest.fixture
@@ -114,3 +115,77 @@ def test_console_script_runs_and_reports_the_missing_gpu(clean_env):
 
     assert proc.returncode == (cli.EXIT_OK if torch.cuda.is_available() else cli.EXIT_NO_GPU)
     assert "vllm-pp-cudagraph" in proc.stdout and "GPUs visible" in proc.stdout
+
+
+def test_a_vllm_whose_internals_moved_is_reported_not_raised(gpus, monkeypatch):
+    from vllm_pp_cudagraph import patches
+
+    def standing(settings):
+        raise AttributeError("type object 'AsyncScheduler' has no attribute 'schedule'")
+
+    monkeypatch.setattr(patches, "standing", standing)
+    code, out = run_check()
+    assert code == cli.EXIT_BROKEN_INSTALL
+    assert ("patches: could not be listed: AttributeError: type object 'AsyncScheduler' "
+            "has no attribute 'schedule'") in out
+    assert "GPUs visible: 2" in out  # the report goes on to the end
+
+
+# A package that is installed but fails as it loads, as a '+cpu' torch beside a
+# torchvision built for another torch does; installed before the CLI is imported.
+BROKEN_IMPORT = """
+import importlib.abc, sys
+
+class Broken(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            raise {error}
+        return None
+
+sys.meta_path.insert(0, Broken())
+from vllm_pp_cudagraph.cli import main
+sys.exit(main(["check"]))
+"""
+
+
+def check_with_broken(module: str, error: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VLLM_PP_CUDAGRAPH_") and k != "VLLM_PLUGINS"}
+    script = BROKEN_IMPORT.format(module=module, error=error)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("module, error, cause, fix", [
+    ("torchvision", 'RuntimeError("operator torchvision::nms does not exist")',
+     "torchvision {torchvision} is installed but does not import: "
+     "RuntimeError: operator torchvision::nms does not exist", "torchvision"),
+    ("torch", 'OSError("libtorch_cuda.so: cannot open shared object file")',
+     "torch {torch} is installed but does not import: OSError: libtorch_cuda.so", "torch"),
+    ("vllm.v1.worker.gpu.model_runner", 'ImportError("undefined symbol: _ZN3c10")',
+     "vLLM {vllm} is installed but does not import: ImportError: undefined symbol", "vllm"),
+])
+def test_a_package_that_does_not_import_is_named_with_its_fix(module, error, cause, fix):
+    from importlib import metadata
+
+    proc = check_with_broken(module, error)
+    versions = {n: metadata.version(n) for n in ("torch", "torchvision", "vllm")}
+    assert proc.returncode == cli.EXIT_BROKEN_INSTALL, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert cause.format(**versions) in proc.stdout
+    assert "\n    " + install_check.fix_command(fix) + "\n" in proc.stdout
+    assert "patches: not listed (vLLM does not import, see above)" in proc.stdout
+    if module == "torch":
+        assert "GPUs visible: unknown" in proc.stdout
+
+
+VLLM_LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\d ")
+
+
+def test_vllm_log_lines_stay_out_of_the_report(clean_env):
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    proc = subprocess.run([sys.executable, "-m", "vllm_pp_cudagraph.cli", "check"],
+                          capture_output=True, text=True, timeout=300)
+    assert "patches when enabled" in proc.stdout
+    logged = [line for line in proc.stdout.splitlines() if VLLM_LOG_LINE.match(line)]
+    assert logged == []

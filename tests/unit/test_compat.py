@@ -2,11 +2,62 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from vllm_pp_cudagraph import compat
+
+PACKAGE = Path(compat.__file__).parent
+
+
+def vllm_imports(source: str) -> list[tuple[int, str, str]]:
+    """(line, module, name) of every vLLM name a module's source imports.
+
+    ``import vllm.x.y`` gives the module itself as (``vllm.x``, ``y``).
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm":
+            found += [(node.lineno, node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, *alias.name.rpartition(".")[::2]) for alias in node.names
+                      if alias.name.split(".")[0] == "vllm"]
+    return found
+
+
+def listed(module: str, name: str) -> bool:
+    """Whether SURFACE names ``module.name``, as a name in a module or as a module."""
+    return any((need.module, need.name) == (module, name) or need.module == f"{module}.{name}"
+               for need in compat.SURFACE)
+
+
+def test_every_vllm_name_the_package_imports_is_in_the_surface():
+    unlisted = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {module}.{name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, module, name in vllm_imports(path.read_text())
+        if not listed(module, name)
+    ]
+    assert unlisted == [], (
+        "imported from vLLM but missing from compat.SURFACE (add a Needed entry, so a vLLM "
+        "upgrade that drops it fails the surface test): " + "; ".join(unlisted)
+    )
+
+
+def test_the_import_walk_sees_every_form_of_vllm_import():
+    source = (
+        "import os\nfrom vllm.a import B, C\nimport vllm.x.y\n"
+        "def f():\n    from vllm import LLM\n"
+        "if TYPE_CHECKING:\n    from vllm.t import T\nfrom vllmx import Z\n"
+    )
+    assert sorted(vllm_imports(source)) == [(2, "vllm.a", "B"), (2, "vllm.a", "C"), (3, "vllm.x", "y"),
+                                     (5, "vllm", "LLM"), (7, "vllm.t", "T")]
+    assert listed("vllm.logger", "init_logger")
+    assert listed("vllm.compilation", "breakable_cudagraph")
+    assert not listed("vllm.logger", "no_such_name")
 
 
 def test_installed_vllm_has_every_name_the_plugin_relies_on():

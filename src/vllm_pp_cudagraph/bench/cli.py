@@ -325,6 +325,43 @@ def engine_status(report: dict[str, Any], log_name: str) -> str:
     return f"FAILED (rc={report['returncode']}, see {log_name}.log)"
 
 
+#: Integer options and the least value a run can use.
+AT_LEAST = (
+    ("pp", "--pp", 2, "pipeline parallelism needs at least 2 stages, one GPU each"),
+    ("prompts", "--prompts", 1, ""),
+    ("input_len", "--input-len", 1, ""),
+    ("output_len", "--output-len", 1, ""),
+    ("max_num_seqs", "--max-num-seqs", 1, ""),
+    ("repeat", "--repeat", 0, "0 keeps the warm-up pass only"),
+)
+#: Seconds an engine needs at the least; --deadline skips those left less.
+MIN_ENGINE_S = 60
+
+
+def argument_problems(args: argparse.Namespace) -> list[str]:
+    """What no run can do in ``args``, one message per flag (checked before anything starts)."""
+    problems = []
+    for dest, flag, least, why in AT_LEAST:
+        value = getattr(args, dest)
+        if value < least:
+            problems.append(f"{flag} {value} must be at least {least}" + (f" ({why})" if why else ""))
+    if args.output_len >= 1 and not 0 <= args.output_len_spread < args.output_len:
+        problems.append(f"--output-len-spread={args.output_len_spread} must be at least 0 and "
+                        f"below --output-len={args.output_len}")
+    if args.num_requests is not None and args.num_requests < 1:
+        problems.append(f"--num-requests {args.num_requests} must be at least 1")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        problems.append(f"--gpu-memory-utilization {args.gpu_memory_utilization} must be in (0, 1]")
+    if args.timeout <= 0:
+        problems.append(f"--timeout {args.timeout} must be positive (seconds per engine)")
+    if args.deadline is not None and args.deadline < MIN_ENGINE_S:
+        problems.append(f"--deadline {args.deadline} leaves no engine time to run: each one "
+                        f"started needs at least {MIN_ENGINE_S} s")
+    if not 0 < args.port < 65536:
+        problems.append(f"--port {args.port} must be in 1..65535")
+    return problems
+
+
 def visible_gpus() -> int:
     """NVIDIA GPUs this process can use, without initialising CUDA in it."""
     import torch
@@ -335,19 +372,19 @@ def visible_gpus() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    problems = argument_problems(args)
+    if problems:
+        parser.error("; ".join(problems) + ". Nothing was started or written.")
     gpus = visible_gpus()
     if gpus < args.pp:
         parser.exit(2, f"vllm-pp-cudagraph bench: --pp {args.pp} needs {args.pp} NVIDIA GPUs "
                        f"(one per pipeline stage) but {gpus} {'is' if gpus == 1 else 'are'} "
                        "visible. Run it on a GPU host, or lower --pp; nothing was written.\n")
-    if not 0 <= args.output_len_spread < args.output_len:
-        parser.error(f"--output-len-spread={args.output_len_spread} must be at least 0 and "
-                     f"below --output-len={args.output_len}")
-    args.out.mkdir(parents=True, exist_ok=True)
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
     if model is None and args.weights == "random" and not has_random_weights(shape):
         parser.error(f"--model {shape} has no random checkpoint (MoE, or too big to write); "
                      "add --weights dummy")
+    args.out.mkdir(parents=True, exist_ok=True)
     serving = args.serve or args.workload == "serve"
     if model is None and (serving or args.weights == "random"):
         model = str(
@@ -362,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout = args.timeout
         if args.deadline is not None:
             timeout = min(timeout, args.deadline - (time.monotonic() - started))
-            if timeout < 60:
+            if timeout < MIN_ENGINE_S:
                 print(f"[{i}/{len(args.modes)}] {runner}:{mode}: skipped (--deadline)", flush=True)
                 continue
         log_name = f"{runner}-{mode}" + (f"-{utilization}" if utilization else "")

@@ -1,14 +1,12 @@
 """Load for an OpenAI-compatible server, as users send it.
 
 Sends ``num_requests`` completions at a fixed concurrency, greedy or, with
-``sampling_mix``, each with one of :data:`SAMPLING_MIX`'s options; a share of
-them streamed, a share of the streamed ones cancelled mid-stream (the client
-closes the connection, as a user pressing stop does), while a side task polls
-``/health``. Records per-request outcome, text, token ids, time to first token and time per
-output token. Which requests stream or cancel depends only on the seed, so two
-servers can be compared request by request.
-
-How the soak judges what came back is in :mod:`vllm_pp_cudagraph.bench.soak_judge`.
+``sampling_mix``, each with one of its named sampling options; a share of them
+streamed, a share of the streamed ones cancelled mid-stream (the client closes
+the connection, as a user pressing stop does), while a side task polls
+``/health``. Records per-request outcome, text, token ids, time to first token
+and time per output token. Which requests stream, cancel or sample how depends
+only on the seed, so two servers can be compared request by request.
 """
 
 from __future__ import annotations
@@ -23,29 +21,6 @@ from typing import Any
 import aiohttp
 
 from vllm_pp_cudagraph.bench.stats import percentile
-
-
-#: Sampling options users send, one per request with ``sampling_mix`` (by its seed).
-#: Sampled ones carry a seed, so a request samples the same tokens wherever its
-#: logits are the same. Only requests without options that move the output off
-#: the model's top choice are scored by the soak's token check (:func:`scored`).
-SAMPLING_MIX: dict[str, dict[str, Any]] = {
-    "greedy": {},
-    "seeded-top-p-top-k": {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 7},
-    "penalties": {"presence_penalty": 0.5, "repetition_penalty": 1.2},
-    "n2": {"temperature": 0.7, "n": 2, "seed": 11},
-    "logprobs": {"logprobs": 5},
-    # The soak's word tokenizer spells every token "w<id>": about one token in
-    # nine starts with "w1", so most requests stop early on it.
-    "stop": {"stop": ["w1"]},
-}
-
-_OFF_TOP_CHOICE = ("temperature", "presence_penalty", "repetition_penalty", "n")
-
-
-def scored(sampling: str) -> bool:
-    """Whether outputs of ``sampling`` follow the model's top choice at every token."""
-    return not any(key in SAMPLING_MIX[sampling] for key in _OFF_TOP_CHOICE)
 
 
 @dataclass
@@ -63,7 +38,8 @@ class LoadSpec:
     seed: int = 0
     health_interval_s: float = 1.0
     request_timeout_s: float = 600.0
-    sampling_mix: bool = False
+    sampling_mix: dict[str, dict[str, Any]] | None = None
+    """Named sampling options, one per request (chosen by its seed); None: greedy."""
 
     def plan(self, index: int) -> tuple[bool, int | None, str]:
         """(stream?, cancel after this many chunks or None, sampling) for request ``index``.
@@ -75,7 +51,7 @@ class LoadSpec:
         cancel = stream and rng.random() < self.cancel_fraction / max(self.stream_fraction, 1e-9)
         sampling = "greedy"
         if self.sampling_mix:
-            sampling = rng.choice([name for name, options in SAMPLING_MIX.items()
+            sampling = rng.choice([name for name, options in self.sampling_mix.items()
                                    if not (stream and options.get("n", 1) > 1)])
         return stream, (max(1, self.max_tokens // 4) if cancel else None), sampling
 
@@ -154,7 +130,7 @@ def request_body(spec: LoadSpec, index: int, stream: bool, sampling: str) -> dic
         "ignore_eos": True,
         "stream": stream,
         "return_token_ids": True,
-        **SAMPLING_MIX[sampling],
+        **(spec.sampling_mix or {}).get(sampling, {}),
     }
 
 

@@ -18,7 +18,11 @@ except ImportError:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-from vllm_pp_cudagraph.bench.soak import (
+from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
+from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
+from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+from benchmarks.tools.soak import (
     LOWERED_MODE_MESSAGE,
     PREEMPTION_ARGS,
     PREEMPTION_FIX_PLUGIN,
@@ -30,11 +34,8 @@ from vllm_pp_cudagraph.bench.soak import (
     server_spec,
     token_check_result,
 )
-from vllm_pp_cudagraph.bench.soak import main as serve_soak_main
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
-from vllm_pp_cudagraph.bench.soak_judge import GreedyCheck
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
-from vllm_pp_cudagraph.bench.serve_run import serve_command
+from benchmarks.tools.soak import main as serve_soak_main
+from benchmarks.tools.soak_judge import GreedyCheck
 
 
 def test_every_group_gets_its_share_of_slots_on_distinct_ports():
@@ -285,7 +286,7 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
 
 
 def test_lowered_mode_check_needs_the_message_from_every_stage(tmp_path, monkeypatch):
-    import vllm_pp_cudagraph.bench.soak as soak
+    import benchmarks.tools.soak as soak
 
     message = ("WARNING [compilation.py:1396] CUDAGraphMode.FULL is not supported with "
                "FlashInferBackend backend (support: AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE); "
@@ -317,7 +318,7 @@ def test_a_soak_of_several_runs_per_side_runs_through_to_its_verdict(tmp_path, m
     import asyncio
     import json
 
-    import vllm_pp_cudagraph.bench.soak as soak
+    import benchmarks.tools.soak as soak
 
     served: list[str] = []
 

@@ -13,7 +13,7 @@ stock's share against itself, over every pair of stock runs. For scale, it
 also applies the rule to stock alone, with stock runs cast as the plugin, and
 says in how many castings it fails: the verdict stays the rule's.
 
-    python -m vllm_pp_cudagraph.bench.soak_pool RESULTS/*/soak.json
+    python -m benchmarks.tools.soak_pool RESULTS/*/soak.json
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from vllm_pp_cudagraph.bench.soak import compared_pairs
-from vllm_pp_cudagraph.bench.soak_judge import share_differing
+from benchmarks.tools.soak import compared_pairs
+from benchmarks.tools.soak_judge import share_differing
 
 Digests = list[str | None]
 
@@ -58,7 +58,7 @@ def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:
 def _rule(runs: dict[str, Digests]) -> dict:
     """The soak's rule on pooled runs: mean plugin-stock share against mean stock-stock share.
 
-    The pairs are the soak's own (:func:`~vllm_pp_cudagraph.bench.soak.compared_pairs`).
+    The pairs are the soak's own (:func:`~benchmarks.tools.soak.compared_pairs`).
     """
     pairs = compared_pairs(list(runs))
     shares = {kind: [share_differing(runs[x], runs[y]) for x, y in pairs[kind]]

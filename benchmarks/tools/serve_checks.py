@@ -13,8 +13,8 @@ stage's error in its log and no process of its group left (its exit status is
 recorded: vLLM's API server exits 0 once its engine has died). Stock vLLM is
 run under the same fault beside it, and what it did is recorded.
 
-    python -m vllm_pp_cudagraph.bench.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
-    python -m vllm_pp_cudagraph.bench.serve_checks fault --out DIR [--runner plugin|stock]
+    python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
+    python -m benchmarks.tools.serve_checks fault --out DIR [--runner plugin|stock]
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from vllm_pp_cudagraph.bench.soak_pool import judge, main
-from vllm_pp_cudagraph.bench.soak_judge import share_differing
+from benchmarks.tools.soak_judge import share_differing
+from benchmarks.tools.soak_pool import judge, main
 
 
 def _soak(path, digests: dict, preemption: bool = False):

@@ -22,12 +22,9 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from vllm_pp_cudagraph.bench.serve_load import (
-    LoadReport,
-    RequestResult,
-    completed_texts,
-    scored,
-)
+from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult, completed_texts
+
+from benchmarks.tools.sampling_mix import scored
 
 
 def _completed_pairs(a: LoadReport, b: LoadReport) -> list[tuple[RequestResult, RequestResult]]:

@@ -8,7 +8,7 @@ import json
 from _local_server import local_server
 from aiohttp import web
 
-from vllm_pp_cudagraph.bench.serve_checks import (
+from benchmarks.tools.serve_checks import (
     SCHEMA,
     schema_problems,
     send_structured,

@@ -1,6 +1,6 @@
 """How far below the top choice a mishandled token lands on the soak's model (CPU).
 
-The soak's token check (``tests/e2e/serve_soak.py --token-check``) bounds how far
+The soak's token check (``python -m benchmarks.tools.soak --token-check``) bounds how far
 below the model's top choice a served token may lie. This measures, on the soak's
 own model (seeded random weights, Qwen3-0.6B shape) in bfloat16 with Hugging Face
 transformers, what the defects it is meant to catch look like: greedy outputs for
@@ -9,7 +9,7 @@ from the previous position, of the next token served one position early (a lost
 token), and of a random vocabulary token. Positions where the defect would not
 change the text (the model repeating itself) are left out.
 
-    python benchmarks/token_check_sensitivity.py [--prompts 8] [--tokens 40]
+    python -m benchmarks.tools.token_check_sensitivity [--prompts 8] [--tokens 40]
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.bench.soak import soak_prompts
+
+from benchmarks.tools.soak import soak_prompts
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ attention, which on Hopper runs CUDA graphs for single-token decodes only:
 vLLM must lower the mode on every stage alike and say so, and the server must
 serve.
 
-    python -m vllm_pp_cudagraph.bench.soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
+    python -m benchmarks.tools.soak --out DIR [--modes piecewise,...] [--preemption] [--ray]
         [--batch-invariant] [--same-stock-mode] [--token-check] [--refusals] [--lowered-mode]
         (--modes "" --refusals: refusals only)
         [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
@@ -71,7 +71,10 @@ from pathlib import Path
 from vllm_pp_cudagraph.bench.dummy_model import token_word, write_model_dir
 from vllm_pp_cudagraph.bench.engine_run import RUNNERS, RunSpec, engine_env
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
-from vllm_pp_cudagraph.bench.soak_judge import (
+from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
+
+from benchmarks.tools.sampling_mix import SAMPLING_MIX
+from benchmarks.tools.soak_judge import (
     GreedyCheck,
     completed_sequences,
     differing_share,
@@ -82,7 +85,6 @@ from vllm_pp_cudagraph.bench.soak_judge import (
     soak_verdict,
     text_digests,
 )
-from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
 #: Stock graph mode each plugin mode is compared with, by default (the issue's
@@ -103,7 +105,7 @@ def soak_load(args: argparse.Namespace, requests: int | None = None,
     return LoadSpec("", "", soak_prompts(), requests or args.requests,
                     concurrency or args.concurrency, args.max_tokens,
                     stream_fraction=0.5, cancel_fraction=0.1,
-                    sampling_mix=getattr(args, "sampling_mix", False))
+                    sampling_mix=SAMPLING_MIX if getattr(args, "sampling_mix", False) else None)
 
 
 @dataclass(frozen=True)
@@ -449,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the plugin's engine: plugin-cadence keeps vLLM's PP decode cadence "
                              "(idle steps not filled), plugin-kvsplit vLLM's split at the KV-cache write")
     parser.add_argument("--sampling-mix", action="store_true",
-                        help="give each request one of serve_load.SAMPLING_MIX's options (seeded "
+                        help="give each request one of sampling_mix.SAMPLING_MIX's options (seeded "
                              "sampling, penalties, n=2, logprobs, stop strings) instead of greedy; "
                              "the token check scores the ones that follow the top choice")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")

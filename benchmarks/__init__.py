@@ -1,0 +1,1 @@
+"""GPU-run tooling and results of vllm-pp-cudagraph; not part of the installed package."""

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The README's install and test commands, copied from it as written, in a fresh clone:
+# what a new user does first. Then `check` and `bench --pp 0`. Prints each command,
+# the end of its output, its exit status and how long it took; every command's whole
+# output is kept in DIR.logs/.
+#   usage: benchmarks/fresh_clone.sh REPO DIR [BRANCH]   (DIR must not exist yet)
+set -u
+repo=${1:?usage: benchmarks/fresh_clone.sh REPO DIR [BRANCH]}
+dir=${2:?usage: benchmarks/fresh_clone.sh REPO DIR [BRANCH]}
+logs=$dir.logs
+mkdir -p "$logs"
+git clone -q ${3:+--branch "$3"} "$repo" "$dir" && cd "$dir" || exit 1
+echo "clone of $(git rev-parse --short HEAD) on $(nproc) cores, $(uname -sm), $(python3 --version)"
+echo
+# The Install section's first code block, then the first test line, as .ci/run finds it.
+mapfile -t commands < <(awk '/^## Install/ {on=1} on && /^```/ {n++; next} on && n == 1' README.md)
+commands+=("$(grep -m1 '^python -m pytest' README.md)")
+commands+=("vllm-pp-cudagraph check" "vllm-pp-cudagraph bench --pp 0 --out /tmp/fresh-clone-bench")
+i=0
+for command in "${commands[@]}"; do
+  i=$((i + 1))
+  echo "\$ $command"
+  start=$SECONDS
+  eval "$command" >"$logs/$i.log" 2>&1
+  rc=$?
+  grep -v "^W[0-9]\{4\} \|Failed to import from vllm._C" "$logs/$i.log" | tail -n 12
+  echo "[exit $rc, $((SECONDS - start)) s]"
+  echo
+done
+ls -d /tmp/fresh-clone-bench 2>/dev/null || echo "(bench wrote nothing: /tmp/fresh-clone-bench does not exist)"
+du -sh .venv 2>/dev/null
