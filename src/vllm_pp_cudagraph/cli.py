@@ -156,7 +156,7 @@ def check(out=sys.stdout) -> int:
     if broken is not None:
         say("patches: not listed (vLLM does not import, see above)")
     elif versions.installed and settings is not None:
-        from vllm_pp_cudagraph.patches import SCOPED_PATCHES, PluginConfigError, standing
+        from vllm_pp_cudagraph.patches import PATCHES, PluginConfigError, standing
 
         try:
             rows = standing(settings)
@@ -171,7 +171,7 @@ def check(out=sys.stdout) -> int:
         for patch, why in rows:
             state = "applies" if why is None else f"stands aside: {why}"
             say(f"  - {patch.name}: {state}  [{patch.target}]")
-        for scoped in SCOPED_PATCHES if rows else ():
+        for scoped in [p for p in PATCHES if p.scope] if rows else ():
             say(f"  - {scoped.name}: applies during graph capture only  [{scoped.target}]")
         if is_enabled():
             try:

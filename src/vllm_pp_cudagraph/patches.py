@@ -42,12 +42,16 @@ class Patch:
     target: str
     why: str
     drop_when: str
-    apply: Callable[[PPCudaGraphSettings], Undo | None]
-    """Apply the patch; return how to undo it, or None when nothing changed."""
+    apply: Callable[[PPCudaGraphSettings], Undo | None] | None = None
+    """Apply the patch where it does not stand aside; return how to undo it, or None
+    when nothing changed. None for a patch that exists only inside ``scope``."""
     stands_aside: Callable[[PPCudaGraphSettings], str | None] = _always_applies
     """Why the patch is not applied with these settings on this vLLM, or None."""
     off_from: str | None = None
     """The first vLLM release on which it stands aside because upstream has the fix."""
+    scope: str | None = None
+    """For a patch applied only inside a context manager of the plugin: that manager's
+    dotted name, which applies and reverts it (``apply_all`` leaves it alone)."""
 
 
 def _swap_module_attr(module_name: str, attr: str, value: object) -> Undo:
@@ -108,7 +112,7 @@ def _breakable_env_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     return None
 
 
-def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo | None:
+def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo:
     current = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH")
     if current is not None:
         raise PluginConfigError(
@@ -136,11 +140,9 @@ def _async_preemption_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     return "this vLLM marks preempted in-flight output stale itself (is_stale)"
 
 
-def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo | None:
+def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.async_preemption import dropping_stale_output_on_resume
 
-    if _async_preemption_stands_aside(settings):
-        return None
     return _wrap_class_attr(
         _async_scheduler_cls(), "_update_after_schedule", dropping_stale_output_on_resume
     )
@@ -152,9 +154,7 @@ def _cadence_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     return None
 
 
-def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo | None:
-    if _cadence_stands_aside(settings):
-        return None
+def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.decode_cadence import changing_cadence
 
     wrap = functools.partial(changing_cadence, cadence=settings.decode_cadence)
@@ -180,9 +180,7 @@ def _graph_memory_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     return None
 
 
-def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo | None:
-    if _kv_update_stands_aside(settings):
-        return None
+def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
 
     config_cls = importlib.import_module(compat.VLLM_CONFIG_MODULE).VllmConfig
@@ -316,26 +314,7 @@ PATCHES: tuple[Patch, ...] = (
         apply=_patch_kv_update_in_graphs,
         stands_aside=_kv_update_stands_aside,
     ),
-)
-
-
-@dataclass(frozen=True)
-class ScopedPatch:
-    """A modification that exists only inside a context manager of the plugin.
-
-    Listed here so that this module remains the one record of what the plugin
-    changes; ``context`` names the context manager that applies and reverts it.
-    """
-
-    name: str
-    target: str
-    why: str
-    drop_when: str
-    context: str
-
-
-SCOPED_PATCHES: tuple[ScopedPatch, ...] = (
-    ScopedPatch(
+    Patch(
         name="capture-guard",
         target=(
             "torch.distributed point-to-point / broadcast / object / barrier functions, "
@@ -348,9 +327,10 @@ SCOPED_PATCHES: tuple[ScopedPatch, ...] = (
             "everything is restored when capture ends."
         ),
         drop_when="vLLM refuses pipeline communication during graph capture itself.",
-        context="vllm_pp_cudagraph.capture_guard.forbid_pipeline_communication",
+        scope="vllm_pp_cudagraph.capture_guard.forbid_pipeline_communication",
     ),
 )
+
 
 _undo_stack: list[tuple[str, Undo]] = []
 _applied = False
@@ -373,9 +353,7 @@ def apply_all(settings: PPCudaGraphSettings) -> list[str]:
     applied: list[str] = []
     try:
         for patch in PATCHES:
-            if patch.stands_aside(settings) is not None:
-                continue
-            undo = patch.apply(settings)
+            undo = _apply(patch, settings)
             if undo is not None:
                 _undo_stack.append((patch.name, undo))
                 applied.append(patch.name)
@@ -386,9 +364,24 @@ def apply_all(settings: PPCudaGraphSettings) -> list[str]:
     return applied
 
 
+def _apply(patch: Patch, settings: PPCudaGraphSettings) -> Undo | None:
+    if patch.apply is None or patch.stands_aside(settings) is not None:
+        return None
+    return patch.apply(settings)
+
+
+def apply_patch(name: str, settings: PPCudaGraphSettings) -> Undo | None:
+    """Apply one patch by name, unless it stands aside; return its undo, or None.
+
+    For tests and for processes that need one fix alone; ``apply_all`` is what
+    the plugin runs.
+    """
+    return _apply(next(p for p in PATCHES if p.name == name), settings)
+
+
 def standing(settings: PPCudaGraphSettings) -> list[tuple[Patch, str | None]]:
-    """Each patch with why it stands aside here (None: it applies)."""
-    return [(patch, patch.stands_aside(settings)) for patch in PATCHES]
+    """Each patch applied at start-up, with why it stands aside here (None: it applies)."""
+    return [(patch, patch.stands_aside(settings)) for patch in PATCHES if patch.scope is None]
 
 
 def undo_all() -> None:

@@ -252,7 +252,7 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
 
     monkeypatch.setattr(flashinfer.current_platform, "is_device_capability",
                         lambda capability: capability == 90)
-    undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
+    undo = patches.apply_patch("kv-update-in-graphs", PPCudaGraphSettings())
     try:
         vllm_config = VllmConfig(
             device_config=DeviceConfig(device="cpu"),

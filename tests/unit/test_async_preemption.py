@@ -20,6 +20,7 @@ from vllm.v1.request import Request
 
 from vllm_pp_cudagraph import compat, patches
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 SEEDS = range(100)
 
@@ -64,7 +65,7 @@ patch_applies = pytest.mark.skipif(
 @pytest.fixture
 def patched():
     """The plugin's fix where it applies; vLLM's own where it stands aside."""
-    undo = patches._patch_async_preemption(None)
+    undo = patches.apply_patch("async-preemption", PPCudaGraphSettings())
     assert (undo is not None) == PATCH_APPLIES
     yield
     if undo is not None:
@@ -99,7 +100,7 @@ def test_reset_prefix_cache_still_discards_what_was_in_flight(model_dir, patched
 @patch_applies
 def test_patch_is_undone_exactly():
     original = AsyncScheduler.__dict__["_update_after_schedule"]
-    undo = patches._patch_async_preemption(None)
+    undo = patches.apply_patch("async-preemption", PPCudaGraphSettings())
     assert AsyncScheduler._update_after_schedule.__wrapped__ is original
     undo()
     assert AsyncScheduler.__dict__["_update_after_schedule"] is original

@@ -47,7 +47,7 @@ def model_dir(tmp_path_factory):
 
 
 def _cadence(cadence: str):
-    undo = patches._patch_decode_cadence(PPCudaGraphSettings(decode_cadence=cadence))
+    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence=cadence))
     assert undo is not None
     return undo
 
@@ -68,7 +68,7 @@ def merged():
 
 @pytest.fixture
 def preemption_fix():
-    undo = patches._patch_async_preemption(None)
+    undo = patches.apply_patch("async-preemption", PPCudaGraphSettings())
     yield
     if undo is not None:
         undo()
@@ -557,8 +557,8 @@ def test_auto_keeps_the_cadence_that_measures_faster(model_dir, profile, wins, l
 
 def test_patch_is_undone_exactly_and_off_when_disabled():
     assert "schedule" not in AsyncScheduler.__dict__
-    assert patches._patch_decode_cadence(PPCudaGraphSettings(decode_cadence="vllm")) is None
-    undo = patches._patch_decode_cadence(PPCudaGraphSettings())
+    assert patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence="vllm")) is None
+    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings())
     assert AsyncScheduler.schedule.__wrapped__ is AsyncScheduler.__mro__[1].schedule
     undo()
     assert "schedule" not in AsyncScheduler.__dict__

@@ -22,7 +22,7 @@ from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 @pytest.fixture
 def default_cadence():
-    undo = patches._patch_decode_cadence(PPCudaGraphSettings())
+    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings())
     yield
     undo()
 
@@ -75,7 +75,7 @@ def test_where_the_cadence_only_delays_no_worker_is_asked(tmp_path, monkeypatch,
 
     config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=pp).vllm_config
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
-    undo = patches._patch_decode_cadence(PPCudaGraphSettings(decode_cadence="balance"))
+    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence="balance"))
     try:
         rpc, calls = rpc_answering(["vllm.v1.worker.gpu.model_runner.GPUModelRunner"] * pp)
         check_workers(config, rpc)

@@ -33,7 +33,7 @@ def build(pp: int = 2, **compilation) -> VllmConfig:
 @pytest.fixture
 def kv_in_graphs(clean_env):
     """The plugin's split-point patch alone (the others need a GPU-ready vLLM)."""
-    undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
+    undo = patches.apply_patch("kv-update-in-graphs", PPCudaGraphSettings())
     yield
     undo()
 
@@ -46,7 +46,7 @@ def test_stock_vllm_splits_at_the_kv_cache_write():
 def with_and_without_patch(**kwargs) -> tuple[list[str], list[str]]:
     """Split points vLLM picks for ``build(**kwargs)``, stock and with the patch."""
     stock = build(**kwargs).compilation_config.splitting_ops
-    undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
+    undo = patches.apply_patch("kv-update-in-graphs", PPCudaGraphSettings())
     try:
         patched = build(**kwargs).compilation_config.splitting_ops
     finally:
@@ -104,10 +104,10 @@ def test_only_vllm_compiled_piecewise_split_is_changed(clean_env):
 def test_setting_off_applies_nothing_and_undo_restores(clean_env):
     off = PPCudaGraphSettings(kv_update_in_graphs=False)
     assert patches._kv_update_stands_aside(off) is not None
-    assert patches._patch_kv_update_in_graphs(off) is None
+    assert patches.apply_patch("kv-update-in-graphs", off) is None
     assert KV_WRITE in build().compilation_config.splitting_ops
 
-    undo = patches._patch_kv_update_in_graphs(PPCudaGraphSettings())
+    undo = patches.apply_patch("kv-update-in-graphs", PPCudaGraphSettings())
     assert KV_WRITE not in build().compilation_config.splitting_ops
     undo()
     assert KV_WRITE in build().compilation_config.splitting_ops

@@ -125,16 +125,19 @@ def test_failing_patch_leaves_nothing_half_applied(clean_env):
 
 
 def test_every_patch_documents_why_and_when_to_drop():
-    for patch in (*patches.PATCHES, *patches.SCOPED_PATCHES):
+    for patch in patches.PATCHES:
         assert patch.target and len(patch.why) > 40 and len(patch.drop_when) > 20, patch.name
 
 
 def test_scoped_patches_name_the_context_that_applies_them():
     import importlib
 
-    for scoped in patches.SCOPED_PATCHES:
-        module, _, attr = scoped.context.rpartition(".")
-        assert callable(getattr(importlib.import_module(module), attr)), scoped.context
+    scoped = [p for p in patches.PATCHES if p.scope]
+    assert scoped
+    for patch in scoped:
+        assert patch.apply is None, patch.name
+        module, _, attr = patch.scope.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attr)), patch.scope
 
 
 def patches_settings():

@@ -24,8 +24,7 @@ def register() -> None:
 
     if _undo or patches.is_applied():
         return
-    patch = next(p for p in patches.PATCHES if p.name == PATCH_NAME)
-    undo = patch.apply(PPCudaGraphSettings.from_env({}))
+    undo = patches.apply_patch(PATCH_NAME, PPCudaGraphSettings.from_env({}))
     if undo is not None:  # None: this vLLM needs no fix
         _undo.append(undo)
 
