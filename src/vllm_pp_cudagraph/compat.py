@@ -116,7 +116,7 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.v1.request", "Request",
            members=("use_structured_output", "num_output_tokens"),
            instance_attrs=("next_decode_eligible_step", "num_output_placeholders",
-                           "max_tokens", "async_tokens_to_discard")),
+                           "max_tokens", "async_tokens_to_discard", "is_prefill_chunk")),
     Needed("vllm.v1.core.sched.output", "SchedulerOutput", members=("scheduled_cached_reqs",)),
     Needed("vllm.v1.core.sched.output", "CachedRequestData",
            members=("req_ids", "resumed_req_ids")),

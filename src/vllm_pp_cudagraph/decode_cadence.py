@@ -11,8 +11,8 @@ two decodes is empty. Either way each request decodes once per ``pp_size``
 steps, and when a step costs about the same whatever its batch (small models,
 CUDA graphs, decode), throughput is a ``pp_size``-th of one batch per step.
 
-The two halves below change how often a request decodes without changing what
-any step computes:
+Two halves change how often a request decodes without changing what any step
+computes:
 
 * Scheduler (:func:`changing_cadence`), by ``VLLM_PP_CUDAGRAPH_DECODE_CADENCE``:
   ``merge`` lets every running request decode at every step
@@ -38,10 +38,9 @@ any schedule; the scheduler half is the policy. Lifting (``merge``, ``fill``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
-
-import math
 
 from vllm.v1.core.sched.interface import PauseState
 
@@ -112,7 +111,7 @@ def merge_decode_groups(running: Iterable[Any], step: int) -> int:
 
 def is_decoding(request: Any) -> bool:
     """Whether ``request`` has a token out or in flight and no prompt chunk left."""
-    if getattr(request, "is_prefill_chunk", False):
+    if request.is_prefill_chunk:
         return False
     return request.num_output_tokens + request.num_output_placeholders > 0
 
