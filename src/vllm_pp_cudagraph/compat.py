@@ -213,6 +213,11 @@ def _params(fn: Callable) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(fn).parameters)
 
 
+def vllm_own_class(cls: type) -> type:
+    """``cls`` itself, or the nearest vLLM class it derives from if it is this plugin's."""
+    return next(c for c in cls.__mro__ if not c.__module__.startswith("vllm_pp_cudagraph"))
+
+
 def manager_init_args(stock: object) -> tuple[tuple, dict]:
     """Arguments that rebuild MRV2's model CUDA-graph manager like ``stock``.
 
@@ -220,7 +225,7 @@ def manager_init_args(stock: object) -> tuple[tuple, dict]:
     name (``lora_capture_cases`` from 0.24, ``varlen_decode`` from 0.28,
     ``ubatch_runner`` from 0.30, whatever comes next under the same rule).
     """
-    vllm_cls = next(c for c in type(stock).__mro__ if not c.__module__.startswith("vllm_pp_"))
+    vllm_cls = vllm_own_class(type(stock))
     params = list(_params(vllm_cls.__init__).values())[1:]
     kwargs = {}
     for param in params:
@@ -288,7 +293,9 @@ def upstream_measures_graph_memory() -> bool:
     Upstream (vLLM PR #53682) captures into a minimal KV cache built with
     ``initialize_kv_cache(..., is_profiling=True)``; that parameter is the probe.
     """
-    runner_cls = importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner
+    # Once the plugin is applied the module attribute is the plugin's runner,
+    # whose override takes ``*args``: ask vLLM's own class.
+    runner_cls = vllm_own_class(importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner)
     return "is_profiling" in _params(runner_cls.initialize_kv_cache)
 
 
