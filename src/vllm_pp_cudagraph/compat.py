@@ -26,8 +26,8 @@ from typing import Any
 
 #: Releases this plugin is tested against: lower bound inclusive, upper exclusive.
 SUPPORTED_MIN = (0, 26, 0)
-SUPPORTED_BELOW = (0, 33, 0)
-SUPPORTED_RANGE = ">=0.26.0,<0.33"
+SUPPORTED_BELOW = (0, 34, 0)
+SUPPORTED_RANGE = ">=0.26.0,<0.34"
 
 #: Module whose ``GPUModelRunner`` attribute the worker imports at construction time.
 V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
@@ -305,22 +305,22 @@ def breakable_decided_at_import() -> bool:
 
     Up to 0.32 ``eager_break_during_capture`` returns the function unchanged
     while ``VLLM_USE_BREAKABLE_CUDAGRAPH`` is off, so the variable must be set
-    before vLLM's attention modules load. From 0.33 it always wraps and
-    decides at call time. Probed by decorating a function with the switch off.
+    before vLLM's attention modules load. From 0.33 it always wraps, and the
+    wrapper breaks only inside a breakable capture, which vLLM starts only
+    with the switch on. Probed by decorating a function with the switch read
+    as off, whatever it is in this process, so the cached answer holds for it.
     """
-    import os
-
     from vllm.compilation import breakable_cudagraph
-
-    if breakable_cudagraph.is_breakable_cudagraph_enabled():
-        return True  # already on: nothing to learn, nothing can come too late
-    if "VLLM_USE_BREAKABLE_CUDAGRAPH" in os.environ:
-        return True
 
     def probe() -> None:
         return None
 
-    return breakable_cudagraph.eager_break_during_capture(probe) is probe
+    switch = breakable_cudagraph.is_breakable_cudagraph_enabled
+    breakable_cudagraph.is_breakable_cudagraph_enabled = lambda: False
+    try:
+        return breakable_cudagraph.eager_break_during_capture(probe) is probe
+    finally:
+        breakable_cudagraph.is_breakable_cudagraph_enabled = switch
 
 
 #: The scheduler's queues of requests waiting for admission: ``waiting`` and
