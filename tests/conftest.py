@@ -99,7 +99,7 @@ def pp_group():
     return get_pp_group()
 
 
-class _NoGraphPoolPlatform:
+class NoGraphPoolPlatform:
     """CPU stand-in for the CUDA platform's graph-pool lookup (no GPU here)."""
 
     @staticmethod
@@ -117,7 +117,7 @@ def make_manager(pp_group, monkeypatch):
 
     from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 
-    monkeypatch.setattr(cgu, "current_platform", _NoGraphPoolPlatform())
+    monkeypatch.setattr(cgu, "current_platform", NoGraphPoolPlatform())
 
     def build(mode, capture_sizes, max_num_seqs, decode_query_len=1, cls=PPCudaGraphManager):
         config = VllmConfig(device_config=DeviceConfig(device="cpu"))

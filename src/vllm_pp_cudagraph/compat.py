@@ -30,8 +30,8 @@ from typing import Any
 
 #: Releases this plugin is tested against: lower bound inclusive, upper exclusive.
 SUPPORTED_MIN = (0, 26, 0)
-SUPPORTED_BELOW = (0, 33, 0)
-SUPPORTED_RANGE = ">=0.26.0,<0.33"
+SUPPORTED_BELOW = (0, 34, 0)
+SUPPORTED_RANGE = ">=0.26.0,<0.34"
 
 #: Module whose ``GPUModelRunner`` attribute the worker imports at construction time.
 V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
@@ -237,6 +237,11 @@ def _params(fn: Callable) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(fn).parameters)
 
 
+def vllm_own_class(cls: type) -> type:
+    """``cls`` itself, or the nearest vLLM class it derives from if it is this plugin's."""
+    return next(c for c in cls.__mro__ if not c.__module__.startswith("vllm_pp_cudagraph"))
+
+
 def manager_init_args(stock: object) -> tuple[tuple, dict]:
     """Arguments that rebuild MRV2's model CUDA-graph manager like ``stock``.
 
@@ -244,7 +249,7 @@ def manager_init_args(stock: object) -> tuple[tuple, dict]:
     name (``lora_capture_cases`` from 0.24, ``varlen_decode`` from 0.28,
     ``ubatch_runner`` from 0.30, whatever comes next under the same rule).
     """
-    vllm_cls = next(c for c in type(stock).__mro__ if not c.__module__.startswith("vllm_pp_"))
+    vllm_cls = vllm_own_class(type(stock))
     params = list(_params(vllm_cls.__init__).values())[1:]
     kwargs = {}
     for param in params:
@@ -312,7 +317,9 @@ def upstream_measures_graph_memory() -> bool:
     Upstream (vLLM PR #53682) captures into a minimal KV cache built with
     ``initialize_kv_cache(..., is_profiling=True)``; that parameter is the probe.
     """
-    runner_cls = importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner
+    # Once the plugin is applied the module attribute is the plugin's runner,
+    # whose override takes ``*args``: ask vLLM's own class.
+    runner_cls = vllm_own_class(importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner)
     return "is_profiling" in _params(runner_cls.initialize_kv_cache)
 
 
@@ -322,22 +329,22 @@ def breakable_decided_at_import() -> bool:
 
     Up to 0.32 ``eager_break_during_capture`` returns the function unchanged
     while ``VLLM_USE_BREAKABLE_CUDAGRAPH`` is off, so the variable must be set
-    before vLLM's attention modules load. From 0.33 it always wraps and
-    decides at call time. Probed by decorating a function with the switch off.
+    before vLLM's attention modules load. From 0.33 it always wraps, and the
+    wrapper breaks only inside a breakable capture, which vLLM starts only
+    with the switch on. Probed by decorating a function with the switch read
+    as off, whatever it is in this process, so the cached answer holds for it.
     """
-    import os
-
     from vllm.compilation import breakable_cudagraph
-
-    if breakable_cudagraph.is_breakable_cudagraph_enabled():
-        return True  # already on: nothing to learn, nothing can come too late
-    if "VLLM_USE_BREAKABLE_CUDAGRAPH" in os.environ:
-        return True
 
     def probe() -> None:
         return None
 
-    return breakable_cudagraph.eager_break_during_capture(probe) is probe
+    switch = breakable_cudagraph.is_breakable_cudagraph_enabled
+    breakable_cudagraph.is_breakable_cudagraph_enabled = lambda: False
+    try:
+        return breakable_cudagraph.eager_break_during_capture(probe) is probe
+    finally:
+        breakable_cudagraph.is_breakable_cudagraph_enabled = switch
 
 
 #: The scheduler's queues of requests waiting for admission: ``waiting`` and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -133,11 +134,18 @@ class PPCudaGraphManager(ModelCudaGraphManager):
             if desc not in agreement.keep:
                 del self.graphs[desc]
 
-    def init_breakable_cg_runner(self, model: nn.Module) -> None:
-        """Wrap ``model`` for breakable capture, once, sharing this manager's pool."""
+    def init_breakable_cg_runner(
+        self, model: nn.Module, key_fn: Callable[..., Hashable] | None = None
+    ) -> None:
+        """Wrap ``model`` for breakable capture, once, sharing this manager's pool.
+
+        ``key_fn`` (vLLM 0.33+) keys graphs by more than the batch descriptor; it
+        is passed on only when given, so older wrappers, which lack it, work too.
+        """
         if self.breakable_cg_runner is not None:
             return
-        runner = BreakableCUDAGraphWrapper(model, self.vllm_config)
+        extra = {} if key_fn is None else {"key_fn": key_fn}
+        runner = BreakableCUDAGraphWrapper(model, self.vllm_config, **extra)
         # Graph segments come from the same pool as this manager's FULL graphs
         # so their memory is shared instead of reserved twice.
         if self.pool is not None:

@@ -213,7 +213,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         drop_when=(
             "vLLM offers a runner-class setting, or upstream MRV2 has the PP "
-            "graph handling this plugin adds (not the case up to 0.32)."
+            "graph handling this plugin adds (not the case up to 0.33)."
         ),
         apply=_patch_v2_runner_class,
     ),

@@ -6,6 +6,7 @@ its start-up timeout runs out.
 """
 
 import time
+from importlib import metadata
 
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.engine_run import RunSpec
@@ -36,3 +37,6 @@ def test_server_that_exits_at_start_is_reported_with_its_exit_code(tmp_path):
     assert "load" not in report
     assert report["shutdown_clean"] is False
     assert "Traceback" in log_path.read_text()
+    # A failed run is where a reader most needs to know what it ran with.
+    assert report["spec"]["vllm_version"] == metadata.version("vllm")
+    assert report["spec"]["torch_version"] == metadata.version("torch")

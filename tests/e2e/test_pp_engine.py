@@ -33,6 +33,9 @@ def test_plugin_runner_on_every_pp_rank_and_tokens_match_stock(tmp_path):
     for stage in (0, 1):
         assert f"PPCudaGraphModelRunner on pipeline stage {stage} of 2" in log
     assert plugin["digest"] == stock["digest"]
+    # The report names what it ran on, so results from other releases are not mixed up.
+    assert plugin["spec"]["vllm_version"] and plugin["spec"]["torch_version"]
+    assert plugin["spec"]["gpu"] == torch.cuda.get_device_name(0)
 
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)

@@ -8,14 +8,11 @@ how one mode's runs are compared and judged.
 from __future__ import annotations
 
 import argparse
+import importlib
 import threading
 import time
 
 import pytest
-try:  # the serve parser moved in vLLM 0.29
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-except ImportError:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
@@ -36,6 +33,20 @@ from benchmarks.tools.soak import (
 )
 from benchmarks.tools.soak import main as serve_soak_main
 from benchmarks.tools.soak_judge import GreedyCheck
+
+
+def _serve_parser_maker():
+    """`vllm serve`'s ``make_arg_parser``: in entrypoints.openai up to 0.28,
+    entrypoints.launchers in 0.29-0.32, entrypoints.common from 0.33."""
+    for place in ("openai", "launchers", "common"):
+        try:
+            return importlib.import_module(f"vllm.entrypoints.{place}.cli_args").make_arg_parser
+        except ImportError:
+            continue
+    raise ImportError("no vllm.entrypoints.*.cli_args.make_arg_parser in this vLLM")
+
+
+make_arg_parser = _serve_parser_maker()
 
 
 def test_every_group_gets_its_share_of_slots_on_distinct_ports():

@@ -173,10 +173,42 @@ def test_a_manager_parameter_without_its_attribute_is_an_error_naming_it():
         compat.manager_init_args(NewManager("cfg"))
 
 
-def test_probes_agree_with_the_installed_release():
+@pytest.mark.parametrize("switch", [None, "0", "1"])
+def test_probes_agree_with_the_installed_release(switch, monkeypatch):
+    from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
+
     release = compat.parse_release(compat.installed_versions().vllm)
     assert compat.upstream_measures_graph_memory() == (release >= (0, 29, 0))
-    assert compat.breakable_decided_at_import() == (release < (0, 33, 0))
+    # The breakable probe is cached per process, so it must not depend on the switch.
+    if switch is None:
+        monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", switch)
+    compat.breakable_decided_at_import.cache_clear()
+    try:
+        assert compat.breakable_decided_at_import() == (release < (0, 33, 0))
+        assert is_breakable_cudagraph_enabled() == (switch == "1")
+    finally:
+        compat.breakable_decided_at_import.cache_clear()
+
+
+def test_probes_read_vllms_runner_after_the_plugin_swapped_it_in(clean_env):
+    # The worker process applies the patches (the runner class swap first) before the
+    # graph-memory patch and the runner ask the probe; it must still see vLLM's runner.
+    import vllm.v1.worker.gpu.model_runner as mr
+
+    from vllm_pp_cudagraph import plugin
+    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+
+    release = compat.parse_release(compat.installed_versions().vllm)
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    compat.upstream_measures_graph_memory.cache_clear()
+    try:
+        plugin.register()
+        assert mr.GPUModelRunner is PPCudaGraphModelRunner
+        assert compat.upstream_measures_graph_memory() == (release >= (0, 29, 0))
+    finally:
+        compat.upstream_measures_graph_memory.cache_clear()
 
 
 def test_supported_range_matches_the_package_requirement():

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
+import torch
+from vllm.compilation import breakable_cudagraph
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
+from conftest import NoGraphPoolPlatform
 from vllm_pp_cudagraph.graph_agreement import Agreement
 
 VLLM_LIKE = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
@@ -105,3 +110,35 @@ def test_replacing_keeps_the_stock_managers_configuration(make_manager):
     )
     assert ours.vllm_config is stock.vllm_config
     assert set(all_capture_descs(ours)) == set(all_capture_descs(stock))
+
+
+def _breakable_manager(make_manager, monkeypatch):
+    monkeypatch.setattr(breakable_cudagraph, "current_platform", NoGraphPoolPlatform())
+    manager = make_manager("PIECEWISE", [1, 2, 4], 4)
+    manager.pool = object()
+    return manager
+
+
+def test_breakable_runner_is_built_once_on_the_managers_pool(make_manager, monkeypatch):
+    manager = _breakable_manager(make_manager, monkeypatch)
+    model = torch.nn.Identity()
+    manager.init_breakable_cg_runner(model)
+    runner = manager.breakable_cg_runner
+    assert isinstance(runner, breakable_cudagraph.BreakableCUDAGraphWrapper)
+    assert runner.runnable is model and runner.graph_pool is manager.pool
+    manager.init_breakable_cg_runner(torch.nn.Identity())
+    assert manager.breakable_cg_runner is runner
+
+
+@pytest.mark.skipif(
+    "key_fn" not in inspect.signature(breakable_cudagraph.BreakableCUDAGraphWrapper).parameters,
+    reason="this vLLM's breakable wrapper keys graphs by batch descriptor only (before 0.33)",
+)
+def test_breakable_runner_keeps_the_graph_key_vllm_asks_for(make_manager, monkeypatch):
+    manager = _breakable_manager(make_manager, monkeypatch)
+
+    def by_step(**kwargs):
+        return kwargs["spec_step_idx"]
+
+    manager.init_breakable_cg_runner(torch.nn.Identity(), key_fn=by_step)
+    assert manager.breakable_cg_runner.key_fn is by_step

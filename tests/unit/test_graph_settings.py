@@ -6,34 +6,44 @@ import pytest
 from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig
 
 from conftest import DATA, run_python
-from vllm_pp_cudagraph import patches, plugin
+from vllm_pp_cudagraph import compat, patches, plugin
 from vllm_pp_cudagraph.model_runner import GraphConfigError, check_graph_settings
 
 REPORT_BREAKABLE = """
 import json, os
 from vllm.plugins import load_general_plugins
 load_general_plugins()
+from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.model_executor.layers.attention import attention
 print(json.dumps({
     "env": os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH"),
-    "attention_op_breaks": attention.unified_attention_with_output.__code__.co_qualname
+    "enabled": is_breakable_cudagraph_enabled(),
+    "attention_op_wraps": attention.unified_attention_with_output.__code__.co_qualname
     == "eager_break_during_capture.<locals>.wrapper",
 }))
 """
+
+# Up to 0.32 vLLM decorates attention ops for breakable graphs only if the switch is on
+# when they are imported; from 0.33 it always wraps them, and the wrapper breaks only
+# inside the breakable capture that MRV2's graph manager starts with the switch on.
+DECIDED_AT_IMPORT = compat.breakable_decided_at_import()
 
 
 def test_plugin_setting_turns_on_breakable_graph_breaks_in_a_new_process():
     report, _ = run_python(
         REPORT_BREAKABLE, {"VLLM_PLUGINS": "pp_cudagraph", "VLLM_PP_CUDAGRAPH_BREAKABLE": "1"}
     )
-    assert report == {"env": "1", "attention_op_breaks": True}
+    assert report == {"env": "1", "enabled": True, "attention_op_wraps": True}
 
 
 def test_without_the_setting_attention_ops_do_not_break():
     report, _ = run_python(REPORT_BREAKABLE, {"VLLM_PLUGINS": "pp_cudagraph"})
-    assert report == {"env": None, "attention_op_breaks": False}
+    assert report["env"] is None and report["enabled"] is False
+    assert report["attention_op_wraps"] is not DECIDED_AT_IMPORT
 
 
+@pytest.mark.skipif(not DECIDED_AT_IMPORT, reason="this vLLM reads the breakable switch "
+                    "when the attention op runs, not when it is imported (0.33+)")
 def test_breakable_setting_after_attention_import_is_refused(clean_env):
     import vllm.model_executor.layers.attention.attention  # noqa: F401
 
@@ -42,6 +52,22 @@ def test_breakable_setting_after_attention_import_is_refused(clean_env):
     with pytest.raises(patches.PluginConfigError, match="came too late"):
         plugin.register()
     assert not patches.is_applied()
+
+
+@pytest.mark.skipif(DECIDED_AT_IMPORT, reason="this vLLM reads the breakable switch when "
+                    "attention modules are imported (up to 0.32): a later setting is refused")
+def test_breakable_setting_after_attention_import_takes_effect(clean_env):
+    from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
+    from vllm.model_executor.layers.attention import attention
+
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    clean_env.setenv("VLLM_PP_CUDAGRAPH_BREAKABLE", "1")
+    plugin.register()
+    assert patches.is_applied()
+    assert is_breakable_cudagraph_enabled()
+    assert attention.unified_attention_with_output.__code__.co_qualname == (
+        "eager_break_during_capture.<locals>.wrapper"
+    )
 
 
 def test_breakable_setting_contradicting_vllm_switch_is_refused(clean_env):

@@ -12,6 +12,7 @@ before the first step, and prints one JSON report (timings, token digests).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
 from vllm_pp_cudagraph.bench.stats import (
@@ -121,6 +123,39 @@ class RunSpec:
     @property
     def name(self) -> str:
         return f"{self.runner}:{self.mode}"
+
+
+def gpu_model() -> str | None:
+    """Model name of the NVIDIA GPUs this process may use (distinct names joined), or None.
+
+    Read with ``nvidia-smi``, which initialises no CUDA context in the bench's own
+    process; ``CUDA_VISIBLE_DEVICES`` picks the GPUs as it does for the engines.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and not visible.strip():
+        return None
+    cmd = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    if visible:
+        cmd += ["-i", visible]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = dict.fromkeys(line.strip() for line in out.splitlines() if line.strip())
+    return ", ".join(names) or None
+
+
+@functools.cache
+def run_environment() -> dict[str, str | None]:
+    """The vLLM and torch the engines run (the bench starts them with its own
+    interpreter) and the GPU model they run on."""
+    versions = compat.installed_versions()
+    return {"vllm_version": versions.vllm, "torch_version": versions.torch, "gpu": gpu_model()}
+
+
+def spec_record(spec: RunSpec) -> dict[str, Any]:
+    """``spec`` as a report records it: with the vLLM, torch and GPU it ran on."""
+    return {**asdict(spec), **run_environment()}
 
 
 def make_prompts(count: int, length: int, vocab: int = 151936, seed: int = 0) -> list[list[int]]:
@@ -320,6 +355,7 @@ def run_in_subprocess(
     report.update(capture_stats(log))
     report["plugin_stages"] = plugin_stages(log)
     report["cadence_choices"] = cadence_choices(log)
+    report["spec"] = spec_record(spec)
     if spec.profile_dir and Path(spec.profile_dir).is_dir():
         report["profile"] = analyze_dir(Path(spec.profile_dir))
         report["gpu_busy_pct"] = stage_busy(report["profile"])

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     cadence_choices,
     engine_env,
     plugin_stages,
+    spec_record,
     stop_process_group,
 )
 from vllm_pp_cudagraph.bench.serve_load import (
@@ -83,7 +83,7 @@ def serve_and_call(
     The report holds what ``call`` returned, or ``error`` when the server never
     became healthy, and always ``shutdown_rc`` / ``shutdown_clean``.
     """
-    report: dict[str, Any] = {"spec": asdict(spec), "serve": True}
+    report: dict[str, Any] = {"spec": spec_record(spec), "serve": True}
     base_url = f"http://127.0.0.1:{port}"
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
