@@ -33,12 +33,13 @@ if [ ! -f "$deps" ]; then
   pip_index python3 "$here/kit.py" deps "$whl" "$deps"
 fi
 
-# Left behind: FlashAttention 2 (pre-Hopper GPUs, 294 MB), DeepGEMM and the SM100
-# FMHA sources (JIT headers), QuTLASS (FP4; on 0.33 it needs symbols torch 2.11
-# lacks) and the vllm-rs binary. The Triton attention backend uses none of them.
+# Left behind: FlashAttention 2 (pre-Hopper GPUs, 294 MB), DeepGEMM (JIT headers),
+# QuTLASS (FP4; on 0.33 it needs symbols torch 2.11 lacks) and the vllm-rs binary.
+# The Triton attention backend uses none of them. The rest of vllm/third_party stays:
+# vLLM finds its CUDA platform through the pynvml copy there.
 mkdir -p "$work/x" "$work/staging/wheels"
-(cd "$work/x" && unzip -q "$whl" -x 'vllm/vllm_flash_attn/_vllm_fa2_C*.so' 'vllm/third_party/*' \
-  'vllm/_qutlass_C*.so' 'vllm/vllm-rs')
+(cd "$work/x" && unzip -q "$whl" -x 'vllm/vllm_flash_attn/_vllm_fa2_C*.so' \
+  'vllm/third_party/deep_gemm/*' 'vllm/_qutlass_C*.so' 'vllm/vllm-rs')
 echo "packing the compiled extensions"
 (cd "$work/x" && find vllm -name '*.so' -print0 | sort -z | xargs -0 tar cf - \
   | xz -9 -T2 > "$work/staging/vllm-native.tar.xz")
@@ -51,6 +52,9 @@ for p in manylinux_2_35_x86_64 manylinux_2_34_x86_64 manylinux_2_31_x86_64 manyl
   manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
   manylinux1_x86_64 any; do plats+=(--platform "$p"); done
 grep -v '^#' "$deps" > "$work/deps.txt"
+# MRV2's sampler imports FlashInfer unguarded (0.33), so it comes at the wheel's own pin.
+unzip -p "$whl" 'vllm-*.dist-info/METADATA' \
+  | sed -n 's/^Requires-Dist: \(flashinfer-python==[^ ;]*\).*/\1/p' | head -1 >> "$work/deps.txt"
 pip_index python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${plats[@]}" -d "$work/staging/wheels" -r "$work/deps.txt"
 
