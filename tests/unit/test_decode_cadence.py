@@ -440,7 +440,7 @@ def test_lift_leaves_a_step_with_eligible_work_alone():
     assert a.next_decode_eligible_step == 7
 
 
-def test_the_cadence_changes_only_under_v2_pp_without_draft_tokens(model_dir):
+def test_the_cadence_changes_only_under_v2_pp_without_draft_tokens(model_dir, monkeypatch):
     """One decision, read from a built scheduler and from the config it came from."""
     scheduler = make_scheduler(model_dir)
     merge = DecodeCadence.MERGE
@@ -452,8 +452,12 @@ def test_the_cadence_changes_only_under_v2_pp_without_draft_tokens(model_dir):
     scheduler.num_spec_tokens = 2
     assert scheduler_cadence(scheduler, merge) is DecodeCadence.VLLM
     assert scheduler_cadence(make_scheduler(model_dir, pp=1), merge) is DecodeCadence.VLLM
-    # The config this CPU builds runs vLLM's V1 runner (MRV2 needs Triton).
-    assert config_cadence(scheduler.vllm_config, merge) is DecodeCadence.VLLM
+    # The config's own runner choice decides (V1 on this CPU up to 0.28, MRV2 later).
+    config = scheduler.vllm_config
+    expected = merge if config.use_v2_model_runner else DecodeCadence.VLLM
+    assert config_cadence(config, merge) is expected
+    monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: False))
+    assert config_cadence(config, merge) is DecodeCadence.VLLM
 
 
 def two_groups(model_dir: str, pp: int) -> Run:
