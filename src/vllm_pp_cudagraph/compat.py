@@ -61,13 +61,16 @@ class Needed:
 
     ``members`` must be attributes of the object itself (methods, class
     attributes, properties); ``instance_attrs`` are assigned in ``__init__``
-    (of the class or a base) and are found in its source.
+    (of the class or a base) and are found in its source. ``used_where`` names
+    a probe in this module for names only a patch that stands aside on newer
+    releases reads: where the probe says False, vLLM may lack them.
     """
 
     module: str
     name: str
     members: tuple[str, ...] = ()
     instance_attrs: tuple[str, ...] = ()
+    used_where: str | None = None
 
 
 SURFACE: tuple[Needed, ...] = (
@@ -116,7 +119,10 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.v1.request", "Request",
            members=("use_structured_output", "num_output_tokens"),
            instance_attrs=("next_decode_eligible_step", "num_output_placeholders",
-                           "max_tokens", "async_tokens_to_discard", "is_prefill_chunk")),
+                           "max_tokens", "is_prefill_chunk")),
+    # Read by the async-preemption fix only, which 0.27+ does not need (and 0.33 dropped).
+    Needed("vllm.v1.request", "Request", instance_attrs=("async_tokens_to_discard",),
+           used_where="async_preemption_fix_applies"),
     Needed("vllm.v1.core.sched.output", "SchedulerOutput", members=("scheduled_cached_reqs",)),
     Needed("vllm.v1.core.sched.output", "CachedRequestData",
            members=("req_ids", "resumed_req_ids")),
@@ -170,6 +176,8 @@ def missing_surface(surface: tuple[Needed, ...] = SURFACE) -> list[str]:
     """What of ``surface`` the installed vLLM lacks, one line per name."""
     missing = []
     for need in surface:
+        if need.used_where is not None and not globals()[need.used_where]():
+            continue
         try:
             module = importlib.import_module(need.module)
         except ImportError as exc:
@@ -308,6 +316,12 @@ def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool
     vLLM with that parameter needs no help.
     """
     return "is_stale" not in _params(async_scheduler_cls._update_request_with_output)
+
+
+def async_preemption_fix_applies() -> bool:
+    """Whether the installed vLLM's async scheduler needs the plugin's preemption fix."""
+    scheduler_cls = importlib.import_module(ASYNC_SCHEDULER_MODULE).AsyncScheduler
+    return async_preemption_keeps_stale_placeholders(scheduler_cls)
 
 
 @functools.cache

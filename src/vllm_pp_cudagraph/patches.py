@@ -135,7 +135,7 @@ def _async_scheduler_cls() -> type:
 
 
 def _async_preemption_stands_aside(settings: PPCudaGraphSettings) -> str | None:
-    if compat.async_preemption_keeps_stale_placeholders(_async_scheduler_cls()):
+    if compat.async_preemption_fix_applies():
         return None
     return "this vLLM marks preempted in-flight output stale itself (is_stale)"
 

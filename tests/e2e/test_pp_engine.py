@@ -24,6 +24,8 @@ GRAPH_MODES = ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "
 
 
 def test_plugin_runner_on_every_pp_rank_and_tokens_match_stock(tmp_path):
+    import torch
+
     plugin = run_in_subprocess(RunSpec("plugin", "piecewise", output_len=64), tmp_path / "p.log",
                                timeout_s=600)
     stock = run_in_subprocess(RunSpec("stock", "piecewise", output_len=64), tmp_path / "s.log",

@@ -85,6 +85,21 @@ def test_a_missing_name_is_reported_by_its_full_path():
     assert len(missing) == 4
 
 
+def test_names_only_a_standing_aside_patch_reads_are_checked_only_where_it_applies(monkeypatch):
+    surface = (compat.Needed("vllm.v1.request", "Request", instance_attrs=("_gone_attr",),
+                             used_where="async_preemption_fix_applies"),)
+    monkeypatch.setattr(compat, "async_preemption_fix_applies", lambda: False)
+    assert compat.missing_surface(surface) == []
+    monkeypatch.setattr(compat, "async_preemption_fix_applies", lambda: True)
+    assert compat.missing_surface(surface) == ["vllm.v1.request.Request: instance attribute _gone_attr"]
+
+
+def test_every_conditional_surface_entry_names_a_probe():
+    for need in compat.SURFACE:
+        if need.used_where is not None:
+            assert callable(getattr(compat, need.used_where, None)), need
+
+
 class PrepareInputs027:
     def prepare_inputs(self, scheduler_output, batch_desc):
         pass
