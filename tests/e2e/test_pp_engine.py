@@ -15,35 +15,19 @@ import sys
 
 import pytest
 
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, run_in_subprocess
-
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_gpus")]
 
 #: The graph modes the bench compares by default, plugin against stock.
 GRAPH_MODES = ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable")
 
 
-def test_plugin_runner_on_every_pp_rank_and_tokens_match_stock(tmp_path):
-    import torch
-
-    plugin = run_in_subprocess(RunSpec("plugin", "piecewise", output_len=64), tmp_path / "p.log",
-                               timeout_s=600)
-    stock = run_in_subprocess(RunSpec("stock", "piecewise", output_len=64), tmp_path / "s.log",
-                              timeout_s=600)
-    assert plugin["returncode"] == 0, plugin.get("error_tail")
-    log = (tmp_path / "p.log").read_text()
-    for stage in (0, 1):
-        assert f"PPCudaGraphModelRunner on pipeline stage {stage} of 2" in log
-    assert plugin["digest"] == stock["digest"]
-    # The report names what it ran on, so results from other releases are not mixed up.
-    assert plugin["spec"]["vllm_version"] and plugin["spec"]["torch_version"]
-    assert plugin["spec"]["gpu"] == torch.cuda.get_device_name(0)
-
-
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_plugin_tokens_equal_stock_per_graph_mode(mode, tmp_path, random_model):
     """``vllm-pp-cudagraph bench --workload batch``: requests queued as one batch, so
-    batches form alike and the plugin's greedy tokens must equal stock's."""
+    batches form alike and the plugin's greedy tokens must equal stock's. The plugin's
+    runner must have run on both stages, and the report names what it ran on."""
+    import torch
+
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
@@ -57,6 +41,10 @@ def test_plugin_tokens_equal_stock_per_graph_mode(mode, tmp_path, random_model):
     plugin = runs["plugin"]
     assert plugin.get("digest"), f"the plugin's engine failed (see {out}/plugin-{mode}.log)"
     assert plugin["plugin_stages"] == 2, "a stage ran without the plugin's runner"
+    assert runs["stock"].get("plugin_stages", 0) == 0, "stock ran with the plugin loaded"
+    spec = plugin["spec"]
+    assert spec["vllm_version"] and spec["torch_version"], spec
+    assert spec["gpu"] == torch.cuda.get_device_name(0), spec
     assert plugin["tokens_agree"] is True, (
         f"{plugin.get('requests_differ')} requests differ from {plugin.get('tokens_reference')}"
     )
