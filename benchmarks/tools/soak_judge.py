@@ -94,7 +94,7 @@ def serving_problems(server: dict) -> list[str]:
 
 
 def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
-                 batch_invariant: bool = False) -> list[str]:
+                 batch_invariant: bool = False, shares_judge: bool = True) -> list[str]:
     """Why a soak of the plugin failed; an empty list means it passed.
 
     ``plugin`` is the plugin server's report (``load`` summary, ``shutdown_clean``).
@@ -104,6 +104,12 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
     be zero, and then the plugin must match stock exactly. Under PP (0.26,
     TRITON_ATTN) two stock runs still differ in that mode; the plugin is then
     held to stock's own share, as without it.
+
+    The share rule assumes the plugin's batches form as stock's do. A plugin
+    that decodes on another cadence forms other batches by design, and outside
+    batch invariance each near-tie a batch change can flip then flips against
+    stock more often than between two stock runs. ``shares_judge=False`` says
+    so: the shares are still reported, the token check judges the tokens.
     """
     problems = serving_problems(plugin)
     if plugin.get("load") is None:
@@ -115,7 +121,7 @@ def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
             f"{plugin_vs_stock:.1%} of requests differ from stock under batch invariance, "
             "where two stock runs agree on every request"
         )
-    elif plugin_vs_stock > stock_vs_stock:
+    elif plugin_vs_stock > stock_vs_stock and (shares_judge or batch_invariant):
         problems.append(
             f"{plugin_vs_stock:.1%} of requests differ from stock, more than stock's own "
             f"{stock_vs_stock:.1%} between its own runs"

@@ -71,15 +71,19 @@ def test_a_stage_fault_stops_the_server_promptly_leaving_nothing(tmp_path):
     assert report["stage_stop_in_log"], "the plugin did not stop the failed stage's worker"
 
 
-def test_a_short_soak_differs_from_stock_no_more_than_stock_from_itself(tmp_path):
-    """One plugin and two stock servers under streamed, cancelled and concurrent
-    requests, PIECEWISE, with the token check (the full soak is committed)."""
+def test_a_short_soak_serves_cleanly_with_every_token_on_the_models_top_choice(tmp_path):
+    """The plugin's defaults and two stock servers under streamed, cancelled and
+    concurrent requests, PIECEWISE. The token check judges: the defaults decode on
+    another cadence than stock, so batches, and near-ties, differ by design (the
+    shares are reported; soaks with ``--plugin-runner plugin-cadence`` are judged
+    by them). The full soaks are committed."""
     from benchmarks.tools.soak import main
 
     code = main(["--out", str(tmp_path), "--modes", "piecewise", "--requests", "200",
                  "--concurrency", "64", "--token-check", "--port", "8330"])
-    results = json.loads((tmp_path / "soak.json").read_text())
-    assert code == 0, [(r.get("mode") or r.get("case"), r.get("problems")) for r in results]
+    [result] = json.loads((tmp_path / "soak.json").read_text())
+    assert result["token_check"]["problems"] == [], result["token_check"]
+    assert code == 0, (result.get("share_rule"), result.get("problems"))
 
 
 @pytest.mark.usefixtures("test_plugins")

@@ -63,6 +63,15 @@ def test_soak_passes_when_plugin_differs_no_more_than_stock_from_itself():
     assert "5.0% of requests differ from stock" in problem and "3.0%" in problem
 
 
+def test_a_plugin_on_another_cadence_is_not_held_to_stocks_share_but_still_served_cleanly():
+    assert soak_verdict(served(), 0.74, 0.43, shares_judge=False) == []
+    [problem] = soak_verdict(served(errors=1), 0.74, 0.43, shares_judge=False)
+    assert "1 request errors" in problem
+    # Under batch invariance batches do not matter, so the share rule still holds.
+    [problem] = soak_verdict(served(), 0.01, 0.0, batch_invariant=True, shares_judge=False)
+    assert "under batch invariance" in problem
+
+
 def test_soak_under_batch_invariance_demands_identical_tokens_where_stock_agrees_with_itself():
     assert soak_verdict(served(), 0.0, 0.0, batch_invariant=True) == []
     [problem] = soak_verdict(served(), 0.01, 0.0, batch_invariant=True)

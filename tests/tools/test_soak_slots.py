@@ -160,7 +160,7 @@ def _served(preemptions: int, texts: list[str]) -> dict:
 
 def _soak_args(**overrides) -> argparse.Namespace:
     args = dict(preemption=False, batch_invariant=False, same_stock_mode=False,
-                plugin_runner="plugin", requests=2000, max_tokens=128)
+                plugin_runner="plugin", requests=2000, max_tokens=128, token_check=False)
     return argparse.Namespace(**(args | overrides))
 
 
@@ -175,6 +175,22 @@ def test_a_preemption_soak_fails_when_any_run_was_not_preempted():
     assert problem.startswith("stock_b: no request was preempted")
     reports["stock_b"] = _served(2800, texts)
     assert mode_result("piecewise", reports, args, PREEMPTION_ARGS)["passed"]
+
+
+def test_shares_judge_a_plugin_on_its_own_cadence_only_where_no_token_check_ran():
+    texts = {"plugin": ["a", "x", "y"], "stock_a": ["a", "b", "c"], "stock_b": ["a", "b", "z"]}
+    reports = {name: _served(0, t) for name, t in texts.items()}
+    # Without the token check the share rule is all there is, whatever the cadence.
+    result = mode_result("piecewise", reports, _soak_args(), [])
+    assert not result["passed"] and "more than stock's own" in result["problems"][0]
+    # The defaults decode on another cadence: with the token check, shares are reported.
+    result = mode_result("piecewise", reports, _soak_args(token_check=True), [])
+    assert result["passed"] and result["share_rule"].startswith("reported only")
+    assert result["plugin_vs_stock"] > result["stock_vs_stock"]
+    # Keeping vLLM's cadence, batches form as stock's: the share rule judges.
+    result = mode_result("piecewise", reports,
+                         _soak_args(token_check=True, plugin_runner="plugin-cadence"), [])
+    assert not result["passed"] and result["share_rule"] == "judges"
 
 
 def test_the_plugin_side_of_a_soak_can_keep_vllms_decode_cadence():
