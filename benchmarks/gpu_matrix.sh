@@ -19,6 +19,10 @@
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
 #   soak-sampling  the serving soak with the sampling mix and the token check
+#   soak-32b       the sampling-mix soak under preemption, Qwen3-32B dense shape (dummy weights)
+#   soak-30b-a3b   the same, Qwen3-30B-A3B (MoE, dummy weights)
+#   moe-modes      Qwen3-30B-A3B: tokens against stock in PIECEWISE, FULL_DECODE_ONLY, breakable
+#   faults         a stage fault, first and last stage, under the mp and (if installed) Ray executors
 #   examples       the examples/ scripts as written, on a local model directory
 #
 # Jobs behind older results were removed once the GPU tests covered them or newer
@@ -107,6 +111,37 @@ job_soak-sampling() {
     --gpus $gpus $gpus $gpus --port 9500
   wait
   export CUDA_VISIBLE_DEVICES=$gpus
+}
+
+# The sampling-mix soak (2,000 requests, a tenth cancelled, half streamed) under
+# preemption with the token check, on a model that needs both GPUs. vLLM's dummy weights:
+# outputs barely depend on the layers, so the token check is weaker than on 0.6B.
+big_soak() {
+  local name=$1 shape=$2 gpus=$CUDA_VISIBLE_DEVICES
+  unset CUDA_VISIBLE_DEVICES
+  soak_bg "$name" --shape "$shape" --modes full_and_piecewise --sampling-mix --preemption \
+    --token-check --gpus $gpus --port 9600
+  wait
+  export CUDA_VISIBLE_DEVICES=$gpus
+}
+job_soak-32b() { big_soak soak-32b qwen3-32b; }
+job_soak-30b-a3b() { big_soak soak-30b-a3b qwen3-30b-a3b; }
+
+job_moe-modes() {
+  $BENCH --model qwen3-30b-a3b --weights dummy --workload batch --repeat 0 --timeout 400 \
+    --out "$RES/moe-modes" --modes stock:piecewise,plugin:piecewise,stock:full_decode_only,\
+plugin:full_decode_only,stock:breakable,plugin:breakable
+}
+
+job_faults() {
+  local executors=mp stage executor
+  python3 -c "import ray" 2>/dev/null && executors="mp ray"
+  for executor in $executors; do
+    for stage in first last; do
+      python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --stage $stage \
+        $([ $executor = ray ] && echo --ray) --port 8700 >>"$RES/faults.txt" 2>&1
+    done
+  done
 }
 
 job_examples() {

@@ -6,15 +6,17 @@ structured output must parse and match its schema, no request may fail, and
 the log may hold no grammar rejection. The model has a byte-level vocabulary,
 so its grammar can spell JSON.
 
-``fault``: a model whose first stage raises inside a serving step on request
-(the test-only ``pp_e2e_models`` plugin, ``tests/e2e/soak_plugins``). The
-server must exit within ``--exit-within`` seconds of the fault, with the
-stage's error in its log and no process of its group left (its exit status is
-recorded: vLLM's API server exits 0 once its engine has died). Stock vLLM is
-run under the same fault beside it, and what it did is recorded.
+``fault``: a model whose first (or, with ``--stage last``, last) stage raises
+inside a serving step on request (the test-only ``pp_e2e_models`` plugin,
+``tests/e2e/soak_plugins``), under vLLM's multiprocess executor or, with
+``--ray``, Ray's. The server must exit within ``--exit-within`` seconds of the
+fault, with the stage's error in its log and no process of its group left (its
+exit status is recorded: vLLM's API server exits 0 once its engine has died).
+Stock vLLM is run under the same fault beside it, and what it did is recorded.
 
     python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
     python -m benchmarks.tools.serve_checks fault --out DIR [--runner plugin|stock]
+        [--stage first|last] [--ray]
 """
 
 from __future__ import annotations
@@ -169,6 +171,18 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def fault_env(flag: Path, stage: str) -> dict[str, str]:
+    """What the fault model reads, and has Ray carry to its workers (Ray copies only
+    vLLM's own variables unless told otherwise)."""
+    names = ("PP_E2E_FAULT_FILE", "PP_E2E_FAULT_STAGE")
+    return {names[0]: str(flag), names[1]: stage, "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": ",".join(names)}
+
+
+def fault_name(args: argparse.Namespace) -> str:
+    """The fault report's and log's name: runner, failing stage, executor."""
+    return f"fault-{args.runner}-{args.stage}-{'ray' if args.ray else 'mp'}"
+
+
 def check_fault(args: argparse.Namespace) -> dict[str, Any]:
     """Serve the fault model, inject the fault mid-serving, watch how the server ends."""
     out = Path(args.out)
@@ -179,16 +193,20 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
     flag = Path(tempfile.mkdtemp(prefix="fault-flag-")) / "now"
     spec = RunSpec(args.runner, "eager", pp=2, max_num_seqs=64, weights="dummy",
                    attention_backend="TRITON_ATTN", gpu_memory_utilization=0.4,
-                   extra_env={"PP_E2E_FAULT_FILE": str(flag),
+                   extra_env={**fault_env(flag, args.stage),
                               **({"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})})
     env = engine_env(spec)
     env["VLLM_PLUGINS"] = ",".join(p for p in (env.get("VLLM_PLUGINS"), "pp_e2e_models") if p)
-    log_path = out / f"fault-{args.runner}.log"
+    log_path = out / f"{fault_name(args)}.log"
     base_url = f"http://127.0.0.1:{args.port}"
-    report: dict[str, Any] = {"runner": args.runner, "exit_within_s": args.exit_within}
+    report: dict[str, Any] = {"runner": args.runner, "stage": args.stage,
+                              "executor": "ray" if args.ray else "mp",
+                              "exit_within_s": args.exit_within}
+    executor = ["--distributed-executor-backend", "ray"] if args.ray else []
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(serve_command(spec, str(model_dir), args.port), env=env,
-                                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(serve_command(spec, str(model_dir), args.port, executor),
+                                env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             if not asyncio.run(wait_until_healthy(base_url, 600, lambda: proc.poll() is None)):
                 report["error"] = f"server never healthy (rc={proc.poll()})"
@@ -242,8 +260,9 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                 except (subprocess.TimeoutExpired, ProcessLookupError):
                     stop_process_group(proc)
     log = log_path.read_text(errors="replace")
-    report["fault_in_log"] = "injected fault on the first stage" in log
-    report["stage_stop_in_log"] = "Pipeline stage 0 failed in execute_model" in log
+    report["fault_in_log"] = f"injected fault on the {args.stage} stage" in log
+    stage_index = 0 if args.stage == "first" else spec.pp - 1
+    report["stage_stop_in_log"] = f"Pipeline stage {stage_index} failed in execute_model" in log
     # vLLM's API server exits 0 once its engine is dead (EngineDeadError), whatever
     # killed it; what counts is that it exits, promptly, leaving nothing behind.
     report["passed"] = bool(
@@ -269,10 +288,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="arrivals spread over this many seconds (structured)")
     parser.add_argument("--exit-within", type=float, default=30.0,
                         help="seconds the server has to exit after the fault (fault)")
+    parser.add_argument("--stage", choices=("first", "last"), default="first",
+                        help="the stage that fails (fault)")
+    parser.add_argument("--ray", action="store_true",
+                        help="serve with --distributed-executor-backend ray (fault)")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = (check_structured if args.check == "structured" else check_fault)(args)
-    name = f"{args.check}-{args.runner}" + (f"-pp{args.pp}" if args.check == "structured" else "")
+    name = f"structured-{args.runner}-pp{args.pp}" if args.check == "structured" else fault_name(args)
     (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "problems"}, default=str))
     for problem in report.get("problems", [])[:20]:

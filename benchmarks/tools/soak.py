@@ -47,6 +47,7 @@ serve.
         (--modes "" --refusals: refusals only)
         [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
+        [--shape qwen3-32b ...] [--weights random|dummy] [--gpu-memory-utilization U]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
 are slots. Several servers may share one GPU group (``--servers-per-gpus``);
@@ -75,7 +76,7 @@ from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from vllm_pp_cudagraph.bench.dummy_model import token_word, write_model_dir
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES, has_random_weights, token_word, write_model_dir
 from vllm_pp_cudagraph.bench.engine_run import RUNNERS, RunSpec, engine_env
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
@@ -219,10 +220,19 @@ def server_env(args: argparse.Namespace, preemption_fix: bool = False) -> dict[s
     return env
 
 
+def model_spec(runner: str, run_mode: str, args: argparse.Namespace,
+               extra_env: dict[str, str]) -> RunSpec:
+    """A soak engine of the soak's model shape, weights and memory share."""
+    return RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs,
+                   shape=args.shape, weights=args.weights,
+                   gpu_memory_utilization=args.gpu_memory_utilization,
+                   extra_env=extra_env)
+
+
 def server_spec(runner: str, run_mode: str, args: argparse.Namespace) -> RunSpec:
     """One soak server's engine; under --preemption stock loads the scheduler fix alone."""
-    return RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs,
-                   extra_env=server_env(args, preemption_fix=args.preemption and runner == "stock"))
+    return model_spec(runner, run_mode, args,
+                      server_env(args, preemption_fix=args.preemption and runner == "stock"))
 
 
 def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.Namespace,
@@ -253,8 +263,8 @@ def token_check_task(mode: str, reports: dict[str, dict], args: argparse.Namespa
         return {name: await score_greedy(base_url, "dummy", seqs) for name, seqs in runs.items()}
 
     def task(slot: Slot) -> dict:
-        spec = slot.apply(RunSpec("stock", stock_mode_for(mode, args.same_stock_mode), pp=2,
-                                  max_num_seqs=args.max_num_seqs, extra_env=server_env(args)))
+        spec = slot.apply(model_spec("stock", stock_mode_for(mode, args.same_stock_mode), args,
+                                     server_env(args)))
         report = serve_and_call(spec, model_dir, args.out / f"{mode}-token-check.log", score_all,
                                 port=slot.port, extra_args=slot.serve_args())
         checks = {name: report[name] for name in runs if name in report}
@@ -302,7 +312,8 @@ def compared_pairs(runs: list[str]) -> dict[str, list[tuple[str, str]]]:
 def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
     """One mode's verdict from its runs' reports (keys as :func:`run_tags` names them)."""
-    result: dict = {"mode": mode, "plugin_runner": args.plugin_runner,
+    result: dict = {"mode": mode, "shape": args.shape, "weights": args.weights,
+                    "plugin_runner": args.plugin_runner,
                     "stock_mode": stock_mode_for(mode, args.same_stock_mode),
                     "extra_args": extra, "batch_invariant": args.batch_invariant,
                     "preemption": args.preemption, "requests": args.requests,
@@ -414,8 +425,7 @@ LOWERED_MODE_MESSAGE = ("CUDAGraphMode.FULL is not supported with FlashInferBack
 def lowered_mode_check(model_dir: str, out: Path, slot: Slot, args: argparse.Namespace,
                        requests: int = 200) -> dict:
     """Serve FULL with FlashInfer attention: every stage must lower the mode alike, say so, and serve."""
-    spec = slot.apply(RunSpec("plugin", "full", pp=2, max_num_seqs=args.max_num_seqs,
-                              attention_backend="FLASHINFER"))
+    spec = slot.apply(replace(model_spec("plugin", "full", args, {}), attention_backend="FLASHINFER"))
     load = soak_load(args, requests, min(args.concurrency, 64))
     log_path = out / "lowered-mode.log"
     report = run_serve_mode(spec, model_dir, load, log_path, port=slot.port,
@@ -452,6 +462,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
+                        help="the built-in model shape every server serves")
+    parser.add_argument("--weights", choices=("random", "dummy"), default=None,
+                        help="seeded random checkpoint (default where the shape has one: dense "
+                             "Qwen3 up to 4B) or vLLM's dummy loader (default for bigger shapes; "
+                             "its outputs barely depend on the layers, so the token check is weak)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="per server, where GPUs are not shared (big shapes need more)")
     parser.add_argument("--port", type=int, default=8000, help="first slot's port (+10 per slot)")
     parser.add_argument("--gpus", nargs="+",
                         default=[os.environ.get("CUDA_VISIBLE_DEVICES") or "0,1"],
@@ -494,9 +512,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--plugin-runs/--stock-runs: {e}")
     if args.preemption and (missing := missing_test_plugin(PREEMPTION_FIX_PLUGIN)):
         parser.error(f"--preemption: {missing}")
+    if args.weights is None:
+        args.weights = "random" if has_random_weights(args.shape) else "dummy"
+    elif args.weights == "random" and not has_random_weights(args.shape):
+        parser.error(f"--shape {args.shape} has no random checkpoint (MoE, or too big to "
+                     "write); use --weights dummy")
     args.out.mkdir(parents=True, exist_ok=True)
     slots = make_slots(args.gpus, args.servers_per_gpus, args.port, args.kv_cache_gib)
-    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), tokenizer=True, weights=True))
+    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), args.shape,
+                                    tokenizer=True, weights=args.weights == "random"))
     extra = ["--distributed-executor-backend", "ray"] if args.ray else []
     preemption = PREEMPTION_ARGS if args.preemption else []
     modes = [m for m in args.modes.split(",") if m]

@@ -6,7 +6,7 @@ requests for a given ``--requests`` (same prompts, same streaming and
 cancellation plan), and keeps each request's text digest in ``soak.json``, so
 runs of different soaks can be compared request by request. This pools every
 run of the same load and configuration (request count, output length, mode,
-plugin runner, stock mode, preemption, batch invariance) across the given
+model shape and weights, plugin runner, stock mode, preemption, batch invariance) across the given
 soaks and applies the soak's rule to the pooled means: the plugin's share
 against stock, over every plugin-stock pair of runs, may be no higher than
 stock's share against itself, over every pair of stock runs. For scale, it
@@ -34,8 +34,10 @@ Digests = list[str | None]
 
 #: What must be equal for runs of two soaks to be pooled: the load (same
 #: requests, same length) and the configuration.
-CONFIG_KEYS = ("requests", "max_tokens", "mode", "plugin_runner", "stock_mode", "preemption",
-               "batch_invariant")
+CONFIG_KEYS = ("requests", "max_tokens", "mode", "shape", "weights", "plugin_runner",
+               "stock_mode", "preemption", "batch_invariant")
+#: What soaks from before a key was recorded ran with.
+CONFIG_DEFAULTS = {"shape": "qwen3-0.6b", "weights": "random"}
 
 
 def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:
@@ -49,7 +51,7 @@ def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:
         digests = result.get("request_digests")
         if not digests:
             continue
-        config = tuple(str(result.get(key)) for key in CONFIG_KEYS)
+        config = tuple(str(result.get(key, CONFIG_DEFAULTS.get(key))) for key in CONFIG_KEYS)
         for name, run in digests.items():
             pools[config][f"{name}@{index}"] = run
     return dict(pools)

@@ -62,11 +62,25 @@ def test_structured_outputs_parse_and_match_their_schema(tmp_path):
 
 
 @pytest.mark.usefixtures("test_plugins")
-def test_a_stage_fault_stops_the_server_promptly_leaving_nothing(tmp_path):
+@pytest.mark.parametrize("stage", ["first", "last"])
+def test_a_stage_fault_stops_the_server_promptly_leaving_nothing(stage, tmp_path):
     from benchmarks.tools.serve_checks import main
 
-    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--port", "8320"])
-    report = json.loads((tmp_path / "fault-plugin.json").read_text())
+    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--stage", stage,
+                 "--port", "8320"])
+    report = json.loads((tmp_path / f"fault-plugin-{stage}-mp.json").read_text())
+    assert code == 0, report
+    assert report["stage_stop_in_log"], "the plugin did not stop the failed stage's worker"
+
+
+@pytest.mark.usefixtures("test_plugins")
+def test_a_stage_fault_under_ray_stops_the_server_promptly_leaving_nothing(tmp_path):
+    pytest.importorskip("ray", reason="Ray is not installed (benchmarks/install_ray.sh)")
+    from benchmarks.tools.serve_checks import main
+
+    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--stage", "last",
+                 "--ray", "--port", "8325"])
+    report = json.loads((tmp_path / "fault-plugin-last-ray.json").read_text())
     assert code == 0, report
     assert report["stage_stop_in_log"], "the plugin did not stop the failed stage's worker"
 

@@ -10,10 +10,12 @@ from aiohttp import web
 
 from benchmarks.tools.serve_checks import (
     SCHEMA,
+    fault_env,
     schema_problems,
     send_structured,
     structured_requests,
 )
+from benchmarks.tools.serve_checks import main as serve_checks_main
 
 
 def test_requests_mix_schema_and_plain_greedy_and_seeded():
@@ -53,3 +55,19 @@ def test_every_structured_answer_is_checked_and_errors_are_reported():
     problems = "\n".join(report["problems"])
     assert "HTTP 500" in problems and "does not parse" in problems
     assert json.dumps(report)
+
+
+def test_the_fault_reaches_ray_workers_and_names_its_stage(tmp_path):
+    env = fault_env(tmp_path / "now", "last")
+    assert env["PP_E2E_FAULT_STAGE"] == "last"
+    # Ray copies only vLLM's own variables to its workers unless told to.
+    assert set(env["VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"].split(",")) == {
+        "PP_E2E_FAULT_FILE", "PP_E2E_FAULT_STAGE"}
+
+
+def test_a_fault_stage_other_than_first_or_last_is_refused(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        serve_checks_main(["fault", "--out", str(tmp_path), "--stage", "middle"])
+    assert exc.value.code == 2 and "--stage" in capsys.readouterr().err

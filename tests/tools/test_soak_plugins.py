@@ -131,3 +131,17 @@ def test_preemption_fix_leaves_the_scheduler_to_the_full_plugin(preemption_fix):
         assert AsyncScheduler._update_after_schedule is fixed
     finally:
         patches.undo_all()
+
+
+def test_the_fault_model_fails_the_stage_it_is_asked_to_and_refuses_others(e2e_models, monkeypatch):
+    stage_fault = importlib.import_module("pp_e2e_models.stage_fault")
+    # A two-stage pipeline: stage 0 is first, stage 1 is last.
+    stages = [(True, False), (False, True)]
+    for asked, failing in (("first", [True, False]), ("last", [False, True])):
+        monkeypatch.setenv("PP_E2E_FAULT_STAGE", asked)
+        assert [stage_fault.faults_here(stage_fault.fault_stage(), *s) for s in stages] == failing
+    monkeypatch.delenv("PP_E2E_FAULT_STAGE")
+    assert stage_fault.fault_stage() == "first"
+    monkeypatch.setenv("PP_E2E_FAULT_STAGE", "middle")
+    with pytest.raises(ValueError, match="PP_E2E_FAULT_STAGE"):
+        stage_fault.fault_stage()

@@ -137,7 +137,7 @@ def test_under_preemption_every_server_preempts_and_stock_gets_only_the_fix(tmp_
     import vllm.platforms
 
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
-    args = argparse.Namespace(preemption=True, batch_invariant=False, max_num_seqs=256)
+    args = argparse.Namespace(preemption=True, batch_invariant=False, **SOAK_MODEL)
     plugins = {}
     for runner, mode, tag in mode_servers("piecewise"):
         spec = server_spec(runner, mode, args)
@@ -158,9 +158,14 @@ def _served(preemptions: int, texts: list[str]) -> dict:
             "shutdown_clean": True, "shutdown_rc": 0}
 
 
+#: The soak's model defaults, as its parser sets them.
+SOAK_MODEL = dict(max_num_seqs=256, shape="qwen3-0.6b", weights="random", gpu_memory_utilization=0.5)
+
+
 def _soak_args(**overrides) -> argparse.Namespace:
     args = dict(preemption=False, batch_invariant=False, same_stock_mode=False,
-                plugin_runner="plugin", requests=2000, max_tokens=128, token_check=False)
+                plugin_runner="plugin", requests=2000, max_tokens=128, token_check=False,
+                **SOAK_MODEL)
     return argparse.Namespace(**(args | overrides))
 
 
@@ -194,7 +199,7 @@ def test_shares_judge_a_plugin_on_its_own_cadence_only_where_no_token_check_ran(
 
 
 def test_the_plugin_side_of_a_soak_can_keep_vllms_decode_cadence():
-    args = argparse.Namespace(preemption=False, batch_invariant=False, max_num_seqs=256)
+    args = argparse.Namespace(preemption=False, batch_invariant=False, **SOAK_MODEL)
     [(runner, mode, tag), *_] = mode_servers("full_decode_only", plugin_runner="plugin-cadence")
     assert (runner, mode, tag) == ("plugin-cadence", "full_decode_only", "plugin")
     env = engine_env(server_spec(runner, mode, args))
@@ -327,7 +332,7 @@ def test_lowered_mode_check_needs_the_message_from_every_stage(tmp_path, monkeyp
         return _served(0, ["a"])
 
     monkeypatch.setattr(soak, "run_serve_mode", fake_serve)
-    args = argparse.Namespace(max_num_seqs=256, concurrency=256, max_tokens=128)
+    args = argparse.Namespace(concurrency=256, max_tokens=128, **SOAK_MODEL)
     slot = Slot("0,1", 9000, kv_cache_gib=6)
     assert soak.lowered_mode_check("model", tmp_path, slot, args)["passed"]
     assert (seen["spec"].mode, seen["spec"].attention_backend) == ("full", "FLASHINFER")
@@ -378,3 +383,25 @@ def test_a_soak_of_several_runs_per_side_runs_through_to_its_verdict(tmp_path, m
     assert set(mode["token_check"]) >= {"plugin", "plugin_b", "stock_a", "stock_b", "stock_c"}
     assert set(mode["request_digests"]) == {"plugin", "plugin_b", "stock_a", "stock_b", "stock_c"}
     assert lowered["case"] == "lowered-mode" and lowered["passed"]
+
+
+def test_a_big_shape_soaks_with_vllms_dummy_weights_and_the_memory_it_is_given(tmp_path, monkeypatch):
+    import vllm.platforms
+
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
+    args = argparse.Namespace(preemption=False, batch_invariant=False,
+                              **(SOAK_MODEL | dict(shape="qwen3-32b", weights="dummy",
+                                                   gpu_memory_utilization=0.9)))
+    spec = Slot("0,1", 8000).apply(server_spec("plugin", "full_and_piecewise", args))
+    assert (spec.shape, spec.weights, spec.gpu_memory_utilization) == ("qwen3-32b", "dummy", 0.9)
+    cmd = serve_command(spec, str(tmp_path), 8000)
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("serve") + 1:])
+    assert (parsed.load_format, parsed.gpu_memory_utilization) == ("dummy", 0.9)
+
+
+def test_a_random_checkpoint_is_refused_for_shapes_too_big_to_write(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        serve_soak_main(["--out", str(tmp_path / "soak"), "--shape", "qwen3-32b",
+                         "--weights", "random", "--modes", ""])
+    assert exc.value.code == 2 and "--weights dummy" in capsys.readouterr().err
+    assert not (tmp_path / "soak").exists()

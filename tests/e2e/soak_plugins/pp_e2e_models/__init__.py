@@ -9,8 +9,8 @@ tensor (``aux``) their model never declares. Stock vLLM silently drops it.
 
 The plugin must refuse both at start-up, naming the key.
 
-``StageFaultQwen3ForCausalLM`` is Qwen3 whose first stage raises inside a
-serving step while a file exists (``stage_fault``): the fault-injection check.
+``StageFaultQwen3ForCausalLM`` is Qwen3 whose first or last stage raises inside
+a serving step while a file exists (``stage_fault``): the fault-injection check.
 
 ``preemption_fix`` is a second plugin in this package, the preemption soak's
 stock baseline (see its docstring).
