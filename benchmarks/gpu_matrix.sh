@@ -23,6 +23,8 @@
 #   soak-30b-a3b   the same, Qwen3-30B-A3B (MoE, dummy weights)
 #   moe-modes      Qwen3-30B-A3B: tokens against stock in PIECEWISE, FULL_DECODE_ONLY, breakable
 #   faults         a stage fault, first and last stage, under the mp and (if installed) Ray executors
+#   soak-lora      the soak with 3 LoRA adapters served beside the base model, at
+#                  gpu_memory_utilization 0.95, each server's graph-memory estimate recorded
 #   examples       the examples/ scripts as written, on a local model directory
 #
 # Jobs behind older results were removed once the GPU tests covered them or newer
@@ -126,6 +128,13 @@ big_soak() {
 }
 job_soak-32b() { big_soak soak-32b qwen3-32b; }
 job_soak-30b-a3b() { big_soak soak-30b-a3b qwen3-30b-a3b; }
+
+# No fixed KV cache here: the point is vLLM's own sizing at a high memory share, with
+# the graphs LoRA adds (the plugin's estimate and what capture took, per server, in soak.json).
+job_soak-lora() {
+  python3 -m benchmarks.tools.soak --out "$RES/soak-lora" --lora 3 --gpu-memory-utilization 0.95 \
+    --modes full_and_piecewise --sampling-mix --token-check --port 9700 >"$RES/soak-lora.txt" 2>&1
+}
 
 job_moe-modes() {
   $BENCH --model qwen3-30b-a3b --weights dummy --workload batch --repeat 0 --timeout 400 \

@@ -28,5 +28,10 @@ _OFF_TOP_CHOICE = ("temperature", "presence_penalty", "repetition_penalty", "n")
 
 
 def scored(sampling: str) -> bool:
-    """Whether outputs of ``sampling`` follow the model's top choice at every token."""
-    return not any(key in SAMPLING_MIX.get(sampling, {}) for key in _OFF_TOP_CHOICE)
+    """Whether outputs of ``sampling`` follow the base model's top choice at every token.
+
+    Only this mix's options qualify: another entry of a load's mix (a LoRA
+    adapter of the soak's ``--lora``, say) has a top choice the scorer does not know.
+    """
+    options = SAMPLING_MIX.get(sampling)
+    return options is not None and not any(key in options for key in _OFF_TOP_CHOICE)

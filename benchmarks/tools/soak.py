@@ -47,7 +47,7 @@ serve.
         (--modes "" --refusals: refusals only)
         [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
-        [--shape qwen3-32b ...] [--weights random|dummy] [--gpu-memory-utilization U]
+        [--shape qwen3-32b ...] [--weights random|dummy] [--gpu-memory-utilization U] [--lora N]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
 are slots. Several servers may share one GPU group (``--servers-per-gpus``);
@@ -63,6 +63,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import signal
 import statistics
 import subprocess
@@ -80,7 +81,9 @@ from vllm_pp_cudagraph.bench.dummy_model import SHAPES, has_random_weights, toke
 from vllm_pp_cudagraph.bench.engine_run import RUNNERS, RunSpec, engine_env
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
+from vllm_pp_cudagraph.bench.stats import capture_stats
 
+from benchmarks.tools.lora_adapters import lora_mix, lora_serve_args, write_lora_adapter
 from benchmarks.tools.sampling_mix import SAMPLING_MIX
 from benchmarks.tools.soak_judge import (
     GreedyCheck,
@@ -107,13 +110,17 @@ def soak_prompts(count: int = 256) -> list[str]:
 
 
 def soak_load(args: argparse.Namespace, requests: int | None = None,
-              concurrency: int | None = None) -> LoadSpec:
+              concurrency: int | None = None, lora: bool = True) -> LoadSpec:
     """The soak's load: half the requests streamed, a tenth cancelled mid-stream,
-    with ``--sampling-mix`` each request with one of the mix's sampling options."""
+    with ``--sampling-mix`` each request with one of the mix's sampling options,
+    with ``--lora`` some sent to an adapter (greedy) instead."""
+    mix = dict(SAMPLING_MIX) if getattr(args, "sampling_mix", False) else {}
+    adapters = (getattr(args, "lora_adapters", None) or {}) if lora else {}
+    if adapters:
+        mix = (mix or {"greedy": {}}) | lora_mix(adapters)
     return LoadSpec("", "", soak_prompts(), requests or args.requests,
                     concurrency or args.concurrency, args.max_tokens,
-                    stream_fraction=0.5, cancel_fraction=0.1,
-                    sampling_mix=SAMPLING_MIX if getattr(args, "sampling_mix", False) else None)
+                    stream_fraction=0.5, cancel_fraction=0.1, sampling_mix=mix or None)
 
 
 @dataclass(frozen=True)
@@ -235,16 +242,28 @@ def server_spec(runner: str, run_mode: str, args: argparse.Namespace) -> RunSpec
                       server_env(args, preemption_fix=args.preemption and runner == "stock"))
 
 
+_GRAPH_ESTIMATE = re.compile(
+    r"CUDA-graph memory on pipeline stage (\d+): estimated (\d+(?:\.\d+)?) GiB for (\d+) graphs")
+
+
+def graph_memory(log: str) -> dict:
+    """The plugin's CUDA-graph memory estimate per stage (reserved before the KV cache
+    is sized) beside the most any stage's capture took, from a server's log."""
+    estimates = {int(stage): float(gib) for stage, gib, _ in _GRAPH_ESTIMATE.findall(log)}
+    return {"estimated_gib": estimates, "captured_gib_max": capture_stats(log)["graph_gib"]}
+
+
 def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.Namespace,
                model_dir: str, extra: list[str]) -> Callable[[Slot], dict]:
     def task(slot: Slot) -> dict:
         spec = slot.apply(server_spec(runner, run_mode, args))
         load = soak_load(args)
-        report = run_serve_mode(spec, model_dir, load,
-                                args.out / f"{mode}-{tag.replace('_', '-')}.log",
-                                port=slot.port, extra_args=extra + slot.serve_args(),
-                                keep_texts=True)
+        log_path = args.out / f"{mode}-{tag.replace('_', '-')}.log"
+        report = run_serve_mode(spec, model_dir, load, log_path, port=slot.port,
+                                extra_args=extra + slot.serve_args(), keep_texts=True)
         report["slot"] = {"gpus": slot.gpus, "port": slot.port, "kv_cache_gib": slot.kv_cache_gib}
+        if log_path.exists():
+            report["graph_memory"] = graph_memory(log_path.read_text(errors="replace"))
         print(f"[{mode} {tag}] gpus {slot.gpus}: {report.get('load') or report.get('error')}"
               f", preemptions {report.get('preemptions')}, shutdown rc {report.get('shutdown_rc')}",
               flush=True)
@@ -313,14 +332,15 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
     """One mode's verdict from its runs' reports (keys as :func:`run_tags` names them)."""
     result: dict = {"mode": mode, "shape": args.shape, "weights": args.weights,
+                    "lora": len(getattr(args, "lora_adapters", None) or {}),
                     "plugin_runner": args.plugin_runner,
                     "stock_mode": stock_mode_for(mode, args.same_stock_mode),
                     "extra_args": extra, "batch_invariant": args.batch_invariant,
                     "preemption": args.preemption, "requests": args.requests,
                     "max_tokens": args.max_tokens}
     for name, rep in reports.items():
-        result[name] = {k: rep.get(k) for k in
-                        ("load", "preemptions", "shutdown_rc", "shutdown_clean", "error", "slot")}
+        result[name] = {k: rep.get(k) for k in ("load", "preemptions", "shutdown_rc",
+                                                "shutdown_clean", "error", "slot", "graph_memory")}
     if all("load_report" in r for r in reports.values()):
         texts = {name: rep["load_report"] for name, rep in reports.items()}
         # Each share is a mean over its pairs of runs: one comparison of 2,000
@@ -426,7 +446,7 @@ def lowered_mode_check(model_dir: str, out: Path, slot: Slot, args: argparse.Nam
                        requests: int = 200) -> dict:
     """Serve FULL with FlashInfer attention: every stage must lower the mode alike, say so, and serve."""
     spec = slot.apply(replace(model_spec("plugin", "full", args, {}), attention_backend="FLASHINFER"))
-    load = soak_load(args, requests, min(args.concurrency, 64))
+    load = soak_load(args, requests, min(args.concurrency, 64), lora=False)
     log_path = out / "lowered-mode.log"
     report = run_serve_mode(spec, model_dir, load, log_path, port=slot.port,
                             extra_args=slot.serve_args())
@@ -489,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="give each request one of sampling_mix.SAMPLING_MIX's options (seeded "
                              "sampling, penalties, n=2, logprobs, stop strings) instead of greedy; "
                              "the token check scores the ones that follow the top choice")
+    parser.add_argument("--lora", type=int, default=0, metavar="N",
+                        help="serve N seeded random LoRA adapters beside the base model "
+                             "(--enable-lora); requests go to the base model or an adapter by "
+                             "their seed, and only base-model greedy ones are token-checked")
     parser.add_argument("--ray", action="store_true", help="--distributed-executor-backend ray")
     parser.add_argument("--refusals", action="store_true", help="also check start-up refusals")
     parser.add_argument("--lowered-mode", action="store_true",
@@ -522,6 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), args.shape,
                                     tokenizer=True, weights=args.weights == "random"))
     extra = ["--distributed-executor-backend", "ray"] if args.ray else []
+    args.lora_adapters = {
+        f"lora{i}": write_lora_adapter(Path(model_dir) / "adapters" / f"lora{i}",
+                                       SHAPES[args.shape], seed=i + 1)
+        for i in range(args.lora)}
+    extra += lora_serve_args(args.lora_adapters)
     preemption = PREEMPTION_ARGS if args.preemption else []
     modes = [m for m in args.modes.split(",") if m]
     servers = [(mode, *server) for mode in modes

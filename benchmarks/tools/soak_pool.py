@@ -6,7 +6,7 @@ requests for a given ``--requests`` (same prompts, same streaming and
 cancellation plan), and keeps each request's text digest in ``soak.json``, so
 runs of different soaks can be compared request by request. This pools every
 run of the same load and configuration (request count, output length, mode,
-model shape and weights, plugin runner, stock mode, preemption, batch invariance) across the given
+model shape and weights, LoRA adapters, plugin runner, stock mode, preemption, batch invariance) across the given
 soaks and applies the soak's rule to the pooled means: the plugin's share
 against stock, over every plugin-stock pair of runs, may be no higher than
 stock's share against itself, over every pair of stock runs. For scale, it
@@ -34,10 +34,10 @@ Digests = list[str | None]
 
 #: What must be equal for runs of two soaks to be pooled: the load (same
 #: requests, same length) and the configuration.
-CONFIG_KEYS = ("requests", "max_tokens", "mode", "shape", "weights", "plugin_runner",
+CONFIG_KEYS = ("requests", "max_tokens", "mode", "shape", "weights", "lora", "plugin_runner",
                "stock_mode", "preemption", "batch_invariant")
 #: What soaks from before a key was recorded ran with.
-CONFIG_DEFAULTS = {"shape": "qwen3-0.6b", "weights": "random"}
+CONFIG_DEFAULTS = {"shape": "qwen3-0.6b", "weights": "random", "lora": 0}
 
 
 def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:
