@@ -22,6 +22,7 @@
 #   soak-32b       the sampling-mix soak under preemption, Qwen3-32B dense shape (dummy weights)
 #   soak-30b-a3b   the same, Qwen3-30B-A3B (MoE, dummy weights)
 #   moe-modes      Qwen3-30B-A3B: tokens against stock in PIECEWISE, FULL_DECODE_ONLY, breakable
+#   structured-big structured outputs on the 32B dense and the 30B-A3B shapes (byte vocabulary)
 #   faults         a stage fault, first and last stage, under the mp and (if installed) Ray executors
 #   soak-lora      the soak with 3 LoRA adapters served beside the base model, at
 #                  gpu_memory_utilization 0.95, each server's graph-memory estimate recorded
@@ -134,6 +135,13 @@ job_soak-30b-a3b() { big_soak soak-30b-a3b qwen3-30b-a3b; }
 job_soak-lora() {
   python3 -m benchmarks.tools.soak --out "$RES/soak-lora" --lora 3 --gpu-memory-utilization 0.95 \
     --modes full_and_piecewise --sampling-mix --token-check --port 9700 >"$RES/soak-lora.txt" 2>&1
+}
+
+job_structured-big() {
+  for shape in qwen3-32b qwen3-30b-a3b; do
+    python3 -m benchmarks.tools.serve_checks structured --out "$RES/structured-big" \
+      --shape $shape --gpu-memory-utilization 0.9 --port 8800 >>"$RES/structured-big.txt" 2>&1
+  done
 }
 
 job_moe-modes() {

@@ -15,6 +15,7 @@ exit status is recorded: vLLM's API server exits 0 once its engine has died).
 Stock vLLM is run under the same fault beside it, and what it did is recorded.
 
     python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
+        [--shape qwen3-32b ...]
     python -m benchmarks.tools.serve_checks fault --out DIR [--runner plugin|stock]
         [--stage first|last] [--ray]
 """
@@ -36,7 +37,12 @@ from typing import Any
 
 import aiohttp
 
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.dummy_model import (
+    BYTE_VOCAB,
+    SHAPES,
+    write_byte_tokenizer,
+    write_model_dir,
+)
 from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, stop_process_group
 from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
 from vllm_pp_cudagraph.bench.serve_run import serve_and_call, serve_command
@@ -132,15 +138,24 @@ async def send_structured(base_url: str, requests: list[dict], concurrency: int,
     }
 
 
+def byte_vocab_model_dir(directory: str | Path, shape: str) -> Path:
+    """``shape``'s model with the byte-level vocabulary, so its grammar can spell JSON."""
+    config = {**SHAPES[shape], "vocab_size": BYTE_VOCAB, "bos_token_id": 256, "eos_token_id": 257}
+    path = write_model_dir(directory, shape)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    write_byte_tokenizer(path, config)
+    return path
+
+
 def check_structured(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
-    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="structured-"), "qwen3-0.6b-bytes",
-                                    tokenizer=True))
+    model_dir = str(byte_vocab_model_dir(tempfile.mkdtemp(prefix="structured-"), args.shape))
     spec = RunSpec(args.runner, args.mode, pp=args.pp, max_num_seqs=64,
-                   weights="dummy", shape="qwen3-0.6b-bytes", attention_backend="TRITON_ATTN",
-                   gpu_memory_utilization=0.5,
+                   weights="dummy", shape=args.shape, attention_backend="TRITON_ATTN",
+                   gpu_memory_utilization=args.gpu_memory_utilization,
                    extra_env={"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})
-    log_path = out / f"structured-pp{args.pp}.log"
+    log_path = out / (f"structured-pp{args.pp}"
+                      + ("" if args.shape == "qwen3-0.6b" else f"-{args.shape}") + ".log")
     requests = structured_requests(args.requests)
 
     async def call(base_url: str) -> dict[str, Any]:
@@ -288,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="arrivals spread over this many seconds (structured)")
     parser.add_argument("--exit-within", type=float, default=30.0,
                         help="seconds the server has to exit after the fault (fault)")
+    parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
+                        help="model shape, served with a byte-level vocabulary (structured)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="vLLM's gpu_memory_utilization (structured; big shapes need more)")
     parser.add_argument("--stage", choices=("first", "last"), default="first",
                         help="the stage that fails (fault)")
     parser.add_argument("--ray", action="store_true",
@@ -295,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = (check_structured if args.check == "structured" else check_fault)(args)
-    name = f"structured-{args.runner}-pp{args.pp}" if args.check == "structured" else fault_name(args)
+    name = (f"structured-{args.runner}-pp{args.pp}" + ("" if args.shape == "qwen3-0.6b" else
+                                                       f"-{args.shape}")
+            if args.check == "structured" else fault_name(args))
     (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "problems"}, default=str))
     for problem in report.get("problems", [])[:20]:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from benchmarks.tools.serve_checks import (
     SCHEMA,
+    byte_vocab_model_dir,
     fault_env,
     schema_problems,
     send_structured,
@@ -71,3 +72,19 @@ def test_a_fault_stage_other_than_first_or_last_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         serve_checks_main(["fault", "--out", str(tmp_path), "--stage", "middle"])
     assert exc.value.code == 2 and "--stage" in capsys.readouterr().err
+
+
+def test_any_shape_gets_the_byte_vocabulary_so_its_grammar_can_spell_json(tmp_path):
+    from transformers import AutoTokenizer
+
+    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+
+    small = json.loads((byte_vocab_model_dir(tmp_path / "s", "qwen3-0.6b") / "config.json").read_text())
+    assert small == SHAPES["qwen3-0.6b-bytes"]
+    path = byte_vocab_model_dir(tmp_path / "big", "qwen3-32b")
+    config = json.loads((path / "config.json").read_text())
+    assert config == {**SHAPES["qwen3-32b"], "vocab_size": 512, "bos_token_id": 256,
+                      "eos_token_id": 257}
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    ids = tokenizer.encode('{"ok":true}', add_special_tokens=False)
+    assert max(ids) < 256 and tokenizer.decode(ids) == '{"ok":true}'
