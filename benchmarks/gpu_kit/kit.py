@@ -136,12 +136,22 @@ def deps(wheel: str, out_file: str) -> None:
     print(f"{len(bring)} packages to bring, {len(in_image)} left to the image -> {out_file}")
 
 
+#: Files every part folder holds beside its share of the kit.
+HELPERS = ("install.sh", "kit.py")
+
+
 def pack(staging: str, out: str, part_mib: str) -> None:
-    """First-fit-decreasing into parts; a file over the part size is cut into pieces."""
-    cap = int(float(part_mib) * (1 << 20))
+    """First-fit-decreasing into parts; a file over the part size is cut into pieces.
+
+    A part folder, its helpers and manifest included, holds at most ``part_mib`` MiB.
+    """
     src, dest = Path(staging), Path(out)
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    # Room for install.sh, kit.py and kit.json (a manifest row is under 400 bytes).
+    reserve = sum((HERE / h).stat().st_size for h in HELPERS) + 400 * (len(files) + 16) + 4096
+    cap = int(float(part_mib) * (1 << 20)) - reserve
     items: list[tuple[int, Path, dict]] = []
-    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+    for path in files:
         size = path.stat().st_size
         rel = str(path.relative_to(src))
         if size <= cap:
@@ -178,13 +188,15 @@ def pack(staging: str, out: str, part_mib: str) -> None:
             target = folder / entry["name"]
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(path), target)
-        for helper in ("install.sh", "kit.py"):
+        for helper in HELPERS:
             shutil.copy(HERE / helper, folder / helper)
         (folder / "kit.json").write_text(json.dumps(manifest, indent=1))
     for number in range(1, len(parts) + 1):
         folder = dest / f"part-{number}"
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-        print(f"{folder}: {size / (1 << 20):.1f} MiB")
+        print(f"{folder}: {size / (1 << 20):.1f} MiB ({size} bytes)")
+        if size > float(part_mib) * (1 << 20):
+            sys.exit(f"kit: {folder} is over {part_mib} MiB; lower the reserve's estimate")
 
 
 def install(part: str, site: str = "/tmp/site") -> None:
@@ -250,6 +262,24 @@ for mod in ("vllm._C_stable_libtorch", "vllm._moe_C_stable_libtorch",
     except Exception as exc:
         loads[mod] = f"{type(exc).__name__}: {exc}"[:300]
 out["extensions"] = loads
+# Pure-Python modules an engine start needs that earlier kits lacked or that import
+# optional packages: vLLM's pynvml copy (platform detection), FlashInfer (MRV2's
+# sampler imports vLLM's FlashInfer backend), the MRV2 runner and the CLI.
+mods = {}
+for mod in ("vllm.third_party.pynvml", "flashinfer", "vllm.v1.attention.backends.flashinfer",
+            "vllm.v1.worker.gpu.sample.sampler", "vllm.v1.worker.gpu.model_runner",
+            "vllm.v1.attention.backends.triton_attn", "vllm.entrypoints.cli.main"):
+    try:
+        importlib.import_module(mod)
+        mods[mod] = "ok"
+    except BaseException as exc:
+        mods[mod] = f"{type(exc).__name__}: {exc}"[:300]
+out["modules"] = mods
+try:
+    from vllm.platforms import current_platform
+    out["platform"] = f"{type(current_platform).__name__} device_type={current_platform.device_type!r}"
+except BaseException as exc:
+    out["platform"] = f"{type(exc).__name__}: {exc}"[:300]
 ops = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith(("_C::", "_C_cache_ops::", "_moe_C::", "_vllm_fa3_C::"))]
 out["ops_with_cuda_kernel"] = sum(torch._C._dispatch_has_kernel_for_dispatch_key(n, "CUDA") for n in ops)
 skip = set(json.loads(sys.argv[1]))

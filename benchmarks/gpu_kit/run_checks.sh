@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# The first checks of a released vLLM (0.33.0) with this plugin on a host with 2 GPUs,
+# after the kit's install (README.md, "The next GPU run"). From the repository root:
+#
+#   bash benchmarks/gpu_kit/run_checks.sh DIR [STEP...]        run in the foreground
+#   bash benchmarks/gpu_kit/run_checks.sh start DIR [STEP...]  the same, detached
+#   bash benchmarks/gpu_kit/run_checks.sh wait DIR SECONDS     wait for it (at most
+#        SECONDS), print progress, pack DIR into $OUT (or DIR.tgz) without model files
+#
+# Steps, in this order whatever order they are named in (default: smoke batch):
+#   smoke        one GPU, PP=1, eager, stock vLLM: does an engine start (smoke.py)
+#   batch        PP=2, Qwen3-0.6B shape, random weights, --workload batch: the plugin's
+#                greedy tokens against stock's, FULL_AND_PIECEWISE then PIECEWISE;
+#                bench.json records plugin_stages and tokens_agree per run
+#   engine-0.6b  PP=2, --workload engine, 0.6B shape, dummy weights: plugin vs stock
+#   engine-32b   PP=2, --workload engine, Qwen3-32B dense shape, dummy weights: plugin vs stock
+#   all          all four
+# Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
+# status and seconds, DIR/summary.txt the runs' tokens_agree, plugin_stages and speed.
+# The project is installed into the kit's site first (KIT_SITE, default /tmp/site).
+#
+# FlashInfer: vLLM 0.33's sampler uses it by default (JIT-compiled on first use, needs
+# nvcc). If the smoke fails with it and passes with VLLM_USE_FLASHINFER_SAMPLER=0, the
+# later steps run with that setting, and DIR/notes.txt says so. Setting
+# VLLM_USE_FLASHINFER_SAMPLER yourself skips the first try.
+set -u
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+here=$(dirname "$self")
+cd "$here/../.."
+site=${KIT_SITE:-/tmp/site}
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
+FAP=full_and_piecewise
+
+usage() { sed -n '2,25p' "$self" >&2; exit 2; }
+
+step_smoke() {
+  local d=$RES/smoke
+  if [ -z "${VLLM_USE_FLASHINFER_SAMPLER+x}" ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 360 python3 "$here/smoke.py" "$d" eager 2>&1 \
+      | tee "$RES/smoke-default-sampler.log"
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] && return 0
+    # Again without FlashInfer's sampler only where FlashInfer is in the failure, or the
+    # smoke ran out of time (its JIT build on first use is the likeliest stall).
+    if [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] && ! grep -qiE \
+        'File "[^"]*flashinfer|flashinfer[^ ]*(Error|Exception)|(error|failed)[^.]*flashinfer' \
+        "$RES/smoke-default-sampler.log"; then
+      return "$rc"
+    fi
+    echo "smoke failed (exit $rc) in FlashInfer or out of time; again with VLLM_USE_FLASHINFER_SAMPLER=0"
+    mv "$d" "$d-default-sampler" 2>/dev/null
+    if CUDA_VISIBLE_DEVICES=0 VLLM_USE_FLASHINFER_SAMPLER=0 timeout -k 10 300 \
+        python3 "$here/smoke.py" "$d" eager; then
+      export VLLM_USE_FLASHINFER_SAMPLER=0
+      echo "the smoke passed only with VLLM_USE_FLASHINFER_SAMPLER=0: later steps ran with it" \
+        | tee -a "$RES/notes.txt"
+      return 0
+    fi
+    export VLLM_USE_FLASHINFER_SAMPLER=0
+    echo "the smoke failed with and without FlashInfer's sampler; later steps ran with" \
+      "VLLM_USE_FLASHINFER_SAMPLER=0" | tee -a "$RES/notes.txt"
+    return 1
+  fi
+  CUDA_VISIBLE_DEVICES=0 timeout -k 10 360 python3 "$here/smoke.py" "$d" eager
+}
+
+# Greedy tokens, plugin against stock, batches formed alike (tests/e2e/test_pp_engine.py
+# does the same per mode). Stock first in each mode: it is the reference.
+step_batch() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload batch --model qwen3-0.6b --weights random \
+    --repeat 1 --timeout 360 --deadline 840 --out "$RES/batch-0.6b" \
+    --modes stock:$FAP,plugin:$FAP,stock:piecewise,plugin:piecewise
+}
+
+# The engine cell (as in ../results/2026-11-23-pipelining-pp2/run.sh, without --profile).
+step_engine-0.6b() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-0.6b --weights dummy \
+    --prompts 128 --input-len 2 --output-len 512 --max-num-seqs 128 --repeat 3 \
+    --timeout 300 --deadline 420 --out "$RES/engine-0.6b" --modes plugin:$FAP,stock:$FAP
+}
+
+step_engine-32b() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-32b --weights dummy \
+    --prompts 256 --input-len 64 --output-len 256 --max-num-seqs 256 --repeat 3 \
+    --timeout 420 --deadline 660 --out "$RES/engine-32b" --modes plugin:$FAP,stock:$FAP
+}
+
+summary() {
+  python3 - "$RES" <<'EOF' >"$RES/summary.txt" 2>&1
+import json, sys
+from pathlib import Path
+res = Path(sys.argv[1])
+for name in ("smoke/smoke.json", "smoke-default-sampler/smoke.json"):
+    path = res / name
+    if path.exists():
+        smoke = json.loads(path.read_text())
+        for mode, run in smoke["runs"].items():
+            print(f"{name.split('/')[0]}: {mode} ok={run['ok']} init_s={run.get('init_s')} "
+                  f"env={smoke['env']} {run.get('error', '')[:300]}")
+for path in sorted(res.glob("*/bench.json")):
+    for run in json.loads(path.read_text())["runs"]:
+        spec = run["spec"]
+        keys = ("plugin_stages", "tokens_agree", "tokens_reference", "requests_differ",
+                "repeats_itself", "req_per_s", "tpot_mean_ms", "init_s", "capture_s",
+                "returncode")
+        row = " ".join(f"{k}={run[k]}" for k in keys if k in run)
+        print(f"{path.parent.name}: {spec['runner']}:{spec['mode']} "
+              f"{'ok' if run.get('digest') else 'FAILED'} {row}")
+EOF
+}
+
+run_all() {
+  RES=$1; shift
+  mkdir -p "$RES"
+  local want=" ${*:-smoke batch} "
+  [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
+  for s in $want; do
+    case $s in smoke|batch|engine-0.6b|engine-32b) ;; *) echo "unknown step $s" >&2; usage ;; esac
+  done
+  {
+    date -u +"start %FT%TZ"
+    nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+    echo "steps:$want"
+  } | tee "$RES/host.txt"
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
+    --target "$site" . 2>&1 | grep -v 'already exists' | tee "$RES/install-project.txt"
+  VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
+  echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
+  : >"$RES/steps.txt"
+  for s in smoke batch engine-0.6b engine-32b; do
+    case $want in *" $s "*) ;; *) continue ;; esac
+    echo "=== step $s ($(date -u +%T))"
+    local t0=$SECONDS
+    # Not a pipe: the smoke step may export VLLM_USE_FLASHINFER_SAMPLER for the later ones.
+    "step_$s" > >(tee "$RES/$s.txt") 2>&1
+    local rc=$?
+    echo "$s rc=$rc ${VLLM_USE_FLASHINFER_SAMPLER:+VLLM_USE_FLASHINFER_SAMPLER=$VLLM_USE_FLASHINFER_SAMPLER }$((SECONDS - t0))s" \
+      | tee -a "$RES/steps.txt"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >>"$RES/steps.txt" 2>&1
+    summary
+  done
+  summary
+  echo "CHECKS DONE" | tee -a "$RES/steps.txt"
+}
+
+case "${1:-}" in
+  ""|-h|--help) usage ;;
+  start)
+    [ $# -ge 2 ] || usage
+    mkdir -p "$2"
+    setsid bash "$self" "${@:2}" >"$2/console.txt" 2>&1 </dev/null &
+    sleep 2; echo "started: $2/console.txt" ;;
+  wait)
+    [ $# -eq 3 ] || usage
+    RES=$2; end=$((SECONDS + $3))
+    while [ $SECONDS -lt $end ] && ! grep -qs 'CHECKS DONE' "$RES/steps.txt"; do sleep 10; done
+    cat "$RES/steps.txt" 2>/dev/null
+    grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|TOKENS DIFFER|PLUGIN NOT LOADED|^[A-Za-z]*Error|smoke failed|rc=' \
+      "$RES/console.txt" 2>/dev/null | cut -c1-300 | tail -40
+    cat "$RES/summary.txt" 2>/dev/null
+    pack=${OUT:-$(dirname "$RES")}
+    tar -C "$RES" --exclude=model --exclude=traces -czf "$pack/checks.tgz" . \
+      && cp "$RES/summary.txt" "$RES/steps.txt" "$pack/" 2>/dev/null
+    ls -la "$pack/checks.tgz"
+    grep -qs 'CHECKS DONE' "$RES/steps.txt" && echo "ALL STEPS DONE" || echo "STILL RUNNING" ;;
+  *) run_all "$@" ;;
+esac
