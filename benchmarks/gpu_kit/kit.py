@@ -253,28 +253,25 @@ out = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
 import vllm
 out["vllm"] = vllm.__version__
 out["vllm_from"] = vllm.__file__
-loads = {}
-for mod in ("vllm._C_stable_libtorch", "vllm._moe_C_stable_libtorch",
-            "vllm.vllm_flash_attn._vllm_fa3_C", "vllm._flashmla_C", "vllm.cumem_allocator"):
-    try:
-        importlib.import_module(mod)
-        loads[mod] = "ok"
-    except Exception as exc:
-        loads[mod] = f"{type(exc).__name__}: {exc}"[:300]
-out["extensions"] = loads
+def imports(names):
+    result = {}
+    for mod in names:
+        try:
+            importlib.import_module(mod)
+            result[mod] = "ok"
+        except BaseException as exc:
+            result[mod] = f"{type(exc).__name__}: {exc}"[:300]
+    return result
+out["extensions"] = imports(("vllm._C_stable_libtorch", "vllm._moe_C_stable_libtorch",
+                             "vllm.vllm_flash_attn._vllm_fa3_C", "vllm._flashmla_C",
+                             "vllm.cumem_allocator"))
 # Pure-Python modules an engine start needs that earlier kits lacked or that import
 # optional packages: vLLM's pynvml copy (platform detection), FlashInfer (MRV2's
 # sampler imports vLLM's FlashInfer backend), the MRV2 runner and the CLI.
-mods = {}
-for mod in ("vllm.third_party.pynvml", "flashinfer", "vllm.v1.attention.backends.flashinfer",
-            "vllm.v1.worker.gpu.sample.sampler", "vllm.v1.worker.gpu.model_runner",
-            "vllm.v1.attention.backends.triton_attn", "vllm.entrypoints.cli.main"):
-    try:
-        importlib.import_module(mod)
-        mods[mod] = "ok"
-    except BaseException as exc:
-        mods[mod] = f"{type(exc).__name__}: {exc}"[:300]
-out["modules"] = mods
+out["modules"] = imports(("vllm.third_party.pynvml", "flashinfer",
+                          "vllm.v1.attention.backends.flashinfer",
+                          "vllm.v1.worker.gpu.sample.sampler", "vllm.v1.worker.gpu.model_runner",
+                          "vllm.v1.attention.backends.triton_attn", "vllm.entrypoints.cli.main"))
 try:
     from vllm.platforms import current_platform
     out["platform"] = f"{type(current_platform).__name__} device_type={current_platform.device_type!r}"
