@@ -368,6 +368,7 @@ def test_a_soak_of_several_runs_per_side_runs_through_to_its_verdict(tmp_path, m
         return GreedyCheck(len(sequences), 10, 0, 0.0, [], [])
 
     monkeypatch.setattr(soak, "write_model_dir", lambda *a, **k: tmp_path / "model")
+    monkeypatch.setattr(soak.tempfile, "tempdir", str(tmp_path))  # its folders stay in tmp_path
     monkeypatch.setattr(soak, "run_serve_mode", fake_serve)
     monkeypatch.setattr(soak, "serve_and_call", fake_serve_and_call)
     monkeypatch.setattr(soak, "score_greedy", fake_score)
