@@ -147,6 +147,12 @@ def byte_vocab_model_dir(directory: str | Path, shape: str) -> Path:
     return path
 
 
+def structured_name(args: argparse.Namespace) -> str:
+    """The structured check's report and log name: runner, PP size, shape unless the default."""
+    shape = "" if args.shape == "qwen3-0.6b" else f"-{args.shape}"
+    return f"structured-{args.runner}-pp{args.pp}{shape}"
+
+
 def check_structured(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     model_dir = str(byte_vocab_model_dir(tempfile.mkdtemp(prefix="structured-"), args.shape))
@@ -154,8 +160,7 @@ def check_structured(args: argparse.Namespace) -> dict[str, Any]:
                    weights="dummy", shape=args.shape, attention_backend="TRITON_ATTN",
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    extra_env={"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})
-    log_path = out / (f"structured-pp{args.pp}"
-                      + ("" if args.shape == "qwen3-0.6b" else f"-{args.shape}") + ".log")
+    log_path = out / f"{structured_name(args)}.log"
     requests = structured_requests(args.requests)
 
     async def call(base_url: str) -> dict[str, Any]:
@@ -314,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = (check_structured if args.check == "structured" else check_fault)(args)
-    name = (f"structured-{args.runner}-pp{args.pp}" + ("" if args.shape == "qwen3-0.6b" else
-                                                       f"-{args.shape}")
-            if args.check == "structured" else fault_name(args))
+    name = structured_name(args) if args.check == "structured" else fault_name(args)
     (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "problems"}, default=str))
     for problem in report.get("problems", [])[:20]:

@@ -115,7 +115,7 @@ def soak_load(args: argparse.Namespace, requests: int | None = None,
     with ``--sampling-mix`` each request with one of the mix's sampling options,
     with ``--lora`` some sent to an adapter (greedy) instead."""
     mix = dict(SAMPLING_MIX) if getattr(args, "sampling_mix", False) else {}
-    adapters = (getattr(args, "lora_adapters", None) or {}) if lora else {}
+    adapters = args.lora_adapters if lora else {}
     if adapters:
         mix = (mix or {"greedy": {}}) | lora_mix(adapters)
     return LoadSpec("", "", soak_prompts(), requests or args.requests,
@@ -332,7 +332,7 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
     """One mode's verdict from its runs' reports (keys as :func:`run_tags` names them)."""
     result: dict = {"mode": mode, "shape": args.shape, "weights": args.weights,
-                    "lora": len(getattr(args, "lora_adapters", None) or {}),
+                    "lora": len(args.lora_adapters),
                     "plugin_runner": args.plugin_runner,
                     "stock_mode": stock_mode_for(mode, args.same_stock_mode),
                     "extra_args": extra, "batch_invariant": args.batch_invariant,
@@ -356,8 +356,9 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
             result[f"{kind}_divergence_word"] = statistics.fmean(
                 result[f"{x}_vs_{y}_divergence_word"] for x, y in pairs)
         result["request_digests"] = {name: text_digests(rep) for name, rep in texts.items()}
-        shares_judge = schedules_like_stock(args.plugin_runner) or not args.token_check
-        result["share_rule"] = "judges" if shares_judge or args.batch_invariant else (
+        shares_judge = (schedules_like_stock(args.plugin_runner) or not args.token_check
+                        or args.batch_invariant)
+        result["share_rule"] = "judges" if shares_judge else (
             "reported only: the plugin runner decodes on another cadence than stock, "
             "so its batches differ by design; the token check judges")
         result["problems"] = soak_verdict(reports["plugin"], result["plugin_vs_stock"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+from _serve_parser import parse_serve_args
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.bench.serve_load import request_body
@@ -48,11 +48,9 @@ def test_two_seeds_give_two_different_adapters(tmp_path):
 def test_vllm_serve_accepts_the_adapters_flags(tmp_path, monkeypatch):
     import vllm.platforms
 
-    from tests.tools.test_soak_slots import make_arg_parser
-
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
     args = lora_serve_args({"lora0": tmp_path / "l0", "lora1": tmp_path / "l1"})
-    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args([str(tmp_path), *args])
+    parsed = parse_serve_args([str(tmp_path), *args])
     assert parsed.enable_lora and parsed.max_loras == 2 and parsed.max_lora_rank == 8
     assert sorted(m.name for m in parsed.lora_modules) == ["lora0", "lora1"]
     assert lora_serve_args({}) == []

@@ -8,12 +8,11 @@ how one mode's runs are compared and judged.
 from __future__ import annotations
 
 import argparse
-import importlib
 import threading
 import time
 
 import pytest
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+from _serve_parser import parse_serve_args
 
 from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
 from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
@@ -35,18 +34,6 @@ from benchmarks.tools.soak import main as serve_soak_main
 from benchmarks.tools.soak_judge import GreedyCheck
 
 
-def _serve_parser_maker():
-    """`vllm serve`'s ``make_arg_parser``: in entrypoints.openai up to 0.28,
-    entrypoints.launchers in 0.29-0.32, entrypoints.common from 0.33."""
-    for place in ("openai", "launchers", "common"):
-        try:
-            return importlib.import_module(f"vllm.entrypoints.{place}.cli_args").make_arg_parser
-        except ImportError:
-            continue
-    raise ImportError("no vllm.entrypoints.*.cli_args.make_arg_parser in this vLLM")
-
-
-make_arg_parser = _serve_parser_maker()
 
 
 def test_every_group_gets_its_share_of_slots_on_distinct_ports():
@@ -72,7 +59,7 @@ def test_shared_slot_server_gets_its_gpus_and_a_kv_cache_vllm_accepts(tmp_path, 
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert env["VLLM_CACHE_ROOT"].endswith("soak-cache-8040")
     cmd = serve_command(spec, str(tmp_path), slot.port, slot.serve_args())
-    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("serve") + 1:])
+    parsed = parse_serve_args(cmd[cmd.index("serve") + 1:])
     assert parsed.kv_cache_memory_bytes == 8 * 2**30
     assert parsed.gpu_memory_utilization == Slot.SHARED_UTILIZATION
 
@@ -143,7 +130,7 @@ def test_under_preemption_every_server_preempts_and_stock_gets_only_the_fix(tmp_
         spec = server_spec(runner, mode, args)
         plugins[tag] = engine_env(spec)["VLLM_PLUGINS"]
         cmd = serve_command(spec, str(tmp_path), 8000, PREEMPTION_ARGS)
-        parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("serve") + 1:])
+        parsed = parse_serve_args(cmd[cmd.index("serve") + 1:])
         assert parsed.num_gpu_blocks_override == 512
     assert plugins == {"plugin": "pp_cudagraph", "stock_a": PREEMPTION_FIX_PLUGIN,
                        "stock_b": PREEMPTION_FIX_PLUGIN}
@@ -159,7 +146,8 @@ def _served(preemptions: int, texts: list[str]) -> dict:
 
 
 #: The soak's model defaults, as its parser sets them.
-SOAK_MODEL = dict(max_num_seqs=256, shape="qwen3-0.6b", weights="random", gpu_memory_utilization=0.5)
+SOAK_MODEL = dict(max_num_seqs=256, shape="qwen3-0.6b", weights="random", gpu_memory_utilization=0.5,
+                  lora_adapters={})
 
 
 def _soak_args(**overrides) -> argparse.Namespace:
@@ -396,7 +384,7 @@ def test_a_big_shape_soaks_with_vllms_dummy_weights_and_the_memory_it_is_given(t
     spec = Slot("0,1", 8000).apply(server_spec("plugin", "full_and_piecewise", args))
     assert (spec.shape, spec.weights, spec.gpu_memory_utilization) == ("qwen3-32b", "dummy", 0.9)
     cmd = serve_command(spec, str(tmp_path), 8000)
-    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[cmd.index("serve") + 1:])
+    parsed = parse_serve_args(cmd[cmd.index("serve") + 1:])
     assert (parsed.load_format, parsed.gpu_memory_utilization) == ("dummy", 0.9)
 
 
