@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The first checks of a released vLLM (0.33.0) with this plugin on a host with 2 GPUs,
-# after the kit's install (README.md, "The next GPU run"). From the repository root:
+# The first checks of a released vLLM (0.33.0) with this plugin on a GPU host (2 GPUs,
+# or one for the one-gpu steps), after the kit's install (README.md, "The next GPU
+# run"). From the repository root:
 #
 #   bash benchmarks/gpu_kit/run_checks.sh DIR [STEP...]        run in the foreground
 #   bash benchmarks/gpu_kit/run_checks.sh start DIR [STEP...]  the same, detached
@@ -9,12 +10,17 @@
 #
 # Steps, in this order whatever order they are named in (default: smoke batch):
 #   smoke        one GPU, PP=1, eager, stock vLLM: does an engine start (smoke.py)
+#   runner-pp1   one GPU, PP=1, random weights: stock then the plugin's runner, each in
+#                FULL_AND_PIECEWISE and PIECEWISE (smoke.py); greedy tokens compared
+#                per mode and the plugin's runner log line counted (runner-pp1.json).
+#                (the plugin's graph manager where only one GPU is at hand)
 #   batch        PP=2, Qwen3-0.6B shape, random weights, --workload batch: the plugin's
 #                greedy tokens against stock's, FULL_AND_PIECEWISE then PIECEWISE;
 #                bench.json records plugin_stages and tokens_agree per run
 #   engine-0.6b  PP=2, --workload engine, 0.6B shape, dummy weights: plugin vs stock
 #   engine-32b   PP=2, --workload engine, Qwen3-32B dense shape, dummy weights: plugin vs stock
-#   all          all four
+#   all          smoke, batch, engine-0.6b, engine-32b
+#   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
 # status and seconds, DIR/summary.txt the runs' tokens_agree, plugin_stages and speed.
 # The project is installed into the kit's site first (KIT_SITE, default /tmp/site).
@@ -33,7 +39,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,25p' "$self" >&2; exit 2; }
+usage() { sed -n '2,31p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -66,6 +72,41 @@ step_smoke() {
   CUDA_VISIBLE_DEVICES=0 timeout -k 10 360 python3 "$here/smoke.py" "$d" eager
 }
 
+# PP=1 on one GPU: the plugin's runner and graph manager against stock, token for token.
+step_runner-pp1() {
+  local r rc=0
+  for r in stock plugin; do
+    local plugins=""; [ "$r" = plugin ] && plugins=pp_cudagraph
+    CUDA_VISIBLE_DEVICES=0 VLLM_PLUGINS=$plugins timeout -k 10 540 python3 "$here/smoke.py" \
+      --random-weights "$RES/pp1-$r" full_and_piecewise piecewise 2>&1 | tee "$RES/pp1-$r.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+  python3 - "$RES" <<'EOF2' || rc=1
+import json, sys
+from pathlib import Path
+res = Path(sys.argv[1])
+runs = {r: json.loads((res / f"pp1-{r}/smoke.json").read_text())["runs"]
+        for r in ("stock", "plugin") if (res / f"pp1-{r}/smoke.json").exists()}
+log = (res / "pp1-plugin.log").read_text() if (res / "pp1-plugin.log").exists() else ""
+report = {"plugin_runner_lines": log.count("PPCudaGraphModelRunner on pipeline stage 0 of 1"),
+          "stock_runner_lines": (res / "pp1-stock.log").read_text().count("PPCudaGraphModelRunner")
+          if (res / "pp1-stock.log").exists() else None, "modes": {}}
+ok = len(runs) == 2 and report["plugin_runner_lines"] >= 2 and report["stock_runner_lines"] == 0
+for mode in ("full_and_piecewise", "piecewise"):
+    s, p = (runs.get(r, {}).get(mode, {}) for r in ("stock", "plugin"))
+    agree = bool(s.get("ok") and p.get("ok")) and s["tokens"] == p["tokens"]
+    distinct = len({t for seq in s.get("tokens", []) for t in seq})
+    report["modes"][mode] = {"stock_ok": s.get("ok"), "plugin_ok": p.get("ok"),
+                             "tokens_agree": agree, "distinct_tokens": distinct}
+    ok &= agree
+report["ok"] = ok
+(res / "runner-pp1.json").write_text(json.dumps(report, indent=1))
+print("RESULT runner-pp1", json.dumps(report))
+sys.exit(0 if ok else 1)
+EOF2
+  return $rc
+}
+
 # Greedy tokens, plugin against stock, batches formed alike (tests/e2e/test_pp_engine.py
 # does the same per mode). Stock first in each mode: it is the reference.
 step_batch() {
@@ -92,13 +133,16 @@ summary() {
 import json, sys
 from pathlib import Path
 res = Path(sys.argv[1])
-for name in ("smoke/smoke.json", "smoke-default-sampler/smoke.json"):
+for name in ("smoke/smoke.json", "smoke-default-sampler/smoke.json", "pp1-stock/smoke.json",
+             "pp1-plugin/smoke.json"):
     path = res / name
     if path.exists():
         smoke = json.loads(path.read_text())
         for mode, run in smoke["runs"].items():
             print(f"{name.split('/')[0]}: {mode} ok={run['ok']} init_s={run.get('init_s')} "
                   f"env={smoke['env']} {run.get('error', '')[:300]}")
+if (res / "runner-pp1.json").exists():
+    print("runner-pp1:", (res / "runner-pp1.json").read_text().replace("\n", ""))
 for path in sorted(res.glob("*/bench.json")):
     for run in json.loads(path.read_text())["runs"]:
         spec = run["spec"]
@@ -116,8 +160,10 @@ run_all() {
   mkdir -p "$RES"
   local want=" ${*:-smoke batch} "
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
+  [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|batch|engine-0.6b|engine-32b) ;; *) echo "unknown step $s" >&2; usage ;; esac
+    case $s in smoke|runner-pp1|batch|engine-0.6b|engine-32b) ;;
+      *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
     date -u +"start %FT%TZ"
@@ -129,7 +175,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke batch engine-0.6b engine-32b; do
+  for s in smoke runner-pp1 batch engine-0.6b engine-32b; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS

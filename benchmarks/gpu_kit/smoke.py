@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Does a vLLM engine start and generate here? One GPU, PP=1, stock vLLM (MRV2).
+"""Does a vLLM engine start and generate here? One GPU, PP=1, MRV2.
 
-usage: python smoke.py OUT_DIR [MODE...]     MODE: eager (default), piecewise,
-                                             full_and_piecewise
+usage: python smoke.py [--random-weights] OUT_DIR [MODE...]
+       MODE: eager (default), piecewise, full_and_piecewise
 
-Qwen3-0.6B's shape with vLLM's dummy weights (no download), the Triton attention
+Qwen3-0.6B's shape with vLLM's dummy weights (no download), or with a checkpoint of
+seeded random weights written here (--random-weights: greedy tokens then depend on
+every layer, so two runners can be compared token for token), the Triton attention
 backend, 8 greedy requests of 32 tokens per mode, each mode in its own engine, one
 after another. Prints a RESULT line per mode and writes OUT_DIR/smoke.json; exits 1
-when a mode failed. Run it with the kit on PYTHONPATH (run_checks.sh does).
+when a mode failed. Stock vLLM unless VLLM_PLUGINS names this plugin. Run it with the
+kit on PYTHONPATH (run_checks.sh does).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    random_weights = bool(argv) and argv[0] == "--random-weights"
+    argv = argv[1:] if random_weights else argv
     if not argv:
         sys.exit(__doc__)
     out_dir, modes = Path(argv[0]), argv[1:] or ["eager"]
@@ -46,8 +51,10 @@ def main(argv: list[str]) -> int:
               "env": {k: os.environ.get(k) for k in ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_PLUGINS",
                                                      "VLLM_USE_FLASHINFER_SAMPLER")},
               "runs": {}}
-    print("smoke:", json.dumps({k: report[k] for k in ("vllm", "torch", "gpu", "env")}), flush=True)
-    model = str(write_model_dir(tempfile.mkdtemp(), "qwen3-0.6b"))
+    print("smoke:", json.dumps({k: report[k] for k in ("vllm", "torch", "gpu", "env")}),
+          flush=True)
+    report["weights"] = "random" if random_weights else "dummy"
+    model = str(write_model_dir(tempfile.mkdtemp(), "qwen3-0.6b", weights=random_weights))
     prompts = [TokensPrompt(prompt_token_ids=[1000 + 7 * i + j for j in range(8)]) for i in range(8)]
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     failed = False
@@ -56,7 +63,8 @@ def main(argv: list[str]) -> int:
                   else {"compilation_config": {"cudagraph_mode": mode.upper()}})
         start = time.monotonic()
         try:
-            llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
+            llm = LLM(model=model, load_format="auto" if random_weights else "dummy",
+                      skip_tokenizer_init=True, seed=0,
                       gpu_memory_utilization=0.4, attention_backend="TRITON_ATTN",
                       max_model_len=512, max_num_seqs=16, **kwargs)
             init_s = time.monotonic() - start
