@@ -6,11 +6,12 @@ usage: python smoke.py [--random-weights] OUT_DIR [MODE...]
 
 Qwen3-0.6B's shape with vLLM's dummy weights (no download), or with a checkpoint of
 seeded random weights written here (--random-weights: greedy tokens then depend on
-every layer, so two runners can be compared token for token), the Triton attention
-backend, 8 greedy requests of 32 tokens per mode, each mode in its own engine, one
-after another. Prints a RESULT line per mode and writes OUT_DIR/smoke.json; exits 1
-when a mode failed. Stock vLLM unless VLLM_PLUGINS names this plugin. Run it with the
-kit on PYTHONPATH (run_checks.sh does).
+every layer, so two runners can be compared token for token; the requests are then
+queued before the first step, as the bench's `batch` workload does, so that batches
+form alike on every run), the Triton attention backend, 8 greedy requests of 32 tokens
+per mode, each mode in its own engine, one after another. Prints a RESULT line per
+mode and writes OUT_DIR/smoke.json; exits 1 when a mode failed. Stock vLLM unless
+VLLM_PLUGINS names this plugin. Run it with the kit on PYTHONPATH (run_checks.sh does).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main(argv: list[str]) -> int:
     from vllm.inputs import TokensPrompt
 
     from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.bench.engine_run import generate_as_one_batch
 
     from vllm.platforms import current_platform
 
@@ -69,7 +71,8 @@ def main(argv: list[str]) -> int:
                       max_model_len=512, max_num_seqs=16, **kwargs)
             init_s = time.monotonic() - start
             start = time.monotonic()
-            outputs = llm.generate(prompts, params)
+            outputs = (generate_as_one_batch(llm, prompts, params) if random_weights
+                       else llm.generate(prompts, params))
             tokens = [list(o.outputs[0].token_ids) for o in outputs]
             run = {"ok": all(len(t) == 32 for t in tokens), "init_s": round(init_s, 1),
                    "generate_s": round(time.monotonic() - start, 2), "tokens": tokens}

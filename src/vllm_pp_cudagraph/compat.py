@@ -86,7 +86,7 @@ SURFACE: tuple[Needed, ...] = (
             "intermediate_tensors", "cudagraph_manager", "pp_handler", "req_states", "model",
             "model_config", "parallel_config", "compilation_config", "vllm_config", "device",
             "is_first_pp_rank", "is_last_pp_rank", "use_pp", "max_num_reqs", "input_buffers",
-            "model_state",
+            "model_state", "speculative_config",
         ),
     ),
     Needed(

@@ -125,6 +125,32 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         super().profile_run(*args, **kwargs)
         if self.use_pp:
             self._check_stage_handoffs(produced=self._produced_schema)
+            self._warm_up_received_token_update()
+
+    def _warm_up_received_token_update(self) -> None:
+        """Compile, before serving, the update a first stage applies with the last stage's tokens.
+
+        A first stage applies the broadcast tokens without query offsets or
+        penalty counts (``postprocess_sampled`` from the PP ring), a variant of
+        vLLM's token-update kernel that no warm-up runs, so Triton compiled it
+        at the first request. Here it runs on rows whose request index is -1,
+        which the kernel skips, so no request state changes. The tensors are
+        laid out as ``PPHandler.receive`` lays them out: the counts are two rows
+        of one int32 tensor, and Triton specialises on whether the second row
+        starts 16-byte aligned, so both cases run. Without speculative decoding
+        only (with drafts the update takes other arguments).
+        """
+        if self.is_last_pp_rank or self.speculative_config is not None:
+            return
+        for num_reqs in (4, 1):
+            counts = torch.zeros(2, num_reqs, dtype=torch.int32, device=self.device)
+            num_sampled, num_rejected = counts.unbind(dim=0)
+            self.postprocess_sampled(
+                idx_mapping=torch.full((num_reqs,), -1, dtype=torch.int32, device=self.device),
+                sampled_tokens=torch.zeros(num_reqs, 1, dtype=torch.int64, device=self.device),
+                num_sampled=num_sampled,
+                num_rejected=num_rejected,
+            )
 
     def profile_cudagraph_memory(self) -> int:
         if compat.upstream_measures_graph_memory():

@@ -25,7 +25,8 @@ GRAPH_MODES = ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "
 def test_plugin_tokens_equal_stock_per_graph_mode(mode, tmp_path, random_model):
     """``vllm-pp-cudagraph bench --workload batch``: requests queued as one batch, so
     batches form alike and the plugin's greedy tokens must equal stock's. The plugin's
-    runner must have run on both stages, and the report names what it ran on."""
+    runner must have run on both stages, the report names what it ran on, and the first
+    stage did not compile its update with the last stage's tokens while serving."""
     import torch
 
     out = tmp_path / "bench"
@@ -48,6 +49,8 @@ def test_plugin_tokens_equal_stock_per_graph_mode(mode, tmp_path, random_model):
     assert plugin["tokens_agree"] is True, (
         f"{plugin.get('requests_differ')} requests differ from {plugin.get('tokens_reference')}"
     )
+    # The first stage's update with the last stage's tokens is compiled before serving.
+    assert "_post_update_kernel" not in plugin["jit_compiles"], plugin["jit_compiles"]
     assert proc.returncode == 0, console
 
 

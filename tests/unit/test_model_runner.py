@@ -107,3 +107,69 @@ def test_start_up_dummy_runs_and_single_stage_runs_raise_as_vllm_does(exits, fai
     with pytest.raises(RuntimeError, match="step failed"):
         bare_runner(use_pp=False).sample_tokens(None)
     assert exits == []
+
+
+@pytest.fixture
+def token_updates(monkeypatch):
+    """vLLM's postprocess_sampled, recorded, bound to the installed release's signature."""
+    calls = []
+    signature = inspect.signature(GPUModelRunner.postprocess_sampled)
+
+    def stand_in(self, *args, **kwargs):
+        calls.append(signature.bind(self, *args, **kwargs).arguments)
+
+    monkeypatch.setattr(GPUModelRunner, "postprocess_sampled", stand_in)
+    return calls
+
+
+def first_stage(**state) -> PPCudaGraphModelRunner:
+    import torch
+
+    return bare_runner(is_last_pp_rank=False, speculative_config=None,
+                       device=torch.device("cpu"), **state)
+
+
+def test_first_stages_warm_up_the_received_token_update_touching_no_request(token_updates):
+    first_stage()._warm_up_received_token_update()
+    assert token_updates, "no warm-up of the token update"
+    for call in token_updates:
+        # The update kernel skips rows whose request index is negative.
+        assert call["idx_mapping"].tolist() == [-1] * len(call["idx_mapping"])
+        assert call.get("query_start_loc") is None and call.get("draft_tokens") is None
+
+
+def test_the_warm_up_lays_tensors_out_as_the_pp_ring_receives_them(token_updates):
+    import torch
+
+    first_stage()._warm_up_received_token_update()
+    rejected_alignment = set()
+    for call in token_updates:
+        n = len(call["idx_mapping"])
+        assert call["sampled_tokens"].dtype == torch.int64
+        assert tuple(call["sampled_tokens"].shape) == (n, 1)
+        sampled, rejected = call["num_sampled"], call["num_rejected"]
+        assert sampled.dtype == rejected.dtype == torch.int32
+        assert sampled.untyped_storage().data_ptr() == rejected.untyped_storage().data_ptr()
+        assert (sampled.storage_offset(), rejected.storage_offset()) == (0, n)
+        rejected_alignment.add(rejected.storage_offset() * rejected.element_size() % 16 == 0)
+    # Triton compiles one variant per 16-byte alignment of each pointer: both must run.
+    assert rejected_alignment == {True, False}
+
+
+@pytest.mark.parametrize("state", [{"is_last_pp_rank": True}, {"speculative_config": object()}],
+                         ids=["last-stage", "speculative-decoding"])
+def test_no_token_update_warm_up_where_the_first_stage_path_differs(state, token_updates):
+    runner = first_stage()
+    runner.__dict__.update(state)
+    runner._warm_up_received_token_update()
+    assert token_updates == []
+
+
+def test_the_profiling_run_under_pp_ends_with_the_warm_up(monkeypatch, token_updates):
+    order = []
+    monkeypatch.setattr(GPUModelRunner, "profile_run", lambda self: order.append("vllm"))
+    monkeypatch.setattr(PPCudaGraphModelRunner, "_check_stage_handoffs",
+                        lambda self, produced=None: order.append("handoffs"))
+    runner = first_stage(use_pp=True, _produced_schema=None)
+    runner.profile_run()
+    assert order == ["vllm", "handoffs"] and token_updates

@@ -454,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in unloaded:
         print(f"PLUGIN NOT LOADED: {r['spec']['runner']}:{r['spec']['mode']} logged the plugin's "
               f"runner on {r['plugin_stages']} of {args.pp} stages; its numbers are not the plugin's")
+    for r in reports:
+        if r.get("jit_compiles"):
+            print(f"compiled while serving: {r['spec']['runner']}:{r['spec']['mode']}: "
+                  f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")
     if args.workload == "batch":
         check_agreement(reports)
     print()

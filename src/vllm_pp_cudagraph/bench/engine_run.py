@@ -320,6 +320,23 @@ def cadence_choices(log: str) -> list[str]:
     return _CADENCE_CHOICE.findall(log)
 
 
+_SERVING_JIT = re.compile(r"JIT compilation during inference: (\w+)")
+
+
+def serving_jit_compiles(log: str) -> list[str]:
+    """Kernels compiled while serving, in order, by vLLM's JIT monitor: each a latency spike."""
+    return _SERVING_JIT.findall(log)
+
+
+def log_findings(log: str) -> dict[str, Any]:
+    """What a run's log says beyond its numbers."""
+    return {
+        "plugin_stages": plugin_stages(log),
+        "cadence_choices": cadence_choices(log),
+        "jit_compiles": serving_jit_compiles(log),
+    }
+
+
 def run_in_subprocess(
     spec: RunSpec, log_path: Path, timeout_s: float | None = None
 ) -> dict[str, Any]:
@@ -353,8 +370,7 @@ def run_in_subprocess(
     else:
         report["error_tail"] = log[-3000:]
     report.update(capture_stats(log))
-    report["plugin_stages"] = plugin_stages(log)
-    report["cadence_choices"] = cadence_choices(log)
+    report.update(log_findings(log))
     report["spec"] = spec_record(spec)
     if spec.profile_dir and Path(spec.profile_dir).is_dir():
         report["profile"] = analyze_dir(Path(spec.profile_dir))

@@ -20,9 +20,8 @@ from typing import Any
 from vllm_pp_cudagraph.bench.engine_run import (
     MODES,
     RunSpec,
-    cadence_choices,
     engine_env,
-    plugin_stages,
+    log_findings,
     spec_record,
     stop_process_group,
 )
@@ -237,8 +236,7 @@ def run_vllm_bench_sweep(
 
     report = serve_and_call(spec, model_dir, log_path, sweep, port, startup_timeout_s)
     log = log_path.read_text(errors="replace")
-    report["plugin_stages"] = plugin_stages(log)
-    report["cadence_choices"] = cadence_choices(log)
+    report.update(log_findings(log))
     reports = []
     for point in report.pop("sweep", []) or [{"concurrency": c} for c in concurrencies]:
         reports.append({**report, **point, "digest": "n/a" if point.get("req_per_s") else None})
