@@ -19,6 +19,10 @@
 #                bench.json records plugin_stages and tokens_agree per run
 #   engine-0.6b  PP=2, --workload engine, 0.6B shape, dummy weights: plugin vs stock
 #   engine-32b   PP=2, --workload engine, Qwen3-32B dense shape, dummy weights: plugin vs stock
+#   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
+#                structured outputs, stage faults, a short soak, the refusals), with
+#                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
+#                of its own
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
@@ -39,7 +43,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,31p' "$self" >&2; exit 2; }
+usage() { sed -n '2,35p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -128,6 +132,13 @@ step_engine-32b() {
     --timeout 420 --deadline 660 --out "$RES/engine-32b" --modes plugin:$FAP,stock:$FAP
 }
 
+step_gpu-tests() {
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
+    --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
+  python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/gpu-tests" \
+    --junitxml "$RES/gpu-tests.xml" tests
+}
+
 summary() {
   python3 - "$RES" <<'EOF' >"$RES/summary.txt" 2>&1
 import json, sys
@@ -162,7 +173,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|engine-0.6b|engine-32b) ;;
+    case $s in smoke|runner-pp1|batch|engine-0.6b|engine-32b|gpu-tests) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -175,7 +186,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch engine-0.6b engine-32b; do
+  for s in smoke runner-pp1 batch engine-0.6b engine-32b gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
@@ -203,11 +214,11 @@ case "${1:-}" in
     RES=$2; end=$((SECONDS + $3))
     while [ $SECONDS -lt $end ] && ! grep -qs 'CHECKS DONE' "$RES/steps.txt"; do sleep 10; done
     cat "$RES/steps.txt" 2>/dev/null
-    grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|TOKENS DIFFER|PLUGIN NOT LOADED|^[A-Za-z]*Error|smoke failed|rc=' \
+    grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|TOKENS DIFFER|PLUGIN NOT LOADED|^[A-Za-z]*Error|smoke failed|rc=|(PASSED|FAILED|SKIPPED|ERROR)( |$)|passed|failed' \
       "$RES/console.txt" 2>/dev/null | cut -c1-300 | tail -40
     cat "$RES/summary.txt" 2>/dev/null
     pack=${OUT:-$(dirname "$RES")}
-    tar -C "$RES" --exclude=model --exclude=traces -czf "$pack/checks.tgz" . \
+    tar -C "$RES" --exclude=model --exclude=traces --exclude='*.safetensors' -czf "$pack/checks.tgz" . \
       && cp "$RES/summary.txt" "$RES/steps.txt" "$pack/" 2>/dev/null
     ls -la "$pack/checks.tgz"
     grep -qs 'CHECKS DONE' "$RES/steps.txt" && echo "ALL STEPS DONE" || echo "STILL RUNNING" ;;
