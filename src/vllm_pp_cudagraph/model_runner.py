@@ -68,8 +68,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     Beyond vLLM's runner it checks every stage hand-off against the persistent
     input buffers, measures graph memory before the KV cache is sized,
     runs :class:`PPCudaGraphManager`, on the first stages applies the last
-    stage's sampled tokens as soon as a step needs them (first_stage_tokens.py),
-    and stops its worker when a serving step fails (stage_failure.py).
+    stage's sampled tokens as soon as a step needs them (first_stage_tokens.py)
+    and compiles that update before serving, and stops its worker when a
+    serving step fails (stage_failure.py).
     """
 
     cudagraph_manager: PPCudaGraphManager | None
