@@ -214,7 +214,7 @@ case "${1:-}" in
     RES=$2; end=$((SECONDS + $3))
     while [ $SECONDS -lt $end ] && ! grep -qs 'CHECKS DONE' "$RES/steps.txt"; do sleep 10; done
     cat "$RES/steps.txt" 2>/dev/null
-    grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|TOKENS DIFFER|PLUGIN NOT LOADED|^[A-Za-z]*Error|smoke failed|rc=|(PASSED|FAILED|SKIPPED|ERROR)( |$)|passed|failed' \
+    grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|TOKENS DIFFER|PLUGIN NOT LOADED|^[A-Za-z]*Error|smoke failed|rc=|::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR)|^=+ .*(passed|failed|error)' \
       "$RES/console.txt" 2>/dev/null | cut -c1-300 | tail -40
     cat "$RES/summary.txt" 2>/dev/null
     pack=${OUT:-$(dirname "$RES")}
