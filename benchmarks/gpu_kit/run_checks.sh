@@ -19,6 +19,9 @@
 #                bench.json records plugin_stages and tokens_agree per run
 #   engine-0.6b  PP=2, --workload engine, 0.6B shape, dummy weights: plugin vs stock
 #   engine-32b   PP=2, --workload engine, Qwen3-32B dense shape, dummy weights: plugin vs stock
+#   direct       PP=2, VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1 (no per-step metadata between
+#                stages): greedy tokens against stock in FULL_AND_PIECEWISE and eager
+#                (batch), then the 0.6B engine cell beside the plugin's defaults and stock
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -43,7 +46,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,35p' "$self" >&2; exit 2; }
+usage() { sed -n '2,38p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -132,6 +135,18 @@ step_engine-32b() {
     --timeout 420 --deadline 660 --out "$RES/engine-32b" --modes plugin:$FAP,stock:$FAP
 }
 
+step_direct() {
+  local rc=0
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload batch --model qwen3-0.6b --weights random \
+    --repeat 1 --timeout 360 --deadline 720 --out "$RES/direct-batch-0.6b" \
+    --modes stock:$FAP,plugin-direct:$FAP,stock:eager,plugin-direct:eager || rc=1
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-0.6b --weights dummy \
+    --prompts 128 --input-len 2 --output-len 512 --max-num-seqs 128 --repeat 3 \
+    --timeout 300 --deadline 540 --out "$RES/direct-engine-0.6b" \
+    --modes plugin-direct:$FAP,plugin:$FAP,stock:$FAP || rc=1
+  return $rc
+}
+
 step_gpu-tests() {
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
     --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
@@ -157,7 +172,7 @@ if (res / "runner-pp1.json").exists():
 for path in sorted(res.glob("*/bench.json")):
     for run in json.loads(path.read_text())["runs"]:
         spec = run["spec"]
-        keys = ("plugin_stages", "tokens_agree", "tokens_reference", "requests_differ",
+        keys = ("plugin_stages", "direct_handoff_stages", "tokens_agree", "tokens_reference", "requests_differ",
                 "repeats_itself", "req_per_s", "tpot_mean_ms", "init_s", "capture_s",
                 "returncode")
         row = " ".join(f"{k}={run[k]}" for k in keys if k in run)
@@ -173,7 +188,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|engine-0.6b|engine-32b|gpu-tests) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|gpu-tests) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -186,7 +201,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch engine-0.6b engine-32b gpu-tests; do
+  for s in smoke runner-pp1 batch direct engine-0.6b engine-32b gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
@@ -214,7 +229,7 @@ case "${1:-}" in
     RES=$2; end=$((SECONDS + $3))
     while [ $SECONDS -lt $end ] && ! grep -qs 'CHECKS DONE' "$RES/steps.txt"; do sleep 10; done
     cat "$RES/steps.txt" 2>/dev/null
-    grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|TOKENS DIFFER|PLUGIN NOT LOADED|^[A-Za-z]*Error|smoke failed|rc=|::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR)|^=+ .*(passed|failed|error)' \
+    grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|TOKENS DIFFER|PLUGIN NOT LOADED|DIRECT HAND-OFF NOT ON|^[A-Za-z]*Error|smoke failed|rc=|::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR)|^=+ .*(passed|failed|error)' \
       "$RES/console.txt" 2>/dev/null | cut -c1-300 | tail -40
     cat "$RES/summary.txt" 2>/dev/null
     pack=${OUT:-$(dirname "$RES")}

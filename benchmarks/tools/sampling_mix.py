@@ -16,7 +16,11 @@ from typing import Any
 SAMPLING_MIX: dict[str, dict[str, Any]] = {
     "greedy": {},
     "seeded-top-p-top-k": {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 7},
-    "penalties": {"presence_penalty": 0.5, "repetition_penalty": 1.2},
+    "penalties": {"presence_penalty": 0.5, "repetition_penalty": 1.2,
+                  "frequency_penalty": 0.3},
+    # Stop tokens masked until the 24th token (the load sets ignore_eos, so only the
+    # mask moves the output off the top choice where EOS would have been it).
+    "min-tokens": {"min_tokens": 24},
     "n2": {"temperature": 0.7, "n": 2, "seed": 11},
     "logprobs": {"logprobs": 5},
     # The soak's word tokenizer spells every token "w<id>": about one token in
@@ -24,7 +28,8 @@ SAMPLING_MIX: dict[str, dict[str, Any]] = {
     "stop": {"stop": ["w1"]},
 }
 
-_OFF_TOP_CHOICE = ("temperature", "presence_penalty", "repetition_penalty", "n")
+_OFF_TOP_CHOICE = ("temperature", "presence_penalty", "repetition_penalty",
+                   "frequency_penalty", "min_tokens", "n")
 
 
 def scored(sampling: str) -> bool:

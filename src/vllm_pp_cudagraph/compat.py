@@ -51,6 +51,8 @@ COMPILATION_CONFIG_MODULE = "vllm.config.compilation"
 VLLM_CONFIG_MODULE = "vllm.config.vllm"
 #: Module of the engine core, which fills idle steps only if its workers can.
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
+#: Module of the process groups, whose pipeline group passes tensors between stages.
+PARALLEL_STATE_MODULE = "vllm.distributed.parallel_state"
 #: The (non-MLA) KV-cache-write op vLLM splits piecewise graphs at.
 KV_CACHE_UPDATE_OP = "vllm::unified_kv_cache_update"
 
@@ -138,6 +140,13 @@ SURFACE: tuple[Needed, ...] = (
            instance_attrs=("model_executor", "vllm_config")),
     Needed("vllm.v1.core.sched.interface", "PauseState", members=("UNPAUSED",)),
     Needed("vllm.sequence", "IntermediateTensors", members=("tensors",)),
+    Needed(PARALLEL_STATE_MODULE, "GroupCoordinator",
+           members=("isend_tensor_dict", "irecv_tensor_dict", "_should_use_all_gather",
+                    "all_gather"),
+           instance_attrs=("cpu_group", "device_group", "ranks", "rank_in_group",
+                           "world_size", "use_cpu_custom_send_recv")),
+    Needed("vllm.v1.worker.gpu.input_batch", "InputBatch",
+           members=("num_tokens_after_padding",)),
     Needed("vllm.distributed.parallel_state", "get_pp_group"),
     Needed("vllm.distributed.parallel_state", "get_tp_group"),
     Needed("vllm.distributed.parallel_state", "graph_capture"),
@@ -149,7 +158,6 @@ SURFACE: tuple[Needed, ...] = (
     Needed(COMPILATION_CONFIG_MODULE, "CUDAGraphMode",
            members=("NONE", "FULL", "mixed_mode", "decode_mode", "separate_routine")),
     Needed("vllm.v1.kv_cache_interface", "KVCacheConfig"),
-    Needed("vllm.v1.worker.gpu.input_batch", "InputBatch"),
     # What the bench drives: vLLM's public offline API.
     Needed("vllm", "LLM"),
     Needed("vllm", "SamplingParams"),
@@ -270,24 +278,6 @@ def manager_init_args(stock: object) -> tuple[tuple, dict]:
             )
         kwargs[param.name] = getattr(stock, param.name)
     return (), kwargs
-
-
-@functools.cache
-def _position(fn: Callable, name: str) -> int:
-    params = list(inspect.signature(fn).parameters)
-    return params.index(name) - (1 if params and params[0] == "self" else 0)
-
-
-def bound_argument(method: Callable, name: str, args: tuple, kwargs: dict) -> Any:
-    """The value ``method(*args, **kwargs)`` receives for parameter ``name``.
-
-    ``prepare_inputs`` is ``(scheduler_output, batch_desc)`` up to 0.27,
-    gains ``batch_req_state`` in 0.28 and ``num_active_loras`` in 0.31. The
-    position is looked up once per function (this runs every step).
-    """
-    if name in kwargs:
-        return kwargs[name]
-    return args[_position(getattr(method, "__func__", method), name)]
 
 
 @functools.cache

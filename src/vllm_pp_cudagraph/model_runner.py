@@ -13,7 +13,7 @@ from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat, graph_memory
+from vllm_pp_cudagraph import compat, graph_memory, stage_handoff
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
 logger = init_logger("vllm.pp_cudagraph.runner")
@@ -78,6 +77,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _received_tokens: int | None = None
     _produced_schema: Schema | None = None
     _step_cached_req_ids: list[str] | None = None
+    _pending_input: stage_handoff.PendingStageInput | None = None
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         check_graph_settings(vllm_config)
@@ -93,6 +93,29 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self.is_last_pp_rank,
             is_breakable_cudagraph_enabled(),
         )
+        self.direct_handoff = False
+        if self.use_pp:
+            self._choose_handoff()
+
+    def _choose_handoff(self) -> None:
+        """Hand tensors between stages without per-step metadata where that applies.
+
+        Every stage decides from the same settings and config, so sender and
+        receiver agree; the shapes then come from the start-up schema check and
+        the step's padded size (stage_handoff.py).
+        """
+        group = get_pp_group()
+        blocker = stage_handoff.direct_handoff_blocker(group, self.speculative_config)
+        if blocker is None:
+            stage_handoff.enable(group)
+            self.direct_handoff = True
+            logger.info(
+                "Pipeline stage %d passes intermediate tensors without per-step "
+                "metadata (direct hand-off)", self.pp_stage
+            )
+        elif stage_handoff.direct_handoff_blocker(group, None) is None:
+            logger.info("Direct hand-off stands aside on pipeline stage %d: %s",
+                        self.pp_stage, blocker)
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -208,7 +231,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                                       *args, **kwargs)
 
     def _execute_step(self, scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs):
-        if intermediate_tensors is not None and not dummy_run:
+        self._pending_input = None if dummy_run else stage_handoff.pending_input(
+            intermediate_tensors
+        )
+        if self._pending_input is None and intermediate_tensors is not None and not dummy_run:
             assert self.intermediate_tensors is not None
             self._received_tokens = check_stage_inputs(
                 self.intermediate_tensors.tensors,
@@ -226,6 +252,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         finally:
             self._received_tokens = None
             self._step_cached_req_ids = None
+            self._pending_input = None
         if dummy_run and self._produced_schema is None and isinstance(output, IntermediateTensors):
             self._produced_schema = schema_of(output.tensors)
         return output
@@ -254,10 +281,13 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def prepare_inputs(self, *args, **kwargs) -> InputBatch:
         # Runs after this step's graph dispatch and before the received tensors
-        # are copied into the persistent buffers.
+        # are copied into the persistent buffers; vLLM copies the padded count.
+        input_batch = super().prepare_inputs(*args, **kwargs)
+        padded = input_batch.num_tokens_after_padding
         if self._received_tokens is not None:
-            batch_desc: BatchExecutionDescriptor = compat.bound_argument(
-                super().prepare_inputs, "batch_desc", args, kwargs
-            )
-            check_padding_agreement(self._received_tokens, batch_desc.num_tokens, self.pp_stage)
-        return super().prepare_inputs(*args, **kwargs)
+            check_padding_agreement(self._received_tokens, padded, self.pp_stage)
+        if self._pending_input is not None:
+            assert self.intermediate_tensors is not None
+            stage_handoff.receive_into(self._pending_input, self.intermediate_tensors.tensors,
+                                       padded)
+        return input_batch

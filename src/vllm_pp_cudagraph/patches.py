@@ -168,6 +168,28 @@ def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
     return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", checking_workers)
 
 
+def _direct_handoff_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    if settings.direct_handoff:
+        return None
+    return "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF is off"
+
+
+def _patch_direct_handoff(settings: PPCudaGraphSettings) -> Undo:
+    from vllm_pp_cudagraph import stage_handoff
+
+    group_cls = importlib.import_module(compat.PARALLEL_STATE_MODULE).GroupCoordinator
+    undo_send = _wrap_class_attr(group_cls, "isend_tensor_dict", stage_handoff.wrap_send)
+    undo_receive = _wrap_class_attr(group_cls, "irecv_tensor_dict", stage_handoff.wrap_receive)
+    stage_handoff.mark_patched(True)
+
+    def undo() -> None:
+        stage_handoff.mark_patched(False)
+        undo_receive()
+        undo_send()
+
+    return undo
+
+
 def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     if settings.kv_update_in_graphs:
         return None
@@ -313,6 +335,26 @@ PATCHES: tuple[Patch, ...] = (
         ),
         apply=_patch_kv_update_in_graphs,
         stands_aside=_kv_update_stands_aside,
+    ),
+    Patch(
+        name="direct-handoff",
+        target=(
+            f"{compat.PARALLEL_STATE_MODULE}.GroupCoordinator.isend_tensor_dict / "
+            "irecv_tensor_dict (with VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1)"
+        ),
+        why=(
+            "Before each hand-off of intermediate tensors vLLM sends their keys and "
+            "shapes over gloo, and the receiving stage's host waits for them before "
+            "posting its receives: a host round trip between the stages every step. "
+            "Both stages know those shapes already (checked at start-up; the token "
+            "count is the padded size both derive from the scheduler output). On "
+            "the pipeline groups the plugin's runner enables, only the tensors are "
+            "sent, and received straight into the runner's input buffers; every other "
+            "group and call is vLLM's. Details: stage_handoff.py."
+        ),
+        drop_when="vLLM hands intermediate tensors on without per-step metadata.",
+        apply=_patch_direct_handoff,
+        stands_aside=_direct_handoff_stands_aside,
     ),
     Patch(
         name="capture-guard",

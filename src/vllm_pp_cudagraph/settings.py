@@ -113,6 +113,17 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
+    direct_handoff: EnvBool = Field(
+        default=False,
+        description=(
+            "Pass intermediate tensors to the next pipeline stage without vLLM's "
+            "per-step metadata exchange over gloo: the receiving stage derives the "
+            "shapes from the scheduler output and receives straight into its input "
+            "buffers (stage_handoff.py). Off by default until it has run on GPUs; "
+            "stands aside with speculative decoding."
+        ),
+    )
+
     @staticmethod
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()

@@ -433,15 +433,17 @@ def test_pp_zero_from_the_command_line_exits_within_seconds_and_writes_nothing(t
 ENGINE_LOG = """\
 (Worker_PP0 pid=3034) INFO 11-23 08:41:40 [model_runner.py:86] PPCudaGraphModelRunner on pipeline stage 0 of 2 (first=True, last=False, breakable=False)
 (Worker_PP1 pid=3035) INFO 11-23 08:41:40 [model_runner.py:86] PPCudaGraphModelRunner on pipeline stage 1 of 2 (first=False, last=True, breakable=False)
+(Worker_PP1 pid=3035) INFO 11-23 08:41:40 [model_runner.py:112] Pipeline stage 1 passes intermediate tensors without per-step metadata (direct hand-off)
 (EngineCore pid=3028) INFO 11-23 08:42:18 [cadence_policy.py:197] vllm-pp-cudagraph: decode cadence merge at 128 decoding requests (3.61 ms per token against 8.41 ms with balance)
 (Worker_PP0 pid=3034) WARNING 11-23 08:42:17 [jit_monitor.py:135] Triton kernel JIT compilation during inference: kernel_unified_attention. This causes a latency spike; consider extending warmup to cover this shape/config.
 (Worker_PP0 pid=3034) WARNING 11-23 08:42:17 [jit_monitor.py:135] Triton kernel JIT compilation during inference: _post_update_kernel. This causes a latency spike; consider extending warmup to cover this shape/config.
 """
 
 
-def test_a_runs_log_tells_its_plugin_stages_cadence_choices_and_serving_compiles():
+def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compiles():
     assert log_findings(ENGINE_LOG) == {
         "plugin_stages": 2,
+        "direct_handoff_stages": 1,
         "cadence_choices": ["merge"],
         "jit_compiles": ["kernel_unified_attention", "_post_update_kernel"],
     }

@@ -21,6 +21,28 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_gpus")]
 GRAPH_MODES = ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable")
 
 
+def _batch_bench(tmp_path, model, runner: str, mode: str) -> tuple[dict, dict, str, int]:
+    """Run ``bench --workload batch`` for stock and ``runner`` in ``mode``; their reports."""
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
+         "--model", str(model), "--modes", f"stock:{mode},{runner}:{mode}",
+         "--repeat", "0", "--timeout", "600", "--out", str(out)],
+        capture_output=True, text=True, timeout=1500,
+    )
+    console = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert (out / "bench.json").exists(), console
+    runs = {r["spec"]["runner"]: r for r in json.loads((out / "bench.json").read_text())["runs"]}
+    plugin = runs[runner]
+    assert plugin.get("digest"), f"the plugin's engine failed (see {out}/{runner}-{mode}.log)"
+    assert plugin["plugin_stages"] == 2, "a stage ran without the plugin's runner"
+    assert runs["stock"].get("plugin_stages", 0) == 0, "stock ran with the plugin loaded"
+    assert plugin["tokens_agree"] is True, (
+        f"{plugin.get('requests_differ')} requests differ from {plugin.get('tokens_reference')}"
+    )
+    return plugin, runs["stock"], console, proc.returncode
+
+
 @pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_plugin_tokens_equal_stock_per_graph_mode(mode, tmp_path, random_model):
     """``vllm-pp-cudagraph bench --workload batch``: requests queued as one batch, so
@@ -29,29 +51,23 @@ def test_plugin_tokens_equal_stock_per_graph_mode(mode, tmp_path, random_model):
     stage did not compile its update with the last stage's tokens while serving."""
     import torch
 
-    out = tmp_path / "bench"
-    proc = subprocess.run(
-        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
-         "--model", str(random_model), "--modes", f"stock:{mode},plugin:{mode}",
-         "--repeat", "0", "--timeout", "600", "--out", str(out)],
-        capture_output=True, text=True, timeout=1500,
-    )
-    console = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert (out / "bench.json").exists(), console
-    runs = {r["spec"]["runner"]: r for r in json.loads((out / "bench.json").read_text())["runs"]}
-    plugin = runs["plugin"]
-    assert plugin.get("digest"), f"the plugin's engine failed (see {out}/plugin-{mode}.log)"
-    assert plugin["plugin_stages"] == 2, "a stage ran without the plugin's runner"
-    assert runs["stock"].get("plugin_stages", 0) == 0, "stock ran with the plugin loaded"
+    plugin, _, console, returncode = _batch_bench(tmp_path, random_model, "plugin", mode)
     spec = plugin["spec"]
     assert spec["vllm_version"] and spec["torch_version"], spec
     assert spec["gpu"] == torch.cuda.get_device_name(0), spec
-    assert plugin["tokens_agree"] is True, (
-        f"{plugin.get('requests_differ')} requests differ from {plugin.get('tokens_reference')}"
-    )
+    assert plugin["direct_handoff_stages"] == 0, "the direct hand-off is on by default"
     # The first stage's update with the last stage's tokens is compiled before serving.
     assert "_post_update_kernel" not in plugin["jit_compiles"], plugin["jit_compiles"]
-    assert proc.returncode == 0, console
+    assert returncode == 0, console
+
+
+@pytest.mark.parametrize("mode", ["full_and_piecewise", "piecewise", "eager"])
+def test_direct_hand_off_tokens_equal_stock(mode, tmp_path, random_model):
+    """With VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1 both stages pass tensors without
+    per-step metadata, and the greedy tokens still equal stock's."""
+    plugin, _, console, returncode = _batch_bench(tmp_path, random_model, "plugin-direct", mode)
+    assert plugin["direct_handoff_stages"] == 2, "a stage kept vLLM's hand-off"
+    assert returncode == 0, console
 
 
 def test_structured_outputs_parse_and_match_their_schema(tmp_path):

@@ -213,7 +213,9 @@ def test_each_sampling_option_reaches_vllms_sampling_params(sampling):
         assert getattr(params, key) == value, key
     assert scored(sampling) == (params.temperature == 0.0 and params.n == 1
                                 and params.presence_penalty == 0.0
-                                and params.repetition_penalty == 1.0)
+                                and params.frequency_penalty == 0.0
+                                and params.repetition_penalty == 1.0
+                                and params.min_tokens == 0)
 
 
 def test_sampling_mix_covers_every_option_and_streams_one_choice():

@@ -3,7 +3,9 @@
 ``capture``: the stages agree on graphs after stage 1's capture failed;
 ``common``: they keep the graphs both captured (test_graph_agreement). ``handoff``: the start-up hand-off check, first with
 what the model declares, then with a forward that returns an undeclared key
-(test_stage_inputs).
+(test_stage_inputs). ``direct`` (also with 2 tensor-parallel ranks per stage, 4
+processes): intermediate tensors handed on without metadata, next to vLLM's own
+hand-off on the same group (test_stage_handoff).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import json
 import sys
 
 
-def run_both(scenario: str) -> list[dict]:
-    """Run ``scenario`` on stages 0 and 1 as two processes; their JSON reports."""
+def run_both(scenario: str, tp_size: int = 1) -> list[dict]:
+    """Run ``scenario`` on stages 0 and 1 (``tp_size`` processes each); their JSON reports."""
     import os
     import socket
     import subprocess
@@ -24,9 +26,10 @@ def run_both(scenario: str) -> list[dict]:
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
     procs = [
-        subprocess.Popen([sys.executable, str(Path(__file__)), str(r), str(port), scenario],
+        subprocess.Popen([sys.executable, str(Path(__file__)), str(r), str(port), scenario,
+                          str(tp_size)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in (0, 1)
+        for r in range(2 * tp_size)
     ]
     results = []
     for p in procs:
@@ -71,7 +74,73 @@ def handoff(rank: int) -> dict:
     return {"rank": rank, "produced_error": error}
 
 
-def main(rank: int, port: int, scenario: str = "capture") -> None:
+#: Token counts of the steps the ``direct`` scenario hands on (buffers hold 32).
+DIRECT_STEPS = (8, 3, 32, 16)
+
+
+def _step_tensors(step: int, n: int) -> dict:
+    import torch
+
+    base = torch.arange(n * 16, dtype=torch.float32).view(n, 16)
+    # Keys in another order than the receiver's buffers: the order must not matter.
+    return {"residual": base * -1 - step, "hidden_states": base + 1000 * step}
+
+
+def direct(rank: int, tp_size: int) -> dict:
+    """Stage 0 sends steps of varying size; stage 1 receives them into fixed buffers."""
+    import torch
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+    from vllm.sequence import IntermediateTensors
+
+    from vllm_pp_cudagraph import patches, stage_handoff
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    undo = patches.apply_patch("direct-handoff", PPCudaGraphSettings(direct_handoff=True))
+    pp, tp = get_pp_group(), get_tp_group()
+    blocker = stage_handoff.direct_handoff_blocker(pp, None)
+    stage_handoff.enable(pp)
+    report = {"rank": rank, "stage": pp.rank_in_group, "blocker": blocker, "steps": []}
+    buffers = {k: torch.full((32, 16), float("nan")) for k in ("hidden_states", "residual")}
+    for step, n in enumerate(DIRECT_STEPS):
+        if pp.is_first_rank:
+            handles = pp.isend_tensor_dict(_step_tensors(step, n), all_gather_group=tp)
+            report["first_handle_done"] = handles[0].is_completed()
+            for handle in handles:
+                handle.wait()
+            continue
+        tensor_dict, waits, post = pp.irecv_tensor_dict(all_gather_group=tp)
+        received = IntermediateTensors(tensor_dict)
+        pending = stage_handoff.pending_input(received)
+        row = {"pending_before_receive": pending is not None and len(pending) == 0,
+               "nothing_to_wait": waits == [] and post == []}
+        stage_handoff.receive_into(pending, buffers, n)
+        want = _step_tensors(step, n)
+        row["equal"] = all(torch.equal(received.tensors[k], want[k]) for k in want)
+        row["in_buffers"] = all(
+            received.tensors[k].data_ptr() == buffers[k].data_ptr() for k in want
+        )
+        report["steps"].append(row)
+    # vLLM's own hand-off still works on the group once the plugin's is off.
+    stage_handoff.disable(pp)
+    if pp.is_first_rank:
+        for handle in pp.isend_tensor_dict(_step_tensors(9, 5), all_gather_group=tp):
+            handle.wait()
+    else:
+        tensor_dict, waits, post = pp.irecv_tensor_dict(all_gather_group=tp)
+        received = IntermediateTensors(tensor_dict)
+        for handle in waits:
+            handle.wait()
+        for fn in post:
+            fn()
+        report["vllm_equal"] = all(
+            torch.equal(received.tensors[k], v) for k, v in _step_tensors(9, 5).items()
+        )
+    undo()
+    report["blocker_after_undo"] = stage_handoff.direct_handoff_blocker(pp, None)
+    return report
+
+
+def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1) -> None:
     import torch
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import (
@@ -84,11 +153,15 @@ def main(rank: int, port: int, scenario: str = "capture") -> None:
 
     config = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
-        parallel_config=ParallelConfig(pipeline_parallel_size=2),
+        parallel_config=ParallelConfig(pipeline_parallel_size=2, tensor_parallel_size=tp_size),
     )
     with set_current_vllm_config(config):
-        init_distributed_environment(2, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
-        ensure_model_parallel_initialized(1, 2)
+        init_distributed_environment(2 * tp_size, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
+        ensure_model_parallel_initialized(tp_size, 2)
+    if scenario == "direct":
+        with torch.inference_mode():  # as the worker's execute_model runs
+            print(json.dumps(direct(rank, tp_size)))
+        return
     if scenario == "handoff":
         print(json.dumps(handoff(rank)))
         return
@@ -105,4 +178,4 @@ def main(rank: int, port: int, scenario: str = "capture") -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))

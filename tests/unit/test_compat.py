@@ -100,38 +100,6 @@ def test_every_conditional_surface_entry_names_a_probe():
             assert callable(getattr(compat, need.used_where, None)), need
 
 
-class PrepareInputs027:
-    def prepare_inputs(self, scheduler_output, batch_desc):
-        pass
-
-
-class PrepareInputs028:
-    def prepare_inputs(self, scheduler_output, batch_req_state, batch_desc):
-        pass
-
-
-class PrepareInputs031:
-    def prepare_inputs(self, scheduler_output, batch_req_state, batch_desc, num_active_loras):
-        pass
-
-
-@pytest.mark.parametrize("cls, args", [
-    (PrepareInputs027, ("so", "DESC")),
-    (PrepareInputs028, ("so", "state", "DESC")),
-    (PrepareInputs031, ("so", "state", "DESC", 0)),
-])
-def test_batch_desc_is_found_in_every_prepare_inputs_shape(cls, args):
-    method = cls().prepare_inputs
-    assert compat.bound_argument(method, "batch_desc", args, {}) == "DESC"
-    assert compat.bound_argument(method, "batch_desc", args[:1], {"batch_desc": "KW"}) == "KW"
-
-
-def test_installed_runner_prepare_inputs_takes_batch_desc():
-    import vllm.v1.worker.gpu.model_runner as mr
-
-    assert "batch_desc" in compat._params(mr.GPUModelRunner.prepare_inputs)
-
-
 def test_draft_tokens_are_passed_only_where_the_handler_takes_them():
     calls = []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from types import SimpleNamespace
 
 import pytest
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
@@ -38,7 +39,8 @@ def parent_prepare_inputs(monkeypatch):
 
     def stand_in(self, *args, **kwargs):
         calls.append((args, kwargs))
-        return "batch"
+        batch_desc = next(a for a in args if isinstance(a, BatchExecutionDescriptor))
+        return SimpleNamespace(num_tokens_after_padding=batch_desc.num_tokens)
 
     stand_in.__signature__ = inspect.signature(GPUModelRunner.prepare_inputs)
     monkeypatch.setattr(GPUModelRunner, "prepare_inputs", stand_in)
@@ -57,14 +59,27 @@ def test_a_sender_padded_to_another_graph_size_is_refused_naming_both(parent_pre
     runner = bare_runner(_received_tokens=24)
     with pytest.raises(StageInputMismatchError, match="expected 32 tokens .* sent 24"):
         runner.prepare_inputs(*prepare_args(desc(32)))
-    assert parent_prepare_inputs == []
 
 
 def test_matching_padding_passes_every_argument_through(parent_prepare_inputs):
     runner = bare_runner(_received_tokens=32)
     args = prepare_args(desc(32))
-    assert runner.prepare_inputs(*args) == "batch"
+    assert runner.prepare_inputs(*args).num_tokens_after_padding == 32
     assert parent_prepare_inputs == [(tuple(args), {})]
+
+
+def test_a_direct_hand_off_is_received_into_the_buffers_with_the_padded_count(
+    parent_prepare_inputs, monkeypatch
+):
+    received = []
+    monkeypatch.setattr(model_runner.stage_handoff, "receive_into",
+                        lambda pending, buffers, n: received.append((pending, buffers, n)))
+    buffers = {"hidden_states": "buffer"}
+    pending = object()
+    runner = bare_runner(_pending_input=pending, _received_tokens=None,
+                         intermediate_tensors=SimpleNamespace(tensors=buffers))
+    runner.prepare_inputs(*prepare_args(desc(48)))
+    assert received == [(pending, buffers, 48)]
 
 
 def test_the_first_stage_receives_nothing_and_checks_nothing(parent_prepare_inputs):

@@ -455,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"PLUGIN NOT LOADED: {r['spec']['runner']}:{r['spec']['mode']} logged the plugin's "
               f"runner on {r['plugin_stages']} of {args.pp} stages; its numbers are not the plugin's")
     for r in reports:
+        if r["spec"]["runner"] == "plugin-direct" and r.get("direct_handoff_stages", 0) < args.pp:
+            print(f"DIRECT HAND-OFF NOT ON: {r['spec']['mode']} logged it on "
+                  f"{r.get('direct_handoff_stages', 0)} of {args.pp} stages")
         if r.get("jit_compiles"):
             print(f"compiled while serving: {r['spec']['runner']}:{r['spec']['mode']}: "
                   f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")

@@ -66,6 +66,8 @@ RUNNERS: dict[str, dict[str, str]] = {
     "plugin-merge": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "merge"},
     # The plugin with requests in pp_size even groups that take turns.
     "plugin-balance": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "balance"},
+    # The plugin handing tensors between stages without vLLM's per-step metadata.
+    "plugin-direct": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF": "1"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
     "plugin-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     # Both: the plugin's runner and graphs with vLLM's schedule and vLLM's split.
@@ -312,6 +314,10 @@ def plugin_stages(log: str) -> int:
     return log.count(PLUGIN_STAGE_LINE)
 
 
+#: The line each stage logs when it hands tensors on without per-step metadata.
+DIRECT_HANDOFF_LINE = "passes intermediate tensors without per-step metadata"
+
+
 _CADENCE_CHOICE = re.compile(r"vllm-pp-cudagraph: decode cadence (\w+) at")
 
 
@@ -332,6 +338,7 @@ def log_findings(log: str) -> dict[str, Any]:
     """What a run's log says beyond its numbers."""
     return {
         "plugin_stages": plugin_stages(log),
+        "direct_handoff_stages": log.count(DIRECT_HANDOFF_LINE),
         "cadence_choices": cadence_choices(log),
         "jit_compiles": serving_jit_compiles(log),
     }

@@ -1,0 +1,209 @@
+"""Passing intermediate tensors to the next pipeline stage without per-step metadata.
+
+Before every hand-off vLLM sends a pickled description of the tensors (keys,
+shapes, dtypes) over the pipeline group's CPU (gloo) group, and the receiving
+stage's host waits for that description before it can post its receives.
+Everything the description says is known on both sides already: the keys,
+dtypes and trailing dims are fixed by the model and checked equal on every
+stage before serving (``stage_inputs.check_handoff_schemas``), and the token
+count is the padded batch size that both stages derive from the same scheduler
+output against the same agreed set of CUDA graphs (``graph_agreement.py``).
+
+With ``VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1``, on the pipeline groups the
+plugin's runner enables:
+
+- sending posts only the tensors, in key order, with vLLM's tensor-parallel
+  slicing (each TP rank sends its share, the receiver all-gathers);
+- receiving returns an empty :class:`PendingStageInput` at once; the runner
+  posts the receives straight into its persistent input buffers as soon as
+  ``prepare_inputs`` has fixed the step's padded size (:func:`receive_into`),
+  before the attention metadata is built. vLLM's own copy into those buffers
+  then reads the buffers themselves, which torch skips.
+
+Any other use of those methods, and every group the runner did not enable,
+keeps vLLM's behaviour.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_direct_groups: weakref.WeakSet = weakref.WeakSet()
+_patched = False
+
+
+class _SentMetadata:
+    """Stands where vLLM's send returns the handle of its metadata send.
+
+    vLLM 0.33's worker keeps ``handles[1:]`` as the tensor sends to wait for,
+    earlier ones wait for all of them; a completed first handle fits both.
+    """
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class PendingStageInput(dict):
+    """One step's intermediate tensors, received once the runner knows the step's size.
+
+    Empty until :func:`receive_into` posts the receives; it then maps each key to
+    its slice of the persistent input buffer.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        src: int,
+        all_gather_group: Any,
+        all_gather_tensors: dict[str, bool] | None,
+    ) -> None:
+        super().__init__()
+        self.group = group
+        self.src = src
+        self.all_gather_group = all_gather_group
+        self.all_gather_tensors = all_gather_tensors
+
+
+def direct_handoff_blocker(group: Any, speculative_config: object) -> str | None:
+    """Why direct hand-offs cannot run for this stage, or None."""
+    if not _patched:
+        return "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF is off"
+    if group.world_size <= 1:
+        return "no pipeline parallelism"
+    if speculative_config is not None:
+        return "speculative decoding (its drafts change what a step hands on)"
+    if getattr(group, "use_cpu_custom_send_recv", False):
+        return "this platform's pipeline group sends through its own communicator"
+    return None
+
+
+def enable(group: Any) -> None:
+    """Hand tensors on directly on ``group`` (this process's pipeline group)."""
+    _direct_groups.add(group)
+
+
+def disable(group: Any) -> None:
+    _direct_groups.discard(group)
+
+
+def is_direct(group: Any) -> bool:
+    return group in _direct_groups
+
+
+def _tp_share(
+    group: Any, key: str, tensor: torch.Tensor, all_gather_group: Any, all_gather_tensors: Any
+) -> torch.Tensor | None:
+    """This TP rank's contiguous share of ``tensor`` where vLLM would all-gather it."""
+    if not group._should_use_all_gather(key, tensor.numel(), all_gather_group, all_gather_tensors):
+        return None
+    return tensor.reshape(all_gather_group.world_size, -1)[all_gather_group.rank_in_group]
+
+
+def send_tensors(
+    group: Any,
+    tensor_dict: Mapping[str, torch.Tensor],
+    dst: int | None = None,
+    all_gather_group: Any = None,
+    all_gather_tensors: dict[str, bool] | None = None,
+) -> list:
+    """Post the sends of ``tensor_dict``'s tensors to ``dst``, in key order; return handles."""
+    if dst is None:
+        dst = (group.rank_in_group + 1) % group.world_size
+    handles: list = [_SentMetadata()]
+    for key in sorted(tensor_dict):
+        tensor = tensor_dict[key]
+        if tensor.numel() == 0:
+            continue
+        share = _tp_share(group, key, tensor, all_gather_group, all_gather_tensors)
+        tensor = tensor if share is None else share
+        comm_group = group.cpu_group if tensor.is_cpu else group.device_group
+        handles.append(dist.isend(tensor, dst=group.ranks[dst], group=comm_group))
+        if tensor.is_cuda:
+            tensor.record_stream(torch.cuda.current_stream(tensor.device))
+    return handles
+
+
+def defer_receive(
+    group: Any,
+    src: int | None = None,
+    all_gather_group: Any = None,
+    all_gather_tensors: dict[str, bool] | None = None,
+) -> tuple[PendingStageInput, list, list]:
+    """Stand in for ``irecv_tensor_dict``: nothing is posted until :func:`receive_into`."""
+    if src is None:
+        src = (group.rank_in_group - 1) % group.world_size
+    return PendingStageInput(group, src, all_gather_group, all_gather_tensors), [], []
+
+
+def receive_into(
+    pending: PendingStageInput, buffers: Mapping[str, torch.Tensor], num_tokens: int
+) -> None:
+    """Receive the step's ``num_tokens`` rows of each key into ``buffers`` and fill ``pending``.
+
+    Posts every receive before waiting for any (as vLLM does), then all-gathers
+    the TP shares. On CUDA the waits only order this stage's stream after the
+    transfers; the host goes on.
+    """
+    group = pending.group
+    received: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
+    handles = []
+    for key in sorted(buffers):
+        rows = buffers[key][:num_tokens]
+        if rows.numel() == 0:
+            received.append((key, rows, None))
+            continue
+        share = _tp_share(group, key, rows, pending.all_gather_group, pending.all_gather_tensors)
+        target = rows if share is None else share
+        comm_group = group.cpu_group if target.is_cpu else group.device_group
+        handles.append(dist.irecv(target, src=group.ranks[pending.src], group=comm_group))
+        received.append((key, rows, share))
+    for handle in handles:
+        handle.wait()
+    for key, rows, share in received:
+        if share is not None:
+            gathered = pending.all_gather_group.all_gather(share, dim=0)
+            rows.view(-1).copy_(gathered.view(-1))
+        pending[key] = rows
+
+
+def pending_input(received: object) -> PendingStageInput | None:
+    """The :class:`PendingStageInput` inside vLLM's received intermediate tensors, if any."""
+    if received is None:
+        return None
+    # Reading `.tensors` on vLLM's AsyncIntermediateTensors waits for the transfer.
+    tensors = object.__getattribute__(received, "tensors")
+    return tensors if isinstance(tensors, PendingStageInput) else None
+
+
+def _dispatching(original: Callable, direct: Callable) -> Callable:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self in _direct_groups:
+            return direct(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    method.__name__ = getattr(original, "__name__", "method")
+    method.__doc__ = getattr(original, "__doc__", None)
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    return method
+
+
+def wrap_send(original: Callable) -> Callable:
+    return _dispatching(original, send_tensors)
+
+
+def wrap_receive(original: Callable) -> Callable:
+    return _dispatching(original, defer_receive)
+
+
+def mark_patched(value: bool) -> None:
+    """Set by the ``direct-handoff`` patch; runners enable groups only while it is applied."""
+    global _patched
+    _patched = value
