@@ -3,9 +3,9 @@
 ``capture``: the stages agree on graphs after stage 1's capture failed;
 ``common``: they keep the graphs both captured (test_graph_agreement). ``handoff``: the start-up hand-off check, first with
 what the model declares, then with a forward that returns an undeclared key
-(test_stage_inputs). ``direct`` (also with 2 tensor-parallel ranks per stage, 4
-processes): intermediate tensors handed on without metadata, next to vLLM's own
-hand-off on the same group (test_stage_handoff).
+(test_stage_inputs). ``direct`` (also with 2 tensor-parallel ranks per stage, or 3 stages):
+intermediate tensors handed on without metadata, next to vLLM's own hand-off on the
+same group (test_stage_handoff).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import json
 import sys
 
 
-def run_both(scenario: str, tp_size: int = 1) -> list[dict]:
-    """Run ``scenario`` on stages 0 and 1 (``tp_size`` processes each); their JSON reports."""
+def run_both(scenario: str, tp_size: int = 1, pp_size: int = 2) -> list[dict]:
+    """Run ``scenario`` on ``pp_size`` stages of ``tp_size`` processes each; their reports."""
     import os
     import socket
     import subprocess
@@ -27,9 +27,9 @@ def run_both(scenario: str, tp_size: int = 1) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
     procs = [
         subprocess.Popen([sys.executable, str(Path(__file__)), str(r), str(port), scenario,
-                          str(tp_size)],
+                          str(tp_size), str(pp_size)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in range(2 * tp_size)
+        for r in range(pp_size * tp_size)
     ]
     results = []
     for p in procs:
@@ -86,11 +86,13 @@ def _step_tensors(step: int, n: int) -> dict:
     return {"residual": base * -1 - step, "hidden_states": base + 1000 * step}
 
 
-def direct(rank: int, tp_size: int) -> dict:
-    """Stage 0 sends steps of varying size; stage 1 receives them into fixed buffers."""
+def direct(rank: int) -> dict:
+    """Stage 0 sends steps of varying size; each later stage receives them into fixed
+    buffers and, unless last, sends on what it received plus one."""
     import torch
     from vllm.distributed.parallel_state import get_pp_group, get_tp_group
     from vllm.sequence import IntermediateTensors
+    from vllm.v1.worker.gpu_worker import AsyncIntermediateTensors
 
     from vllm_pp_cudagraph import patches, stage_handoff
     from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -99,33 +101,40 @@ def direct(rank: int, tp_size: int) -> dict:
     pp, tp = get_pp_group(), get_tp_group()
     blocker = stage_handoff.direct_handoff_blocker(pp, None)
     stage_handoff.enable(pp)
-    report = {"rank": rank, "stage": pp.rank_in_group, "blocker": blocker, "steps": []}
+    stage = pp.rank_in_group
+    report = {"rank": rank, "stage": stage, "blocker": blocker, "steps": []}
     buffers = {k: torch.full((32, 16), float("nan")) for k in ("hidden_states", "residual")}
     for step, n in enumerate(DIRECT_STEPS):
-        if pp.is_first_rank:
-            handles = pp.isend_tensor_dict(_step_tensors(step, n), all_gather_group=tp)
+        outgoing = _step_tensors(step, n)
+        if not pp.is_first_rank:
+            # As vLLM's worker wraps what it receives, and its runner copies it into
+            # the persistent buffers (here the buffers themselves).
+            tensor_dict, waits, post = pp.irecv_tensor_dict(all_gather_group=tp)
+            received = AsyncIntermediateTensors(tensor_dict, comm_handles=waits,
+                                                comm_postprocess=post)
+            pending = stage_handoff.pending_input(received)
+            row = {"pending_before_receive": pending is not None and len(pending) == 0,
+                   "nothing_to_wait": waits == [] and post == []}
+            stage_handoff.receive_into(pending, buffers, n)
+            copied = {k: v[:n].copy_(received.tensors[k][:n]) for k, v in buffers.items()}
+            want = {k: v + (stage - 1) for k, v in outgoing.items()}
+            row["equal"] = all(torch.equal(copied[k], want[k]) for k in want)
+            row["in_buffers"] = all(
+                received.tensors[k].data_ptr() == buffers[k].data_ptr() for k in want
+            )
+            report["steps"].append(row)
+            outgoing = {k: v + 1 for k, v in copied.items()}
+        if not pp.is_last_rank:
+            handles = pp.isend_tensor_dict(outgoing, all_gather_group=tp)
             report["first_handle_done"] = handles[0].is_completed()
             for handle in handles:
                 handle.wait()
-            continue
-        tensor_dict, waits, post = pp.irecv_tensor_dict(all_gather_group=tp)
-        received = IntermediateTensors(tensor_dict)
-        pending = stage_handoff.pending_input(received)
-        row = {"pending_before_receive": pending is not None and len(pending) == 0,
-               "nothing_to_wait": waits == [] and post == []}
-        stage_handoff.receive_into(pending, buffers, n)
-        want = _step_tensors(step, n)
-        row["equal"] = all(torch.equal(received.tensors[k], want[k]) for k in want)
-        row["in_buffers"] = all(
-            received.tensors[k].data_ptr() == buffers[k].data_ptr() for k in want
-        )
-        report["steps"].append(row)
     # vLLM's own hand-off still works on the group once the plugin's is off.
     stage_handoff.disable(pp)
     if pp.is_first_rank:
         for handle in pp.isend_tensor_dict(_step_tensors(9, 5), all_gather_group=tp):
             handle.wait()
-    else:
+    elif stage == 1:
         tensor_dict, waits, post = pp.irecv_tensor_dict(all_gather_group=tp)
         received = IntermediateTensors(tensor_dict)
         for handle in waits:
@@ -140,7 +149,8 @@ def direct(rank: int, tp_size: int) -> dict:
     return report
 
 
-def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1) -> None:
+def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
+         pp_size: int = 2) -> None:
     import torch
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import (
@@ -153,14 +163,16 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1) -> N
 
     config = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
-        parallel_config=ParallelConfig(pipeline_parallel_size=2, tensor_parallel_size=tp_size),
+        parallel_config=ParallelConfig(pipeline_parallel_size=pp_size,
+                                       tensor_parallel_size=tp_size),
     )
     with set_current_vllm_config(config):
-        init_distributed_environment(2 * tp_size, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
-        ensure_model_parallel_initialized(tp_size, 2)
+        init_distributed_environment(pp_size * tp_size, rank, f"tcp://127.0.0.1:{port}", rank,
+                                     "gloo")
+        ensure_model_parallel_initialized(tp_size, pp_size)
     if scenario == "direct":
         with torch.inference_mode():  # as the worker's execute_model runs
-            print(json.dumps(direct(rank, tp_size)))
+            print(json.dumps(direct(rank)))
         return
     if scenario == "handoff":
         print(json.dumps(handoff(rank)))
@@ -178,4 +190,4 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1) -> N
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
