@@ -22,6 +22,10 @@
 #   direct       PP=2, VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1 (no per-step metadata between
 #                stages): greedy tokens against stock in FULL_AND_PIECEWISE and eager
 #                (batch), then the 0.6B engine cell beside the plugin's defaults and stock
+#   serve-32b    PP=2, --workload serve (vllm serve + vllm bench serve), Qwen3-32B dense
+#                shape, dummy weights, 64 in / 256 out, concurrency 64 and 256: plugin,
+#                stock and V1 (the cell of ../results/2026-11-23-pipelining-pp2/run.sh);
+#                about 15 minutes
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -46,7 +50,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,38p' "$self" >&2; exit 2; }
+usage() { sed -n '2,42p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -147,6 +151,13 @@ step_direct() {
   return $rc
 }
 
+step_serve-32b() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload serve --model qwen3-32b --weights dummy \
+    --num-requests 512 --input-len 64 --output-len 256 --max-num-seqs 256 \
+    --concurrency 64,256 --repeat 2 --timeout 600 --out "$RES/serve-32b" \
+    --modes plugin:$FAP,stock:$FAP,v1:$FAP
+}
+
 step_gpu-tests() {
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
     --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
@@ -188,7 +199,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|gpu-tests) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -201,7 +212,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct engine-0.6b engine-32b gpu-tests; do
+  for s in smoke runner-pp1 batch direct engine-0.6b engine-32b serve-32b gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
