@@ -19,7 +19,8 @@
 #                  batch-invariant mode, Ray (if installed), the start-up refusals;
 #                  several servers share each GPU pair, each with a fixed KV cache
 #   soak-sampling  the serving soak with the sampling mix and the token check
-#   soak-32b       the sampling-mix soak under preemption, Qwen3-32B dense shape (dummy weights)
+#   soak-32b       the sampling-mix soak with a quarter structured outputs, under preemption,
+#                  Qwen3-32B dense shape (dummy weights)
 #   soak-30b-a3b   the same, Qwen3-30B-A3B (MoE, dummy weights)
 #   moe-modes      Qwen3-30B-A3B: tokens against stock in PIECEWISE, FULL_DECODE_ONLY, breakable
 #   structured-big structured outputs on the 32B dense and the 30B-A3B shapes (byte vocabulary)
@@ -122,8 +123,8 @@ job_soak-sampling() {
 big_soak() {
   local name=$1 shape=$2 gpus=$CUDA_VISIBLE_DEVICES
   unset CUDA_VISIBLE_DEVICES
-  soak_bg "$name" --shape "$shape" --modes full_and_piecewise --sampling-mix --preemption \
-    --token-check --gpus $gpus --port 9600
+  soak_bg "$name" --shape "$shape" --modes full_and_piecewise --sampling-mix --structured \
+    --preemption --token-check --gpus $gpus --port 9600
   wait
   export CUDA_VISIBLE_DEVICES=$gpus
 }

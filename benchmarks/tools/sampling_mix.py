@@ -2,12 +2,35 @@
 
 With ``--sampling-mix`` each request carries one of :data:`SAMPLING_MIX`'s
 options, chosen by its seed (:class:`vllm_pp_cudagraph.bench.serve_load.LoadSpec`),
-so every server gets the same mix.
+so every server gets the same mix. With ``--structured`` the mix also holds
+:data:`STRUCTURED_MIX`'s options: JSON-schema structured output (:data:`SCHEMA`),
+which every such output must parse as and match (:func:`schema_problems`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+#: Bounded JSON: enums and booleans only, so a random model completes it in a
+#: few dozen bytes once whitespace is fixed (STRUCTURED_SERVE_ARGS).
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue"]},
+        "size": {"enum": ["S", "M", "L"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["colour", "size", "ok"],
+    "additionalProperties": False,
+}
+
+#: Server arguments for structured outputs: xgrammar with whitespace fixed, so
+#: a random model's JSON ends within a few dozen bytes.
+STRUCTURED_SERVE_ARGS = ["--structured-outputs-config",
+                         json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+
+_JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
 
 #: Sampling options users send, one per request. Sampled ones carry a seed, so
 #: a request samples the same tokens wherever its logits are the same. Only
@@ -27,6 +50,37 @@ SAMPLING_MIX: dict[str, dict[str, Any]] = {
     # nine starts with "w1", so most requests stop early on it.
     "stop": {"stop": ["w1"]},
 }
+
+#: JSON-schema requests: three options, so with SAMPLING_MIX's eight about a quarter
+#: of the load. The grammar ends them with EOS, which the load otherwise ignores.
+STRUCTURED_MIX: dict[str, dict[str, Any]] = {
+    "json-schema": {"response_format": _JSON_SCHEMA, "ignore_eos": False},
+    "json-schema-seeded": {"response_format": _JSON_SCHEMA, "ignore_eos": False,
+                           "temperature": 0.8, "top_p": 0.9, "seed": 13},
+    "json-schema-penalties": {"response_format": _JSON_SCHEMA, "ignore_eos": False,
+                              "presence_penalty": 0.5, "frequency_penalty": 0.3},
+}
+
+
+def structured(sampling: str) -> bool:
+    """Whether requests sent with option ``sampling`` must answer JSON matching SCHEMA."""
+    return sampling in STRUCTURED_MIX
+
+
+def schema_problems(text: str) -> list[str]:
+    """Why ``text`` is not a JSON document matching :data:`SCHEMA` (empty: it is)."""
+    import jsonschema
+
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return [f"does not parse: {exc}: {text[:80]!r}"]
+    try:
+        jsonschema.validate(document, SCHEMA)
+    except jsonschema.ValidationError as exc:
+        return [f"does not match the schema: {exc.message}"]
+    return []
+
 
 _OFF_TOP_CHOICE = ("temperature", "presence_penalty", "repetition_penalty",
                    "frequency_penalty", "min_tokens", "n")

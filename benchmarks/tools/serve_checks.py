@@ -40,25 +40,17 @@ import aiohttp
 from vllm_pp_cudagraph.bench.dummy_model import (
     BYTE_VOCAB,
     SHAPES,
+    has_random_weights,
     write_byte_tokenizer,
     write_model_dir,
+    write_weights,
 )
 from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, stop_process_group
 from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
 from vllm_pp_cudagraph.bench.serve_run import serve_and_call, serve_command
 
-#: Bounded JSON: enums and booleans only, so a random model completes it in a
-#: few dozen bytes once whitespace is fixed.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "colour": {"enum": ["red", "green", "blue"]},
-        "size": {"enum": ["S", "M", "L"]},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["colour", "size", "ok"],
-    "additionalProperties": False,
-}
+from benchmarks.tools.sampling_mix import SCHEMA, STRUCTURED_SERVE_ARGS, schema_problems
+
 #: Log lines that mean a grammar saw tokens it did not allow.
 GRAMMAR_REJECTIONS = ("grammar rejected tokens", "Failed to advance FSM")
 
@@ -84,21 +76,6 @@ def structured_requests(count: int, seed: int = 0) -> list[dict[str, Any]]:
             }
         requests.append(body)
     return requests
-
-
-def schema_problems(text: str) -> list[str]:
-    """Why ``text`` is not a JSON document matching :data:`SCHEMA` (empty: it is)."""
-    import jsonschema
-
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return [f"does not parse: {exc}: {text[:80]!r}"]
-    try:
-        jsonschema.validate(document, SCHEMA)
-    except jsonschema.ValidationError as exc:
-        return [f"does not match the schema: {exc.message}"]
-    return []
 
 
 async def send_structured(base_url: str, requests: list[dict], concurrency: int,
@@ -138,12 +115,22 @@ async def send_structured(base_url: str, requests: list[dict], concurrency: int,
     }
 
 
-def byte_vocab_model_dir(directory: str | Path, shape: str) -> Path:
-    """``shape``'s model with the byte-level vocabulary, so its grammar can spell JSON."""
-    config = {**SHAPES[shape], "vocab_size": BYTE_VOCAB, "bos_token_id": 256, "eos_token_id": 257}
+def byte_vocab_config(shape: str) -> dict[str, Any]:
+    """``shape``'s config with the byte-level vocabulary."""
+    return {**SHAPES[shape], "vocab_size": BYTE_VOCAB, "bos_token_id": 256, "eos_token_id": 257}
+
+
+def byte_vocab_model_dir(directory: str | Path, shape: str, weights: bool = False) -> Path:
+    """``shape``'s model with the byte-level vocabulary, so its grammar can spell JSON;
+    with ``weights``, a seeded random checkpoint for it (dense Qwen3 up to 4B)."""
+    config = byte_vocab_config(shape)
+    if weights and not has_random_weights(shape):
+        raise ValueError(f"{shape!r} has no random checkpoint; serve it with dummy weights")
     path = write_model_dir(directory, shape)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     write_byte_tokenizer(path, config)
+    if weights:
+        write_weights(path, config)
     return path
 
 
@@ -168,8 +155,7 @@ def check_structured(args: argparse.Namespace) -> dict[str, Any]:
 
     report = serve_and_call(
         spec, model_dir, log_path, call, port=args.port,
-        extra_args=["--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
-                    "--max-model-len", "1024"],
+        extra_args=[*STRUCTURED_SERVE_ARGS, "--max-model-len", "1024"],
     )
     log = log_path.read_text(errors="replace")
     report["grammar_rejections"] = sum(log.count(line) for line in GRAMMAR_REJECTIONS)

@@ -28,6 +28,12 @@ stock runs flip between themselves. For such a runner, with ``--token-check``
 and outside batch invariance, the shares are reported (``share_rule``) and the
 token check judges; ``--plugin-runner plugin-cadence`` keeps the share rule.
 
+``--structured`` (with ``--sampling-mix``) makes about a quarter of the requests
+JSON-schema ones: the servers then serve the shape with a byte-level vocabulary, so
+the grammar can spell JSON, and every completed structured output of the plugin
+must parse and match (stock's are checked and reported alike), with no grammar
+rejection in its log.
+
 Options add preemption, Ray, and vLLM's batch-invariant mode: where two stock
 runs then agree on every request, the plugin must too. Under preemption every
 server gets a KV cache too small for the load. Stock vLLM 0.26 dies there under
@@ -48,6 +54,7 @@ serve.
         [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
         [--shape qwen3-32b ...] [--weights random|dummy] [--gpu-memory-utilization U] [--lora N]
+        [--sampling-mix [--structured]]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
 are slots. Several servers may share one GPU group (``--servers-per-gpus``);
@@ -84,7 +91,17 @@ from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, se
 from vllm_pp_cudagraph.bench.stats import capture_stats
 
 from benchmarks.tools.lora_adapters import lora_mix, lora_serve_args, write_lora_adapter
-from benchmarks.tools.sampling_mix import SAMPLING_MIX
+from benchmarks.tools.sampling_mix import (
+    SAMPLING_MIX,
+    STRUCTURED_MIX,
+    STRUCTURED_SERVE_ARGS,
+    structured,
+)
+from benchmarks.tools.serve_checks import (
+    GRAMMAR_REJECTIONS,
+    byte_vocab_config,
+    byte_vocab_model_dir,
+)
 from benchmarks.tools.soak_judge import (
     GreedyCheck,
     completed_sequences,
@@ -94,6 +111,7 @@ from benchmarks.tools.soak_judge import (
     score_greedy,
     serving_problems,
     soak_verdict,
+    structured_problems,
     text_digests,
 )
 
@@ -113,8 +131,11 @@ def soak_load(args: argparse.Namespace, requests: int | None = None,
               concurrency: int | None = None, lora: bool = True) -> LoadSpec:
     """The soak's load: half the requests streamed, a tenth cancelled mid-stream,
     with ``--sampling-mix`` each request with one of the mix's sampling options,
-    with ``--lora`` some sent to an adapter (greedy) instead."""
+    with ``--structured`` about a quarter of them JSON-schema requests, with
+    ``--lora`` some sent to an adapter (greedy) instead."""
     mix = dict(SAMPLING_MIX) if getattr(args, "sampling_mix", False) else {}
+    if getattr(args, "structured", False):
+        mix |= STRUCTURED_MIX
     adapters = args.lora_adapters if lora else {}
     if adapters:
         mix = (mix or {"greedy": {}}) | lora_mix(adapters)
@@ -263,7 +284,9 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
                                 extra_args=extra + slot.serve_args(), keep_texts=True)
         report["slot"] = {"gpus": slot.gpus, "port": slot.port, "kv_cache_gib": slot.kv_cache_gib}
         if log_path.exists():
-            report["graph_memory"] = graph_memory(log_path.read_text(errors="replace"))
+            log = log_path.read_text(errors="replace")
+            report["graph_memory"] = graph_memory(log)
+            report["grammar_rejections"] = sum(log.count(line) for line in GRAMMAR_REJECTIONS)
         print(f"[{mode} {tag}] gpus {slot.gpus}: {report.get('load') or report.get('error')}"
               f", preemptions {report.get('preemptions')}, shutdown rc {report.get('shutdown_rc')}",
               flush=True)
@@ -337,10 +360,12 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                     "stock_mode": stock_mode_for(mode, args.same_stock_mode),
                     "extra_args": extra, "batch_invariant": args.batch_invariant,
                     "preemption": args.preemption, "requests": args.requests,
+                    "structured": args.structured,
                     "max_tokens": args.max_tokens}
     for name, rep in reports.items():
         result[name] = {k: rep.get(k) for k in ("load", "preemptions", "shutdown_rc",
-                                                "shutdown_clean", "error", "slot", "graph_memory")}
+                                                "shutdown_clean", "error", "slot", "graph_memory",
+                                                "grammar_rejections")}
     if all("load_report" in r for r in reports.values()):
         texts = {name: rep["load_report"] for name, rep in reports.items()}
         # Each share is a mean over its pairs of runs: one comparison of 2,000
@@ -367,6 +392,20 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
         result["problems"] += [f"{name}: {problem}" for name in reports
                                if name.startswith("plugin_")
                                for problem in serving_problems(reports[name])]
+        if args.structured:
+            # Every run's structured outputs are checked; the plugin's must all pass.
+            found = {name: structured_problems(rep) for name, rep in texts.items()}
+            result["structured_checks"] = {
+                name: {"checked": sum(structured(r.sampling) and r.completed
+                                      for r in texts[name].results),
+                       "problems": len(problems), "first": problems[:3]}
+                for name, problems in found.items()}
+            result["problems"] += [f"{name}: {problem}" for name, problems in found.items()
+                                   if name.startswith("plugin") for problem in problems[:5]]
+            result["problems"] += [
+                f"{name}: the grammar rejected tokens {rep['grammar_rejections']} times (log)"
+                for name, rep in reports.items()
+                if name.startswith("plugin") and rep.get("grammar_rejections")]
         if args.preemption:
             result["problems"] += [
                 f"{name}: no request was preempted (vllm:num_preemptions="
@@ -510,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="give each request one of sampling_mix.SAMPLING_MIX's options (seeded "
                              "sampling, penalties, n=2, logprobs, stop strings) instead of greedy; "
                              "the token check scores the ones that follow the top choice")
+    parser.add_argument("--structured", action="store_true",
+                        help="with --sampling-mix: about a quarter of the requests ask for JSON "
+                             "matching sampling_mix.SCHEMA (three of the mix's eleven options), "
+                             "and every structured output of every run must parse and match; "
+                             "the servers serve the shape with a byte-level vocabulary so its "
+                             "grammar can spell JSON")
     parser.add_argument("--lora", type=int, default=0, metavar="N",
                         help="serve N seeded random LoRA adapters beside the base model "
                              "(--enable-lora); requests go to the base model or an adapter by "
@@ -542,14 +587,24 @@ def main(argv: list[str] | None = None) -> int:
     elif args.weights == "random" and not has_random_weights(args.shape):
         parser.error(f"--shape {args.shape} has no random checkpoint (MoE, or too big to "
                      "write); use --weights dummy")
+    if args.structured and not args.sampling_mix:
+        parser.error("--structured adds to the sampling mix: give --sampling-mix too")
     args.out.mkdir(parents=True, exist_ok=True)
     slots = make_slots(args.gpus, args.servers_per_gpus, args.port, args.kv_cache_gib)
-    model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="soak-model-"), args.shape,
-                                    tokenizer=True, weights=args.weights == "random"))
+    model_root = tempfile.mkdtemp(prefix="soak-model-")
+    if args.structured:
+        model_dir = str(byte_vocab_model_dir(model_root, args.shape,
+                                             weights=args.weights == "random"))
+    else:
+        model_dir = str(write_model_dir(model_root, args.shape, tokenizer=True,
+                                        weights=args.weights == "random"))
+    model_config = byte_vocab_config(args.shape) if args.structured else SHAPES[args.shape]
     extra = ["--distributed-executor-backend", "ray"] if args.ray else []
+    if args.structured:
+        extra += STRUCTURED_SERVE_ARGS
     args.lora_adapters = {
         f"lora{i}": write_lora_adapter(Path(model_dir) / "adapters" / f"lora{i}",
-                                       SHAPES[args.shape], seed=i + 1)
+                                       model_config, seed=i + 1)
         for i in range(args.lora)}
     extra += lora_serve_args(args.lora_adapters)
     preemption = PREEMPTION_ARGS if args.preemption else []

@@ -24,7 +24,7 @@ import aiohttp
 
 from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult, completed_texts
 
-from benchmarks.tools.sampling_mix import scored
+from benchmarks.tools.sampling_mix import schema_problems, scored, structured
 
 
 def _completed_pairs(a: LoadReport, b: LoadReport) -> list[tuple[RequestResult, RequestResult]]:
@@ -91,6 +91,17 @@ def serving_problems(server: dict) -> list[str]:
     if not server.get("shutdown_clean"):
         problems.append(f"unclean shutdown (rc={server.get('shutdown_rc')})")
     return problems
+
+
+def structured_problems(report: LoadReport) -> list[str]:
+    """Completed structured-output requests whose text is not JSON matching the schema.
+
+    Cancelled requests stopped mid-document and are left out; a document cut off by
+    ``max_tokens`` counts, as a user would see it.
+    """
+    return [f"request {r.index} ({r.sampling}): {problem}"
+            for r in report.results if structured(r.sampling) and r.completed
+            for problem in schema_problems(r.text or "")]
 
 
 def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from vllm_pp_cudagraph.bench.serve_load import LoadReport, LoadSpec, RequestResult, request_body
 
-from benchmarks.tools.sampling_mix import SAMPLING_MIX, scored
+from benchmarks.tools.sampling_mix import SAMPLING_MIX, SCHEMA, STRUCTURED_MIX, scored, structured
 from benchmarks.tools.soak_judge import (
     GreedyCheck,
     completed_sequences,
@@ -25,6 +25,7 @@ from benchmarks.tools.soak_judge import (
     greedy_verdict,
     score_greedy,
     soak_verdict,
+    structured_problems,
     text_digests,
 )
 
@@ -233,3 +234,53 @@ def test_the_token_check_scores_only_outputs_that_follow_the_top_choice():
                for i, s in enumerate(SAMPLING_MIX)]
     kept = completed_sequences(LoadReport(results, 1.0, 0, []))
     assert {results[i].sampling for i in kept} == {"greedy", "logprobs", "stop"}
+
+
+@pytest.mark.parametrize("sampling", sorted(STRUCTURED_MIX))
+def test_each_structured_option_reaches_vllm_as_a_json_schema_ended_by_eos(sampling):
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    spec = LoadSpec("http://x", "m", ["w5 w6"], 10, 2, 32,
+                    sampling_mix=SAMPLING_MIX | STRUCTURED_MIX)
+    body = request_body(spec, 0, stream=True, sampling=sampling)
+    params = CompletionRequest(**body).to_sampling_params(max_tokens=32)
+    assert params.structured_outputs.json == SCHEMA
+    assert params.ignore_eos is False  # the grammar's end must end the request
+    assert structured(sampling) and not scored(sampling)
+
+
+def test_structured_options_make_about_a_quarter_of_the_load():
+    spec = LoadSpec("http://x", "m", ["p"], 2000, 4, 32, seed=3,
+                    sampling_mix=SAMPLING_MIX | STRUCTURED_MIX)
+    plans = [spec.plan(i) for i in range(2000)]
+    share = sum(structured(s) for _, _, s in plans) / len(plans)
+    assert 0.22 < share < 0.33, share
+    assert {s for _, _, s in plans} == set(SAMPLING_MIX) | set(STRUCTURED_MIX)
+    assert any(stream and structured(s) for stream, _, s in plans)
+
+
+def test_every_completed_structured_output_must_parse_and_match():
+    good = '{"colour":"red","size":"M","ok":true}'
+    results = [
+        RequestResult(0, False, sampling="json-schema", text=good),
+        RequestResult(1, True, sampling="json-schema-seeded", text='{"colour":"red","si'),
+        RequestResult(2, True, sampling="json-schema", text='{"col', cancelled=True),
+        RequestResult(3, False, sampling="json-schema-penalties", text='{"colour":"pink",'
+                      '"size":"M","ok":true}'),
+        RequestResult(4, False, sampling="greedy", text="w5 w6"),
+        RequestResult(5, False, sampling="json-schema", error="HTTP 500: boom"),
+    ]
+    problems = structured_problems(LoadReport(results, 1.0, 0, []))
+    assert len(problems) == 2
+    assert problems[0].startswith("request 1 (json-schema-seeded): does not parse")
+    assert problems[1].startswith("request 3 (json-schema-penalties): does not match")
+
+
+def test_structured_soak_needs_the_sampling_mix(tmp_path, capsys):
+    from benchmarks.tools.soak import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "soak"), "--structured"])
+    assert exit_info.value.code == 2
+    assert "give --sampling-mix too" in capsys.readouterr().err
+    assert not (tmp_path / "soak").exists()

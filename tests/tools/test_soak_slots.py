@@ -147,7 +147,7 @@ def _served(preemptions: int, texts: list[str]) -> dict:
 
 #: The soak's model defaults, as its parser sets them.
 SOAK_MODEL = dict(max_num_seqs=256, shape="qwen3-0.6b", weights="random", gpu_memory_utilization=0.5,
-                  lora_adapters={})
+                  lora_adapters={}, structured=False)
 
 
 def _soak_args(**overrides) -> argparse.Namespace:
@@ -409,3 +409,45 @@ def test_each_server_reports_the_plugins_graph_memory_estimate_beside_what_captu
     ])
     assert graph_memory(log) == {"estimated_gib": {0: 0.42, 1: 0.47}, "captured_gib_max": 0.45}
     assert graph_memory("stock has no estimate") == {"estimated_gib": {}, "captured_gib_max": None}
+
+
+def test_a_structured_soak_serves_a_byte_vocabulary_and_fails_a_plugin_with_bad_json(
+    tmp_path, monkeypatch
+):
+    """--structured: the servers get the byte-vocabulary model and xgrammar's settings;
+    a plugin output that is not the schema's JSON fails the mode, stock's are reported."""
+    import json
+
+    import benchmarks.tools.soak as soak
+    from benchmarks.tools.sampling_mix import STRUCTURED_SERVE_ARGS
+
+    good, bad = '{"colour":"red","size":"M","ok":true}', '{"colour":"red","size":'
+    served: dict[str, tuple] = {}
+
+    def fake_serve(spec, model_dir, load, log_path, extra_args=(), **kwargs):
+        served[log_path.name] = (model_dir, list(extra_args))
+        text = bad if "plugin" in log_path.name else good
+        results = [RequestResult(0, False, sampling="json-schema", text=text),
+                   RequestResult(1, False, sampling="greedy", text="w5")]
+        report = LoadReport(results, elapsed_s=1.0, health_checks=1, health_failures=[])
+        return {"load_report": report, "load": report.summary(), "preemptions": 0,
+                "shutdown_clean": True, "shutdown_rc": 0}
+
+    byte_dirs = []
+    monkeypatch.setattr(soak, "byte_vocab_model_dir",
+                        lambda root, shape, weights: byte_dirs.append((shape, weights)) or root)
+    monkeypatch.setattr(soak.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(soak, "run_serve_mode", fake_serve)
+    out = tmp_path / "soak"
+    rc = soak.main(["--out", str(out), "--modes", "eager", "--sampling-mix", "--structured",
+                    "--gpus", "0,1", "2,3"])
+    assert rc == 1
+    assert byte_dirs == [("qwen3-0.6b", True)]
+    assert all(args[-len(STRUCTURED_SERVE_ARGS):] == STRUCTURED_SERVE_ARGS
+               for _, args in served.values())
+    [mode] = json.loads((out / "soak.json").read_text())
+    assert mode["structured"] is True
+    assert mode["structured_checks"]["stock_a"] == {"checked": 1, "problems": 0, "first": []}
+    assert mode["structured_checks"]["plugin"]["problems"] == 1
+    assert any(p.startswith("plugin: request 0 (json-schema): does not parse")
+               for p in mode["problems"])
