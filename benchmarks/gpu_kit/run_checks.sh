@@ -24,8 +24,8 @@
 #                (batch), then the 0.6B engine cell beside the plugin's defaults and stock
 #   serve-32b    PP=2, --workload serve (vllm serve + vllm bench serve), Qwen3-32B dense
 #                shape, dummy weights, 64 in / 256 out, concurrency 64 and 256: plugin,
-#                stock and V1 (the cell of ../results/2026-11-23-pipelining-pp2/run.sh);
-#                about 15 minutes
+#                stock and V1, each stage's GPU busy % per concurrency (--profile; the
+#                cell of ../results/2026-11-23-pipelining-pp2/run.sh); about 15 minutes
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -154,7 +154,7 @@ step_direct() {
 step_serve-32b() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload serve --model qwen3-32b --weights dummy \
     --num-requests 512 --input-len 64 --output-len 256 --max-num-seqs 256 \
-    --concurrency 64,256 --repeat 2 --timeout 600 --out "$RES/serve-32b" \
+    --concurrency 64,256 --repeat 2 --profile --timeout 600 --out "$RES/serve-32b" \
     --modes plugin:$FAP,stock:$FAP,v1:$FAP
 }
 

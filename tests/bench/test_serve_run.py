@@ -40,3 +40,77 @@ def test_server_that_exits_at_start_is_reported_with_its_exit_code(tmp_path):
     # A failed run is where a reader most needs to know what it ran with.
     assert report["spec"]["vllm_version"] == metadata.version("vllm")
     assert report["spec"]["torch_version"] == metadata.version("torch")
+
+
+def test_a_profiled_serve_sweep_gives_each_concurrency_its_own_per_stage_profile(
+    tmp_path, monkeypatch
+):
+    """``bench --workload serve --profile``: the server gets vLLM's profiler config,
+    each concurrency gets one more pass between /start_profile and /stop_profile, and
+    that pass's traces (one per stage) are summarised into its own point."""
+    import asyncio
+    import json
+    import sys
+
+    from _local_server import local_server
+    from aiohttp import web
+
+    from vllm_pp_cudagraph.bench import serve_run
+
+    profile_dir = tmp_path / "traces"
+    calls: list[str] = []
+
+    async def start(request):
+        calls.append("start")
+        return web.Response()
+
+    async def stop(request):
+        calls.append("stop")
+        for rank in range(2):  # the workers write their traces as profiling stops
+            (profile_dir / f"worker{rank}.{len(calls)}.pt.trace.json.gz").write_text("x")
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/start_profile", start)
+    app.router.add_post("/stop_profile", stop)
+    served = {}
+
+    def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
+                            extra_args=()):
+        served["extra_args"] = list(extra_args)
+        log_path.write_text("")
+
+        async def run():
+            async with local_server(app) as base_url:
+                return await call(base_url)
+
+        return {**asyncio.run(run()), "shutdown_rc": 0, "shutdown_clean": True}
+
+    def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
+                    result_dir, result_name):
+        calls.append(f"pass c{concurrency} n{num_prompts}")
+        result = {"request_throughput": 10.0 + concurrency, "completed": num_prompts}
+        return [sys.executable, "-c",
+                f"open({str(result_dir / result_name)!r}, 'w').write({json.dumps(result)!r})"]
+
+    monkeypatch.setattr(serve_run, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
+    monkeypatch.setattr(serve_run, "analyze_dir", lambda d: {
+        f"rank{i}": {"gpu_busy_pct": 80.0 + i, "traces": sorted(p.name for p in d.iterdir())}
+        for i in range(2)})
+    spec = RunSpec("plugin", "full_and_piecewise", pp=2, repeat=1, workload="serve",
+                   profile_dir=str(profile_dir))
+    points = serve_run.run_vllm_bench_sweep(spec, str(tmp_path), tmp_path / "serve.log",
+                                            [64, 256], 512)
+    config = served["extra_args"][served["extra_args"].index("--profiler-config") + 1]
+    assert json.loads(config)["torch_profiler_dir"] == str(profile_dir)
+    assert calls == ["pass c64 n128", "pass c64 n512", "start", "pass c64 n128", "stop",
+                     "pass c256 n512", "start", "pass c256 n256", "stop"]
+    assert [p["concurrency"] for p in points] == [64, 256]
+    assert [p["gpu_busy_pct"] for p in points] == [[80.0, 81.0], [80.0, 81.0]]
+    # Each concurrency's profile is made of its own pass's traces only.
+    assert points[0]["profile"]["rank0"]["traces"] == ["worker0.5.pt.trace.json.gz",
+                                                      "worker1.5.pt.trace.json.gz"]
+    assert points[1]["profile"]["rank0"]["traces"] == ["worker0.9.pt.trace.json.gz",
+                                                      "worker1.9.pt.trace.json.gz"]
+    assert not list(profile_dir.glob("*.pt.trace.json*"))

@@ -23,7 +23,7 @@ for cell in "$@"; do
         --modes plugin:$fp,stock:$fp,v1:$fp ;;
     serve-32b)
       bench --model qwen3-32b --workload serve --num-requests 512 --input-len 64 --output-len 256 \
-        --max-num-seqs 256 --concurrency 64,256 --repeat 2 --out "$out/$cell" \
+        --max-num-seqs 256 --concurrency 64,256 --repeat 2 --profile --out "$out/$cell" \
         --modes plugin:$fp,stock:$fp,v1:$fp ;;
     *) echo "unknown cell $cell" >&2 ;;
   esac 2>&1 | tee "$out/$cell.txt"

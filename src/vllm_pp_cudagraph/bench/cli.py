@@ -306,9 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="after the timed runs, profile one more pass per engine (torch.profiler) and "
-        "report each rank's median decode step: time in and outside the forward, "
-        "kernel time, launches, host syncs, NCCL time (traces under OUT/traces/)",
+        help="after the timed runs, profile one more pass per engine (for --workload serve: "
+        "per concurrency, through vLLM's /start_profile and /stop_profile) with "
+        "torch.profiler and report each rank's median decode step: time in and outside "
+        "the forward, GPU busy %%, kernel time, launches, host syncs, NCCL time (traces "
+        "under OUT/traces/)",
     )
     return parser
 
@@ -466,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_table(reports))
     for r in reports:
+        if r.get("profile_error"):
+            print(f"profile {r['spec']['runner']}:{r['spec']['mode']}: {r['profile_error']}")
         for rank, summary in sorted(r.get("profile", {}).items()):
             medians = {k: v for k, v in summary.items() if k != "host_ops"}
             print(f"profile {r['spec']['runner']}:{r['spec']['mode']} {rank}: {medians}")

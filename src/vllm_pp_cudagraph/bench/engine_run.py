@@ -190,9 +190,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     if spec.profile_dir:
         from vllm.config import ProfilerConfig
 
-        extra["profiler_config"] = ProfilerConfig(
-            profiler="torch", torch_profiler_dir=spec.profile_dir, torch_profiler_with_stack=False
-        )
+        extra["profiler_config"] = ProfilerConfig(**profiler_settings(spec.profile_dir))
     start = time.perf_counter()
     llm = LLM(
         model=model,
@@ -292,6 +290,12 @@ def engine_env(spec: RunSpec) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
     return env
+
+
+def profiler_settings(profile_dir: str) -> dict[str, Any]:
+    """vLLM's profiler config for a profiled pass: torch.profiler traces, without stacks."""
+    return {"profiler": "torch", "torch_profiler_dir": profile_dir,
+            "torch_profiler_with_stack": False}
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     RunSpec,
     engine_env,
     log_findings,
+    profiler_settings,
     spec_record,
     stop_process_group,
 )
@@ -33,6 +36,7 @@ from vllm_pp_cudagraph.bench.serve_load import (
     wait_until_healthy,
 )
 from vllm_pp_cudagraph.bench.stats import median_run, output_digest
+from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
 
 
 def mode_cli_args(mode: str) -> list[str]:
@@ -190,6 +194,38 @@ def vllm_bench_summary(result: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+TRACE_GLOB = "*.pt.trace.json*"
+
+
+def collect_traces(profile_dir: Path, dest: Path, expected: int, timeout_s: float = 600,
+                   poll_s: float = 2.0) -> int:
+    """Move the traces the workers write into ``profile_dir`` to ``dest``; how many.
+
+    Waits until ``expected`` traces are there and their sizes hold still between
+    two looks (workers write them as profiling stops), at most ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    sizes: dict[Path, int] | None = None
+    while True:
+        now = {p: p.stat().st_size for p in profile_dir.glob(TRACE_GLOB) if p.is_file()}
+        if (len(now) >= expected and now == sizes) or time.monotonic() > deadline:
+            break
+        sizes = now
+        time.sleep(poll_s)
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in now:
+        shutil.move(str(path), str(dest / path.name))
+    return len(now)
+
+
+async def _post(url: str, timeout_s: float = 900) -> int:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        async with session.post(url) as resp:
+            return resp.status
+
+
 def run_vllm_bench_sweep(
     spec: RunSpec,
     model_dir: str,
@@ -204,11 +240,19 @@ def run_vllm_bench_sweep(
     A warm-up pass at the first concurrency comes first (Triton compiles new
     shapes on first use), then ``spec.repeat`` timed passes per concurrency
     (at least one); each point reports the pass of median req/s and every
-    pass's req/s. One report per concurrency, each with the server's shutdown
-    status and how many stages logged the plugin's runner.
+    pass's req/s. With ``spec.profile_dir``, one more pass per concurrency runs
+    under vLLM's profiler (``/start_profile`` ... ``/stop_profile``), its traces
+    go to ``profile_dir/c<concurrency>``, and the point gets their per-stage
+    summary (``profile``, ``gpu_busy_pct``). One report per concurrency, each
+    with the server's shutdown status and how many stages logged the plugin's runner.
     """
     result_dir = log_path.parent / f"{log_path.stem}-results"
     result_dir.mkdir(parents=True, exist_ok=True)
+    profile_dir = Path(spec.profile_dir) if spec.profile_dir else None
+    extra_args: list[str] = []
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        extra_args = ["--profiler-config", json.dumps(profiler_settings(str(profile_dir)))]
 
     async def one_pass(base_url: str, concurrency: int, prompts: int, name: str) -> dict[str, Any]:
         cmd = vllm_bench_serve_command(base_url, model_dir, concurrency, prompts,
@@ -222,6 +266,22 @@ def run_vllm_bench_sweep(
             point.update(vllm_bench_summary(json.loads((result_dir / f"{name}.json").read_text())))
         return point
 
+    async def profiled_pass(base_url: str, concurrency: int) -> dict[str, Any]:
+        """One pass of at least ``concurrency`` requests under the profiler; its summary."""
+        assert profile_dir is not None
+        if (status := await _post(f"{base_url}/start_profile")) != 200:
+            return {"profile_error": f"/start_profile answered HTTP {status}"}
+        await one_pass(base_url, concurrency, max(num_prompts // 4, concurrency),
+                       f"c{concurrency}-profiled")
+        if (status := await _post(f"{base_url}/stop_profile")) != 200:
+            return {"profile_error": f"/stop_profile answered HTTP {status}"}
+        dest = profile_dir / f"c{concurrency}"
+        found = await asyncio.to_thread(collect_traces, profile_dir, dest, spec.pp)
+        if found < spec.pp:
+            return {"profile_error": f"{found} of {spec.pp} stages wrote a trace"}
+        profile = await asyncio.to_thread(analyze_dir, dest)
+        return {"profile": profile, "gpu_busy_pct": stage_busy(profile)}
+
     async def sweep(base_url: str) -> dict[str, Any]:
         await one_pass(base_url, concurrencies[0], max(num_prompts // 4, 1), "warmup")
         points = []
@@ -231,10 +291,13 @@ def run_vllm_bench_sweep(
             done = [p for p in passes if p.get("req_per_s")]
             point = dict(median_run(done, key="req_per_s")) if done else passes[-1]
             point["pass_req_per_s"] = [p.get("req_per_s") for p in passes]
+            if profile_dir is not None:
+                point.update(await profiled_pass(base_url, concurrency))
             points.append(point)
         return {"sweep": points}
 
-    report = serve_and_call(spec, model_dir, log_path, sweep, port, startup_timeout_s)
+    report = serve_and_call(spec, model_dir, log_path, sweep, port, startup_timeout_s,
+                            extra_args=extra_args)
     log = log_path.read_text(errors="replace")
     report.update(log_findings(log))
     reports = []
