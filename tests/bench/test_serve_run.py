@@ -107,6 +107,7 @@ def test_a_profiled_serve_sweep_gives_each_concurrency_its_own_per_stage_profile
     assert calls == ["pass c64 n128", "pass c64 n512", "start", "pass c64 n128", "stop",
                      "pass c256 n512", "start", "pass c256 n256", "stop"]
     assert [p["concurrency"] for p in points] == [64, 256]
+    assert points[1]["pass_req_per_s"] == [266.0] and points[1]["pass_tpot_p99_ms"] == [None]
     assert [p["gpu_busy_pct"] for p in points] == [[80.0, 81.0], [80.0, 81.0]]
     # Each concurrency's profile is made of its own pass's traces only.
     assert points[0]["profile"]["rank0"]["traces"] == ["worker0.5.pt.trace.json.gz",

@@ -240,7 +240,7 @@ def run_vllm_bench_sweep(
     A warm-up pass at the first concurrency comes first (Triton compiles new
     shapes on first use), then ``spec.repeat`` timed passes per concurrency
     (at least one); each point reports the pass of median req/s and every
-    pass's req/s. With ``spec.profile_dir``, one more pass per concurrency runs
+    pass's req/s and TPOT p50 / p99 (the spread between passes). With ``spec.profile_dir``, one more pass per concurrency runs
     under vLLM's profiler (``/start_profile`` ... ``/stop_profile``), its traces
     go to ``profile_dir/c<concurrency>``, and the point gets their per-stage
     summary (``profile``, ``gpu_busy_pct``). One report per concurrency, each
@@ -290,7 +290,8 @@ def run_vllm_bench_sweep(
                       for i in range(max(spec.repeat, 1))]
             done = [p for p in passes if p.get("req_per_s")]
             point = dict(median_run(done, key="req_per_s")) if done else passes[-1]
-            point["pass_req_per_s"] = [p.get("req_per_s") for p in passes]
+            for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms"):
+                point[f"pass_{key}"] = [p.get(key) for p in passes]
             if profile_dir is not None:
                 point.update(await profiled_pass(base_url, concurrency))
             points.append(point)
