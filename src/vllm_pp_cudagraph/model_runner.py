@@ -78,6 +78,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _produced_schema: Schema | None = None
     _step_cached_req_ids: list[str] | None = None
     _pending_input: stage_handoff.PendingStageInput | None = None
+    direct_handoff: bool = False
+    """Whether this stage passes intermediate tensors without per-step metadata."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         check_graph_settings(vllm_config)
@@ -93,7 +95,6 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self.is_last_pp_rank,
             is_breakable_cudagraph_enabled(),
         )
-        self.direct_handoff = False
         if self.use_pp:
             self._choose_handoff()
 
@@ -141,9 +142,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if self.intermediate_tensors is not None:
             expects = schema_of(self.intermediate_tensors.tensors)
         # Every stage evaluates the same gathered lists, so all raise or none does.
-        everyone = gather_from_stages((sends, expects, produced is not None))
-        sent_as = PRODUCED if all(p for _, _, p in everyone[:-1]) else DECLARED
-        check_handoff_schemas([s for s, _, _ in everyone], [e for _, e, _ in everyone], sent_as)
+        everyone = gather_from_stages((sends, expects, produced is not None, self.direct_handoff))
+        stage_handoff.check_stages_agree([direct for *_, direct in everyone])
+        sent_as = PRODUCED if all(p for _, _, p, _ in everyone[:-1]) else DECLARED
+        check_handoff_schemas([s for s, *_ in everyone], [e for _, e, *_ in everyone], sent_as)
 
     def profile_run(self, *args, **kwargs) -> None:
         super().profile_run(*args, **kwargs)

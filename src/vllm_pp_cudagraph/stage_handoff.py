@@ -37,6 +37,21 @@ _direct_groups: weakref.WeakSet = weakref.WeakSet()
 _patched = False
 
 
+class HandoffDisagreementError(RuntimeError):
+    """Some pipeline stages hand tensors on directly and others as vLLM does."""
+
+
+def check_stages_agree(direct_per_stage: list[bool]) -> None:
+    """Stop start-up where stages disagree: one side would wait for metadata never sent."""
+    if len(set(direct_per_stage)) > 1:
+        on = [stage for stage, direct in enumerate(direct_per_stage) if direct]
+        raise HandoffDisagreementError(
+            f"Pipeline stages disagree on the direct hand-off: on for stages {on}, off for "
+            "the others. Set VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF alike in the environment of "
+            "every stage's process (on every node under Ray)."
+        )
+
+
 class _SentMetadata:
     """Stands where vLLM's send returns the handle of its metadata send.
 

@@ -2,8 +2,8 @@
 
 ``capture``: the stages agree on graphs after stage 1's capture failed;
 ``common``: they keep the graphs both captured (test_graph_agreement). ``handoff``: the start-up hand-off check, first with
-what the model declares, then with a forward that returns an undeclared key
-(test_stage_inputs). ``direct`` (also with 2 tensor-parallel ranks per stage, or 3 stages):
+what the model declares, then with a forward that returns an undeclared key, then
+with the direct hand-off on one stage only (test_stage_inputs). ``direct`` (also with 2 tensor-parallel ranks per stage, or 3 stages):
 intermediate tensors handed on without metadata, next to vLLM's own hand-off on the
 same group (test_stage_handoff).
 """
@@ -46,6 +46,7 @@ def handoff(rank: int) -> dict:
     from vllm.sequence import IntermediateTensors
 
     from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+    from vllm_pp_cudagraph.stage_handoff import HandoffDisagreementError
     from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, schema_of
 
     def tensors(n: int, keys=("hidden_states", "residual")) -> dict:
@@ -62,6 +63,7 @@ def handoff(rank: int) -> dict:
         model=Model(),
         model_config=SimpleNamespace(dtype=torch.bfloat16),
         device="cpu",
+        direct_handoff=False,
     )
     check = PPCudaGraphModelRunner._check_stage_handoffs
     check(stage)  # as declared: matches
@@ -71,7 +73,13 @@ def handoff(rank: int) -> dict:
         error = None
     except StageInputMismatchError as exc:
         error = str(exc)
-    return {"rank": rank, "produced_error": error}
+    stage.direct_handoff = rank == 1  # one stage's process without the setting
+    try:
+        check(stage)
+        direct_error = None
+    except HandoffDisagreementError as exc:
+        direct_error = str(exc)
+    return {"rank": rank, "produced_error": error, "direct_error": direct_error}
 
 
 #: Token counts of the steps the ``direct`` scenario hands on (buffers hold 32).

@@ -188,3 +188,28 @@ def test_the_profiling_run_under_pp_ends_with_the_warm_up(monkeypatch, token_upd
     runner = first_stage(use_pp=True, _produced_schema=None)
     runner.profile_run()
     assert order == ["vllm", "handoffs"] and token_updates
+
+
+@pytest.mark.parametrize("speculative_config, direct", [(None, True), (object(), False)])
+def test_a_stage_hands_on_directly_only_with_the_setting_and_without_drafts(
+    speculative_config, direct, monkeypatch
+):
+    from vllm_pp_cudagraph import patches, stage_handoff
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    class Group:  # vLLM's pipeline GroupCoordinator, as far as the choice reads it
+        world_size = 2
+
+    group = Group()
+    monkeypatch.setattr(model_runner, "get_pp_group", lambda: group)
+    runner = bare_runner(speculative_config=speculative_config)
+    runner._choose_handoff()  # the setting is off: vLLM's hand-off
+    assert runner.direct_handoff is False and not stage_handoff.is_direct(group)
+    undo = patches.apply_patch("direct-handoff", PPCudaGraphSettings(direct_handoff=True))
+    try:
+        runner._choose_handoff()
+        assert runner.direct_handoff is direct
+        assert stage_handoff.is_direct(group) is direct
+    finally:
+        stage_handoff.disable(group)
+        undo()

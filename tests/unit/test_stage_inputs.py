@@ -170,6 +170,9 @@ def test_forward_returning_an_undeclared_key_stops_both_stages_at_startup():
     for r in results:  # both stages raise, so neither is left waiting for the other
         assert "stage 0 -> stage 1 (tensors returned by the model's forward" in r["produced_error"]
         assert "unexpected keys ['aux']" in r["produced_error"]
+        # A stage whose process lacks VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF stops them all.
+        assert "disagree on the direct hand-off: on for stages [1]" in r["direct_error"]
+        assert "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF" in r["direct_error"]
 
 
 def test_pending_share_under_tensor_parallelism_counts_all_ranks_tokens():
