@@ -55,8 +55,8 @@ def check_stages_agree(direct_per_stage: list[bool]) -> None:
 class _SentMetadata:
     """Stands where vLLM's send returns the handle of its metadata send.
 
-    vLLM 0.33's worker keeps ``handles[1:]`` as the tensor sends to wait for,
-    earlier ones wait for all of them; a completed first handle fits both.
+    vLLM's worker waits for ``handles[1:]`` (0.29 and 0.33, where the metadata send
+    is asynchronous) or for all of them (0.26); a completed first handle fits both.
     """
 
     def wait(self, timeout: object = None) -> bool:
