@@ -267,11 +267,37 @@ _GRAPH_ESTIMATE = re.compile(
     r"CUDA-graph memory on pipeline stage (\d+): estimated (\d+(?:\.\d+)?) GiB for (\d+) graphs")
 
 
+_STAGE_CAPTURE = re.compile(
+    r"Worker_PP(\d+)\S*.*Graph capturing finished in [\d.]+ secs, took (\d+(?:\.\d+)?) GiB")
+
+#: vLLM's log rounds both numbers to 0.01 GiB.
+LOG_ROUNDING_GIB = 0.01
+
+
 def graph_memory(log: str) -> dict:
     """The plugin's CUDA-graph memory estimate per stage (reserved before the KV cache
-    is sized) beside the most any stage's capture took, from a server's log."""
+    is sized) beside what each stage's capture took, from a server's log."""
     estimates = {int(stage): float(gib) for stage, gib, _ in _GRAPH_ESTIMATE.findall(log)}
-    return {"estimated_gib": estimates, "captured_gib_max": capture_stats(log)["graph_gib"]}
+    captured: dict[int, float] = {}
+    for stage, gib in _STAGE_CAPTURE.findall(log):
+        captured[int(stage)] = max(captured.get(int(stage), 0.0), float(gib))
+    return {"estimated_gib": estimates, "captured_gib": captured,
+            "captured_gib_max": capture_stats(log)["graph_gib"]}
+
+
+def graph_memory_problems(memory: dict | None) -> list[str]:
+    """Stages whose graphs took more than the plugin reserved for them before the KV
+    cache was sized (the estimate's margin: never below what capture takes). Nothing
+    to judge where vLLM measures graph memory itself (no estimate in the log)."""
+    if not memory:
+        return []
+    problems = []
+    for stage, estimate in sorted(memory.get("estimated_gib", {}).items()):
+        took = memory.get("captured_gib", {}).get(stage)
+        if took is not None and took > estimate + LOG_ROUNDING_GIB:
+            problems.append(f"stage {stage}'s graphs took {took} GiB, more than the {estimate} "
+                            "GiB reserved for them before the KV cache was sized")
+    return problems
 
 
 def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.Namespace,
@@ -392,6 +418,9 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
         result["problems"] += [f"{name}: {problem}" for name in reports
                                if name.startswith("plugin_")
                                for problem in serving_problems(reports[name])]
+        result["problems"] += [f"{name}: {problem}" for name, rep in reports.items()
+                               if name.startswith("plugin")
+                               for problem in graph_memory_problems(rep.get("graph_memory"))]
         if args.structured:
             # Every run's structured outputs are checked; the plugin's must all pass.
             found = {name: structured_problems(rep) for name, rep in texts.items()}

@@ -407,8 +407,24 @@ def test_each_server_reports_the_plugins_graph_memory_estimate_beside_what_captu
         "(Worker_PP0 pid=1) INFO Graph capturing finished in 12 secs, took 0.38 GiB",
         "(Worker_PP1 pid=2) INFO Graph capturing finished in 13 secs, took 0.45 GiB",
     ])
-    assert graph_memory(log) == {"estimated_gib": {0: 0.42, 1: 0.47}, "captured_gib_max": 0.45}
-    assert graph_memory("stock has no estimate") == {"estimated_gib": {}, "captured_gib_max": None}
+    assert graph_memory(log) == {"estimated_gib": {0: 0.42, 1: 0.47},
+                                 "captured_gib": {0: 0.38, 1: 0.45}, "captured_gib_max": 0.45}
+    assert graph_memory("stock has no estimate") == {"estimated_gib": {}, "captured_gib": {},
+                                                     "captured_gib_max": None}
+
+
+def test_a_stage_whose_graphs_outgrow_the_plugins_reservation_fails_the_soak():
+    from benchmarks.tools.soak import graph_memory_problems
+
+    fits = {"estimated_gib": {0: 0.42, 1: 0.47}, "captured_gib": {0: 0.43, 1: 0.45}}
+    assert graph_memory_problems(fits) == []  # 0.01 GiB is the log's rounding
+    over = {"estimated_gib": {0: 0.42, 1: 0.47}, "captured_gib": {0: 0.38, 1: 0.61}}
+    assert graph_memory_problems(over) == [
+        "stage 1's graphs took 0.61 GiB, more than the 0.47 GiB reserved for them before "
+        "the KV cache was sized"]
+    # vLLM 0.29+ measures graph memory itself: no estimate, nothing to judge.
+    assert graph_memory_problems({"estimated_gib": {}, "captured_gib": {0: 5.0}}) == []
+    assert graph_memory_problems(None) == []
 
 
 def test_a_structured_soak_serves_a_byte_vocabulary_and_fails_a_plugin_with_bad_json(
