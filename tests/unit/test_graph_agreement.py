@@ -47,9 +47,9 @@ def test_decision_is_the_same_on_every_stage_for_four_stages():
 
 
 def test_two_stages_reach_the_same_decision_over_gloo_under_inference_mode():
-    from _two_stage_exchange import run_both
+    from _pipeline_processes import run_stages
 
-    results = run_both("capture")
+    results = run_stages("capture")
     for r in results:
         assert r["stages"] == [0, 1]
         assert r["all_eager"] is True
@@ -59,8 +59,8 @@ def test_two_stages_reach_the_same_decision_over_gloo_under_inference_mode():
 def test_two_stages_keep_only_the_graphs_both_captured_over_gloo():
     """Each stage learns the other's graphs only through the exchange: stage 0
     captured {a, b}, stage 1 {b, c}; both must keep exactly {b}."""
-    from _two_stage_exchange import run_both
+    from _pipeline_processes import run_stages
 
-    results = run_both("common")
+    results = run_stages("common")
     assert [r["keep"] for r in results] == [["b"], ["b"]]
     assert [r["dropped"] for r in results] == [["a"], ["c"]]

@@ -1,7 +1,7 @@
 """Direct hand-offs: intermediate tensors passed between stages without per-step metadata.
 
 The exchange runs between real processes over gloo with vLLM's own process
-groups (tests/unit/_two_stage_exchange.py), as the worker calls it.
+groups (tests/unit/_pipeline_processes.py), as the worker calls it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 @pytest.mark.parametrize("pp_size, tp_size", [(2, 1), (2, 2), (3, 1)])
 def test_steps_of_every_size_arrive_in_the_input_buffers_unchanged(pp_size, tp_size):
-    from _two_stage_exchange import DIRECT_STEPS, run_both
+    from _pipeline_processes import DIRECT_STEPS, run_stages
 
-    reports = run_both("direct", tp_size=tp_size, pp_size=pp_size)
+    reports = run_stages("direct", tp_size=tp_size, pp_size=pp_size)
     assert sorted(r["stage"] for r in reports) == sorted(list(range(pp_size)) * tp_size)
     for r in reports:
         assert r["blocker"] is None

@@ -163,9 +163,9 @@ def test_startup_mismatch_names_where_the_sent_tensors_came_from():
 
 
 def test_forward_returning_an_undeclared_key_stops_both_stages_at_startup():
-    from _two_stage_exchange import run_both
+    from _pipeline_processes import run_stages
 
-    results = run_both("handoff")
+    results = run_stages("handoff")
     assert [r["rank"] for r in results] == [0, 1]
     for r in results:  # both stages raise, so neither is left waiting for the other
         assert "stage 0 -> stage 1 (tensors returned by the model's forward" in r["produced_error"]

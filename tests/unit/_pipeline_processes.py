@@ -1,11 +1,15 @@
-"""Two CPU processes as pipeline stages 0 and 1 (gloo), run by the tests.
+"""CPU processes as pipeline stages over gloo, with vLLM's own process groups.
 
-``capture``: the stages agree on graphs after stage 1's capture failed;
-``common``: they keep the graphs both captured (test_graph_agreement). ``handoff``: the start-up hand-off check, first with
-what the model declares, then with a forward that returns an undeclared key, then
-with the direct hand-off on one stage only (test_stage_inputs). ``direct`` (also with 2 tensor-parallel ranks per stage, or 3 stages):
-intermediate tensors handed on without metadata, next to vLLM's own hand-off on the
-same group (test_stage_handoff).
+Scenarios, each run on every stage by :func:`run_stages`:
+
+- ``capture``: the stages agree on graphs after stage 1's capture failed;
+  ``common``: they keep the graphs both captured (test_graph_agreement);
+- ``handoff``: the start-up hand-off check, first with what the model declares,
+  then with a forward that returns an undeclared key, then with the direct
+  hand-off on one stage only (test_stage_inputs);
+- ``direct``: intermediate tensors handed on without metadata, next to vLLM's own
+  hand-off on the same group, at PP=2 (also with 2 tensor-parallel ranks per
+  stage) and PP=3 (test_stage_handoff).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import json
 import sys
 
 
-def run_both(scenario: str, tp_size: int = 1, pp_size: int = 2) -> list[dict]:
+def run_stages(scenario: str, tp_size: int = 1, pp_size: int = 2) -> list[dict]:
     """Run ``scenario`` on ``pp_size`` stages of ``tp_size`` processes each; their reports."""
     import os
     import socket
