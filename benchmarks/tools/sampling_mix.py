@@ -30,7 +30,8 @@ SCHEMA = {
 STRUCTURED_SERVE_ARGS = ["--structured-outputs-config",
                          json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
 
-_JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
+#: The OpenAI ``response_format`` asking for JSON that matches SCHEMA.
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
 
 #: Sampling options users send, one per request. Sampled ones carry a seed, so
 #: a request samples the same tokens wherever its logits are the same. Only
@@ -54,10 +55,10 @@ SAMPLING_MIX: dict[str, dict[str, Any]] = {
 #: JSON-schema requests: three options, so with SAMPLING_MIX's eight about a quarter
 #: of the load. The grammar ends them with EOS, which the load otherwise ignores.
 STRUCTURED_MIX: dict[str, dict[str, Any]] = {
-    "json-schema": {"response_format": _JSON_SCHEMA, "ignore_eos": False},
-    "json-schema-seeded": {"response_format": _JSON_SCHEMA, "ignore_eos": False,
+    "json-schema": {"response_format": JSON_SCHEMA_FORMAT, "ignore_eos": False},
+    "json-schema-seeded": {"response_format": JSON_SCHEMA_FORMAT, "ignore_eos": False,
                            "temperature": 0.8, "top_p": 0.9, "seed": 13},
-    "json-schema-penalties": {"response_format": _JSON_SCHEMA, "ignore_eos": False,
+    "json-schema-penalties": {"response_format": JSON_SCHEMA_FORMAT, "ignore_eos": False,
                               "presence_penalty": 0.5, "frequency_penalty": 0.3},
 }
 

@@ -38,9 +38,9 @@ from typing import Any
 import aiohttp
 
 from vllm_pp_cudagraph.bench.dummy_model import (
-    BYTE_VOCAB,
     SHAPES,
     has_random_weights,
+    with_byte_vocab,
     write_byte_tokenizer,
     write_model_dir,
     write_weights,
@@ -49,7 +49,11 @@ from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, stop_process
 from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
 from vllm_pp_cudagraph.bench.serve_run import serve_and_call, serve_command
 
-from benchmarks.tools.sampling_mix import SCHEMA, STRUCTURED_SERVE_ARGS, schema_problems
+from benchmarks.tools.sampling_mix import (
+    JSON_SCHEMA_FORMAT,
+    STRUCTURED_SERVE_ARGS,
+    schema_problems,
+)
 
 #: Log lines that mean a grammar saw tokens it did not allow.
 GRAMMAR_REJECTIONS = ("grammar rejected tokens", "Failed to advance FSM")
@@ -70,10 +74,7 @@ def structured_requests(count: int, seed: int = 0) -> list[dict[str, Any]]:
         else:
             body["temperature"] = 0.0
         if i % 2 == 0:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "item", "schema": SCHEMA},
-            }
+            body["response_format"] = JSON_SCHEMA_FORMAT
         requests.append(body)
     return requests
 
@@ -117,7 +118,7 @@ async def send_structured(base_url: str, requests: list[dict], concurrency: int,
 
 def byte_vocab_config(shape: str) -> dict[str, Any]:
     """``shape``'s config with the byte-level vocabulary."""
-    return {**SHAPES[shape], "vocab_size": BYTE_VOCAB, "bos_token_id": 256, "eos_token_id": 257}
+    return with_byte_vocab(SHAPES[shape])
 
 
 def byte_vocab_model_dir(directory: str | Path, shape: str, weights: bool = False) -> Path:

@@ -105,18 +105,19 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         receiver agree; the shapes then come from the start-up schema check and
         the step's padded size (stage_handoff.py).
         """
+        if not stage_handoff.is_requested():
+            return
         group = get_pp_group()
-        blocker = stage_handoff.direct_handoff_blocker(group, self.speculative_config)
-        if blocker is None:
-            stage_handoff.enable(group)
-            self.direct_handoff = True
-            logger.info(
-                "Pipeline stage %d passes intermediate tensors without per-step "
-                "metadata (direct hand-off)", self.pp_stage
-            )
-        elif stage_handoff.direct_handoff_blocker(group, None) is None:
+        if blocker := stage_handoff.direct_handoff_blocker(group, self.speculative_config):
             logger.info("Direct hand-off stands aside on pipeline stage %d: %s",
                         self.pp_stage, blocker)
+            return
+        stage_handoff.enable(group)
+        self.direct_handoff = True
+        logger.info(
+            "Pipeline stage %d passes intermediate tensors without per-step "
+            "metadata (direct hand-off)", self.pp_stage
+        )
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)

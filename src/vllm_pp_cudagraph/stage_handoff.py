@@ -26,6 +26,7 @@ keeps vLLM's behaviour.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -100,6 +101,11 @@ def direct_handoff_blocker(group: Any, speculative_config: object) -> str | None
     return None
 
 
+def is_requested() -> bool:
+    """Whether the ``direct-handoff`` patch is applied in this process (the setting is on)."""
+    return _patched
+
+
 def enable(group: Any) -> None:
     """Hand tensors on directly on ``group`` (this process's pipeline group)."""
     _direct_groups.add(group)
@@ -122,6 +128,11 @@ def _tp_share(
     return tensor.reshape(all_gather_group.world_size, -1)[all_gather_group.rank_in_group]
 
 
+def _comm_group(group: Any, tensor: torch.Tensor) -> Any:
+    """The process group vLLM moves ``tensor`` over: gloo for CPU tensors, else the device's."""
+    return group.cpu_group if tensor.is_cpu else group.device_group
+
+
 def send_tensors(
     group: Any,
     tensor_dict: Mapping[str, torch.Tensor],
@@ -139,8 +150,7 @@ def send_tensors(
             continue
         share = _tp_share(group, key, tensor, all_gather_group, all_gather_tensors)
         tensor = tensor if share is None else share
-        comm_group = group.cpu_group if tensor.is_cpu else group.device_group
-        handles.append(dist.isend(tensor, dst=group.ranks[dst], group=comm_group))
+        handles.append(dist.isend(tensor, dst=group.ranks[dst], group=_comm_group(group, tensor)))
         if tensor.is_cuda:
             tensor.record_stream(torch.cuda.current_stream(tensor.device))
     return handles
@@ -177,8 +187,8 @@ def receive_into(
             continue
         share = _tp_share(group, key, rows, pending.all_gather_group, pending.all_gather_tensors)
         target = rows if share is None else share
-        comm_group = group.cpu_group if target.is_cpu else group.device_group
-        handles.append(dist.irecv(target, src=group.ranks[pending.src], group=comm_group))
+        handles.append(dist.irecv(target, src=group.ranks[pending.src],
+                                  group=_comm_group(group, target)))
         received.append((key, rows, share))
     for handle in handles:
         handle.wait()
@@ -199,14 +209,12 @@ def pending_input(received: object) -> PendingStageInput | None:
 
 
 def _dispatching(original: Callable, direct: Callable) -> Callable:
+    @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self in _direct_groups:
             return direct(self, *args, **kwargs)
         return original(self, *args, **kwargs)
 
-    method.__name__ = getattr(original, "__name__", "method")
-    method.__doc__ = getattr(original, "__doc__", None)
-    method.__wrapped__ = original  # type: ignore[attr-defined]
     return method
 
 

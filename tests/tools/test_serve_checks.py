@@ -8,11 +8,10 @@ import json
 from _local_server import local_server
 from aiohttp import web
 
+from benchmarks.tools.sampling_mix import SCHEMA, schema_problems
 from benchmarks.tools.serve_checks import (
-    SCHEMA,
     byte_vocab_model_dir,
     fault_env,
-    schema_problems,
     send_structured,
     structured_requests,
 )

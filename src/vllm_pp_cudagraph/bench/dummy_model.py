@@ -111,6 +111,12 @@ LLAMA_3_1_70B: dict[str, Any] = {
 #: structured outputs) is spelled byte by byte (see :func:`write_byte_tokenizer`).
 BYTE_VOCAB = 512
 
+
+def with_byte_vocab(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the byte-level vocabulary (:data:`BYTE_VOCAB`) and its specials."""
+    return {**config, "vocab_size": BYTE_VOCAB, "bos_token_id": 256, "eos_token_id": 257}
+
+
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": QWEN3_0_6B,
     # 27 layers: does not split evenly across 2 pipeline stages.
@@ -120,8 +126,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-32b": QWEN3_32B,
     "llama-3.1-70b": LLAMA_3_1_70B,
     # Byte-level vocabulary, for structured outputs and anything that parses text.
-    "qwen3-0.6b-bytes": {**QWEN3_0_6B, "vocab_size": BYTE_VOCAB,
-                         "bos_token_id": 256, "eos_token_id": 257},
+    "qwen3-0.6b-bytes": with_byte_vocab(QWEN3_0_6B),
 }
 
 

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from vllm_pp_cudagraph.bench.engine_run import (
     MODES,
     RunSpec,
@@ -219,8 +221,6 @@ def collect_traces(profile_dir: Path, dest: Path, expected: int, timeout_s: floa
 
 
 async def _post(url: str, timeout_s: float = 900) -> int:
-    import aiohttp
-
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         async with session.post(url) as resp:
             return resp.status
