@@ -30,6 +30,15 @@
 #                structured outputs, stage faults, a short soak, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
 #                of its own
+#   shared-batch PP=2 with both stages on GPU 0 of a one-GPU machine (shared_gpu/,
+#                test-only; NCCL between the stages over a loopback socket), Qwen3-0.6B
+#                shape, random weights, --workload batch: stock, the plugin and the
+#                plugin with the direct hand-off in FULL_AND_PIECEWISE, stock and the
+#                plugin in PIECEWISE. Tokens and plugin_stages only: no speed
+#   shared-modes the same for FULL_DECODE_ONLY and breakable (stock and the plugin,
+#                eager the breakable reference) and the direct hand-off in eager
+#   shared-serve the GPU tests that serve, both stages on GPU 0: structured outputs
+#                and a fault in the first and in the last stage (mp executor)
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
@@ -50,7 +59,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,42p' "$self" >&2; exit 2; }
+usage() { sed -n '2,51p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -151,6 +160,30 @@ step_direct() {
   return $rc
 }
 
+# Both stages on GPU 0 (shared_gpu/sitecustomize.py): for one-GPU machines.
+shared_bench() {
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 \
+    $BENCH --workload batch --model qwen3-0.6b --weights random --repeat 1 "$@"
+}
+
+step_shared-batch() {
+  shared_bench --timeout 360 --deadline 900 --out "$RES/shared-batch-0.6b" \
+    --modes stock:$FAP,plugin:$FAP,plugin-direct:$FAP,stock:piecewise,plugin:piecewise
+}
+
+step_shared-modes() {
+  shared_bench --timeout 360 --deadline 900 --out "$RES/shared-modes-0.6b" \
+    --modes stock:full_decode_only,plugin:full_decode_only,stock:eager,plugin:breakable,plugin-direct:eager
+}
+
+step_shared-serve() {
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
+    --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 \
+    python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-serve" \
+    --junitxml "$RES/shared-serve.xml" -k "structured or (stage_fault and not ray)" tests
+}
+
 step_serve-32b() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload serve --model qwen3-32b --weights dummy \
     --num-requests 512 --input-len 64 --output-len 256 --max-num-seqs 256 \
@@ -199,7 +232,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -212,7 +245,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct engine-0.6b engine-32b serve-32b gpu-tests; do
+  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve engine-0.6b engine-32b serve-32b gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS

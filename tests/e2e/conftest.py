@@ -7,6 +7,7 @@ conftest), and they collect everywhere. Run them on a host with 2 GPUs as
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,20 @@ import pytest
 TEST_PLUGINS = ("pp_e2e_models", "pp_e2e_preemption_fix")
 
 
+def stages_share_one_gpu() -> bool:
+    """Whether this run puts both stages on one GPU (benchmarks/gpu_kit/shared_gpu,
+    loaded as ``sitecustomize``): a correctness check where no 2-GPU host is at hand."""
+    return getattr(sys.modules.get("sitecustomize"), "STAGES", 0) >= 2
+
+
 @pytest.fixture
 def two_gpus() -> None:
-    """Skip unless 2 CUDA devices are visible: every check runs PP=2, one GPU per stage."""
+    """Skip unless 2 CUDA devices are visible: every check runs PP=2, one GPU per stage
+    (or both stages on one, with the shared-GPU shim loaded)."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < 2:
+    if count < 2 and not (count == 1 and stages_share_one_gpu()):
         pytest.skip(f"needs 2 CUDA devices (PP=2, one per stage); {count} visible")
 
 

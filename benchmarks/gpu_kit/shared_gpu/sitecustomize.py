@@ -1,0 +1,121 @@
+"""Test-only: run every stage of a PP engine on the one GPU of a one-GPU machine.
+
+vLLM gives each pipeline stage a GPU of its own, and NCCL refuses two ranks on one
+GPU ("Duplicate GPU detected"). Where only one-GPU machines are at hand, this
+module lets a PP=N engine start anyway, so that what does not depend on the stages
+having GPUs of their own (graph capture per stage, the stage hand-off, the tokens)
+can be checked. Speed measured this way means nothing: the stages share one GPU's
+time, and their NCCL traffic goes over a loopback socket.
+
+Active only with ``KIT_SHARED_GPU_STAGES=N`` (N >= 2) in the environment, and only
+on vLLM releases with ``ParallelConfig.get_local_gpu_index`` (0.33). It is found as
+``sitecustomize`` through ``PYTHONPATH``, so every process of the engine runs it:
+
+- engine arguments: the multiprocess executor (vLLM would otherwise refuse a world
+  size above the GPU count) and a fixed KV cache of ``KIT_SHARED_GPU_KV_GIB`` GiB
+  (default 4) per stage, as vLLM's memory profiling assumes no other process
+  allocates on its GPU meanwhile;
+- each worker: GPU index 0, and an NCCL host id of its own (``NCCL_HOSTID``), which
+  is what NCCL's duplicate-GPU check compares; NCCL then connects the stages as if
+  they were on two hosts, over ``lo``;
+- the bench's GPU count (``vllm_pp_cudagraph.bench.cli.visible_gpus``): N.
+
+Each patched process prints one line to stderr saying what it changed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+STAGES = int(os.environ.get("KIT_SHARED_GPU_STAGES", "0") or 0)
+
+
+def _say(what: str) -> None:
+    print(f"[shared-gpu] pid {os.getpid()}: {what}", file=sys.stderr, flush=True)
+
+
+def _patch_engine_args(module) -> None:
+    cls = module.EngineArgs
+    original = cls.__post_init__
+    kv_bytes = int(float(os.environ.get("KIT_SHARED_GPU_KV_GIB", "4")) * 2**30)
+
+    def __post_init__(self):
+        if self.distributed_executor_backend is None:
+            self.distributed_executor_backend = "mp"
+        if self.kv_cache_memory_bytes is None:
+            self.kv_cache_memory_bytes = kv_bytes
+        _say(f"engine args: executor {self.distributed_executor_backend}, "
+             f"KV cache {self.kv_cache_memory_bytes / 2**30:g} GiB per stage")
+        original(self)
+
+    cls.__post_init__ = __post_init__
+
+
+def _patch_parallel_config(module) -> None:
+    cls = module.ParallelConfig
+    if not hasattr(cls, "get_local_gpu_index"):
+        raise RuntimeError(
+            "KIT_SHARED_GPU_STAGES: this vLLM has no ParallelConfig.get_local_gpu_index "
+            "(0.33 has); unset KIT_SHARED_GPU_STAGES")
+
+    def get_local_gpu_index(self, local_rank: int, dp_local_rank: int | None = None) -> int:
+        host_id = f"shared-gpu-stage-{local_rank}"
+        if os.environ.get("NCCL_HOSTID") != host_id:
+            os.environ["NCCL_HOSTID"] = host_id
+            _say(f"local rank {local_rank} on GPU 0, NCCL_HOSTID={host_id}")
+        return 0
+
+    cls.get_local_gpu_index = get_local_gpu_index
+
+
+def _patch_bench_cli(module) -> None:
+    real = module.visible_gpus
+
+    def visible_gpus() -> int:
+        gpus = real()
+        return STAGES if gpus >= 1 else gpus
+
+    module.visible_gpus = visible_gpus
+    _say(f"bench: {STAGES} stages share GPU 0")
+
+
+PATCHES = {
+    "vllm.engine.arg_utils": _patch_engine_args,
+    "vllm.config.parallel": _patch_parallel_config,
+    "vllm_pp_cudagraph.bench.cli": _patch_bench_cli,
+}
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the modules in PATCHES through the other finders, patching each once loaded."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in PATCHES:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        self._loaders = getattr(self, "_loaders", {})
+        self._loaders[name] = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self._loaders[spec.name].create_module(spec)
+
+    def exec_module(self, module):
+        self._loaders[module.__name__].exec_module(module)
+        PATCHES[module.__name__](module)
+
+
+if STAGES >= 2:
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_IB_DISABLE", "1")
+    sys.meta_path.insert(0, _PatchAfterImport())
