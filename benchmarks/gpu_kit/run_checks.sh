@@ -39,6 +39,9 @@
 #                eager the breakable reference) and the direct hand-off in eager
 #   shared-serve the GPU tests that serve, both stages on GPU 0: structured outputs
 #                and a fault in the first and in the last stage (mp executor)
+#   shared-moe   Qwen3-30B-A3B (dummy weights, 64 x 128), both stages on GPU 0 (an
+#                H200: 61 GB of weights): the plugin on vLLM's cadence against stock
+#                in PIECEWISE, FULL_DECODE_ONLY and breakable (against eager)
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
@@ -59,7 +62,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,51p' "$self" >&2; exit 2; }
+usage() { sed -n '2,54p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -176,6 +179,14 @@ step_shared-modes() {
     --modes stock:full_decode_only,plugin:full_decode_only,stock:eager,plugin:breakable,plugin-direct:eager
 }
 
+step_shared-moe() {
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 \
+    $BENCH --workload batch --model qwen3-30b-a3b --weights dummy --prompts 64 \
+    --input-len 32 --output-len 128 --max-num-seqs 64 --repeat 1 --timeout 360 \
+    --deadline 1500 --out "$RES/shared-moe-30b-a3b" \
+    --modes stock:piecewise,plugin-cadence:piecewise,stock:full_decode_only,plugin-cadence:full_decode_only,stock:eager,plugin-cadence:breakable
+}
+
 step_shared-serve() {
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
     --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
@@ -232,7 +243,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -245,7 +256,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve engine-0.6b engine-32b serve-32b gpu-tests; do
+  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe engine-0.6b engine-32b serve-32b gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
