@@ -164,24 +164,24 @@ step_direct() {
 }
 
 # Both stages on GPU 0 (shared_gpu/sitecustomize.py): for one-GPU machines.
-shared_bench() {
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 \
-    $BENCH --workload batch --model qwen3-0.6b --weights random --repeat 1 "$@"
+shared() {
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 "$@"
 }
 
 step_shared-batch() {
-  shared_bench --timeout 360 --deadline 900 --out "$RES/shared-batch-0.6b" \
+  shared $BENCH --workload batch --model qwen3-0.6b --weights random --repeat 1 \
+    --timeout 360 --deadline 900 --out "$RES/shared-batch-0.6b" \
     --modes stock:$FAP,plugin:$FAP,plugin-direct:$FAP,stock:piecewise,plugin:piecewise
 }
 
 step_shared-modes() {
-  shared_bench --timeout 360 --deadline 900 --out "$RES/shared-modes-0.6b" \
+  shared $BENCH --workload batch --model qwen3-0.6b --weights random --repeat 1 \
+    --timeout 360 --deadline 900 --out "$RES/shared-modes-0.6b" \
     --modes stock:full_decode_only,plugin:full_decode_only,stock:eager,plugin:breakable,plugin-direct:eager
 }
 
 step_shared-moe() {
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 \
-    $BENCH --workload batch --model qwen3-30b-a3b --weights dummy --prompts 64 \
+  shared $BENCH --workload batch --model qwen3-30b-a3b --weights dummy --prompts 64 \
     --input-len 32 --output-len 128 --max-num-seqs 64 --repeat 1 --timeout 360 \
     --deadline 1500 --out "$RES/shared-moe-30b-a3b" \
     --modes stock:piecewise,plugin-cadence:piecewise,stock:full_decode_only,plugin-cadence:full_decode_only,stock:eager,plugin-cadence:breakable
@@ -190,8 +190,7 @@ step_shared-moe() {
 step_shared-serve() {
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
     --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 \
-    python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-serve" \
+  shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-serve" \
     --junitxml "$RES/shared-serve.xml" -k "structured or (stage_fault and not ray)" tests
 }
 
