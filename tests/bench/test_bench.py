@@ -219,6 +219,20 @@ def test_an_engine_that_does_not_repeat_its_own_tokens_does_not_agree():
     assert plugin["repeats_itself"] is False and plugin["tokens_agree"] is False
 
 
+def test_a_disagreement_under_the_measured_cadence_names_the_runner_that_keeps_stocks_batches():
+    stock = report("stock", "piecewise", "c1", run_digests=["c1"])
+    plugin = report("plugin", "piecewise", "c2", run_digests=["c3"])
+    fixed = report("plugin-cadence", "piecewise", "c4", run_digests=["c4"])
+    bench.check_agreement([stock, plugin, fixed])
+    lines = bench.disagreement_lines([stock, plugin, fixed])
+    assert len(lines) == 2
+    assert lines[0].startswith("TOKENS DIFFER: plugin:piecewise gave other tokens in its timed")
+    assert "run plugin-cadence:piecewise" in lines[0]
+    # on vLLM's cadence a difference is the plugin's own: no hint away from it
+    assert lines[1].startswith("TOKENS DIFFER: plugin-cadence:piecewise vs stock:piecewise")
+    assert "decode cadence" not in lines[1]
+
+
 def test_runs_given_several_times_are_summarised_across_engines():
     def run(runner, req_per_s, digest="c1", util=0.5):
         r = report(runner, "full_and_piecewise", digest, req_per_s=req_per_s)
