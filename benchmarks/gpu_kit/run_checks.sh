@@ -42,6 +42,7 @@
 #   shared-moe   Qwen3-30B-A3B (dummy weights, 64 x 128), both stages on GPU 0 (an
 #                H200: 61 GB of weights): the plugin on vLLM's cadence against stock
 #                in PIECEWISE, FULL_DECODE_ONLY and breakable (against eager)
+#   shared-gpu-tests  gpu-tests with both stages on GPU 0 (a session of its own)
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
@@ -62,7 +63,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,54p' "$self" >&2; exit 2; }
+usage() { sed -n '2,55p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -194,6 +195,10 @@ step_shared-serve() {
     --junitxml "$RES/shared-serve.xml" -k "structured or (stage_fault and not ray)" tests
 }
 
+step_shared-gpu-tests() {
+  shared step_gpu-tests
+}
+
 step_serve-32b() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload serve --model qwen3-32b --weights dummy \
     --num-requests 512 --input-len 64 --output-len 256 --max-num-seqs 256 \
@@ -242,7 +247,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-gpu-tests) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -255,7 +260,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe engine-0.6b engine-32b serve-32b gpu-tests; do
+  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
