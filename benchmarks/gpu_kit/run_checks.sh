@@ -42,7 +42,7 @@
 #   shared-moe   Qwen3-30B-A3B (dummy weights, 64 x 128), both stages on GPU 0 (an
 #                H200: 61 GB of weights): the plugin on vLLM's cadence against stock
 #                in PIECEWISE, FULL_DECODE_ONLY and breakable (against eager)
-#   shared-gpu-tests  gpu-tests with both stages on GPU 0 (a session of its own)
+#   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
