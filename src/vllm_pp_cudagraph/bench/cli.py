@@ -388,8 +388,8 @@ def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
         measured = (runner_env.get("VLLM_PLUGINS") == "pp_cudagraph"
                     and runner_env.get("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "auto") == "auto")
         if measured and r["spec"].get("pp", 2) >= 2:
-            line += (f"; its decode cadence (auto) groups decodes by measured time, which "
-                     f"changes tokens where kernels round by batch (MoE): for a token check "
+            line += ("; its decode cadence (auto) groups decodes by measured time, which "
+                     "changes tokens where kernels round by batch (MoE): for a token check "
                      f"run plugin-cadence:{r['spec']['mode']} (vLLM's cadence)")
         lines.append(line)
     return lines
