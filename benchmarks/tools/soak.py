@@ -85,7 +85,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES, has_random_weights, token_word, write_model_dir
-from vllm_pp_cudagraph.bench.engine_run import RUNNERS, RunSpec, engine_env
+from vllm_pp_cudagraph.bench.engine_run import RUNNERS, RunSpec, engine_env, runner_cadence
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
 from vllm_pp_cudagraph.bench.stats import capture_stats
@@ -365,7 +365,7 @@ def token_check_result(check: dict, runs: list[str] | None = None) -> dict:
 
 def schedules_like_stock(plugin_runner: str) -> bool:
     """Whether ``plugin_runner`` keeps vLLM's decode cadence, so batches form as stock's do."""
-    return RUNNERS[plugin_runner].get("VLLM_PP_CUDAGRAPH_DECODE_CADENCE") == "vllm"
+    return runner_cadence(plugin_runner) == "vllm"
 
 
 def compared_pairs(runs: list[str]) -> dict[str, list[tuple[str, str]]]:

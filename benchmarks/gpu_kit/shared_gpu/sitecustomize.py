@@ -92,6 +92,9 @@ PATCHES = {
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds the modules in PATCHES through the other finders, patching each once loaded."""
 
+    def __init__(self) -> None:
+        self._loaders: dict = {}
+
     def find_spec(self, name, path=None, target=None):
         if name not in PATCHES:
             return None
@@ -102,7 +105,6 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return None
-        self._loaders = getattr(self, "_loaders", {})
         self._loaders[name] = spec.loader
         spec.loader = self
         return spec

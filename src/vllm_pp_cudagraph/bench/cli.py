@@ -31,6 +31,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     RunSpec,
     make_prompts,
     run_in_subprocess,
+    runner_cadence,
 )
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, run_vllm_bench_sweep
@@ -384,10 +385,7 @@ def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
             share = (f" ({r['requests_differ']} of {len(r['request_digests'])} requests)"
                      if "requests_differ" in r else "")
             line = f"TOKENS DIFFER: {run} vs {r['tokens_reference']}{share}"
-        runner_env = RUNNERS.get(r["spec"]["runner"], {})
-        measured = (runner_env.get("VLLM_PLUGINS") == "pp_cudagraph"
-                    and runner_env.get("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "auto") == "auto")
-        if measured and r["spec"].get("pp", 2) >= 2:
+        if runner_cadence(r["spec"]["runner"]) == "auto":
             line += ("; its decode cadence (auto) groups decodes by measured time, which "
                      "changes tokens where kernels round by batch (MoE): for a token check "
                      f"run plugin-cadence:{r['spec']['mode']} (vLLM's cadence)")

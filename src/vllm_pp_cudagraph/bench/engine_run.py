@@ -77,6 +77,16 @@ RUNNERS: dict[str, dict[str, str]] = {
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
 }
 
+
+def runner_cadence(runner: str) -> str | None:
+    """The decode cadence ``runner`` runs the plugin with (``auto`` unless it sets one);
+    None for runners without the plugin."""
+    env = RUNNERS[runner]
+    if env.get("VLLM_PLUGINS") != _PLUGIN["VLLM_PLUGINS"]:
+        return None
+    return env.get("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "auto")
+
+
 #: Greedy outputs agree within a family: compiled graphs share one numeric
 #: path, eager and breakable (no torch.compile) another.
 TOKEN_FAMILY = {
