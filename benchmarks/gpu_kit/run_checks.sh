@@ -164,6 +164,12 @@ step_direct() {
   return $rc
 }
 
+# The GPU tests' test-only vLLM plugins, into the kit's site.
+install_test_plugins() {
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
+    --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
+}
+
 # Both stages on GPU 0 (shared_gpu/sitecustomize.py): for one-GPU machines.
 shared() {
   CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 "$@"
@@ -189,8 +195,7 @@ step_shared-moe() {
 }
 
 step_shared-serve() {
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
-    --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
+  install_test_plugins
   shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-serve" \
     --junitxml "$RES/shared-serve.xml" -k "structured or (stage_fault and not ray)" tests
 }
@@ -207,8 +212,7 @@ step_serve-32b() {
 }
 
 step_gpu-tests() {
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
-    --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
+  install_test_plugins
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/gpu-tests" \
     --junitxml "$RES/gpu-tests.xml" tests
 }
