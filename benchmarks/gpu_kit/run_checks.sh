@@ -46,7 +46,8 @@
 #                on GPU 0 (an H200): 2,000 requests of the sampling mix with a quarter
 #                structured outputs, a tenth cancelled, under preemption, with the token
 #                check; the plugin's defaults against two stock servers (as the GPU
-#                matrix's soak-30b-a3b job on 2 GPUs)
+#                matrix's soak-30b-a3b job on 2 GPUs); about 20 minutes
+#   shared-soak-32b  the same soak on the Qwen3-32B dense shape
 #   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
@@ -68,7 +69,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,60p' "$self" >&2; exit 2; }
+usage() { sed -n '2,61p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -205,12 +206,14 @@ step_shared-serve() {
     --junitxml "$RES/shared-serve.xml" -k "structured or (stage_fault and not ray)" tests
 }
 
-step_shared-soak-30b-a3b() {
+shared_soak() {
   install_test_plugins
-  shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-30b-a3b" --shape qwen3-30b-a3b \
+  shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-$1" --shape "qwen3-$1" \
     --modes full_and_piecewise --sampling-mix --structured --preemption --token-check \
     --gpus 0 --port 9600
 }
+step_shared-soak-30b-a3b() { shared_soak 30b-a3b; }
+step_shared-soak-32b() { shared_soak 32b; }
 
 step_shared-gpu-tests() {
   shared step_gpu-tests
@@ -263,7 +266,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-gpu-tests) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-gpu-tests) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -276,7 +279,7 @@ run_all() {
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
+  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
