@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import asdict
 import subprocess
 import sys
 import time
@@ -462,3 +463,23 @@ def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compil
         "jit_compiles": ["kernel_unified_attention", "_post_update_kernel"],
     }
     assert log_findings("")["jit_compiles"] == []
+
+
+@pytest.mark.parametrize("plugin_digest, exit_code", [("t1", 0), ("t2", 1)])
+def test_a_batch_run_exits_non_zero_exactly_when_the_plugins_tokens_differ(
+        plugin_digest, exit_code, tmp_path, monkeypatch, capsys):
+    """The whole ``bench --workload batch`` command, with each engine's run replaced
+    by its report: the exit status is what a script checks for token agreement."""
+    def engine(spec, log_path, timeout):
+        digest = plugin_digest if spec.runner == "plugin" else "t1"
+        return {"spec": asdict(spec), "digest": digest, "run_digests": [digest], "req_per_s": 10.0,
+                "plugin_stages": 2 if spec.runner == "plugin" else 0, "returncode": 0}
+
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "run_in_subprocess", engine)
+    code = bench.main(["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+                       "--modes", "stock:eager,plugin:eager"])
+    console = capsys.readouterr().out
+    assert code == exit_code, console
+    assert (tmp_path / "bench.json").exists()
+    assert ("TOKENS DIFFER: plugin:eager" in console) == (exit_code == 1)

@@ -505,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             for window, ops in summary.get("host_ops", {}).items():
                 top = ", ".join(f"{op['name']} {op['calls']}x {op['us']} us" for op in ops[:6])
                 print(f"  host per decode step, {window}: {top}")
-    for line in disagreement_lines(reports):
+    disagree = disagreement_lines(reports)
+    for line in disagree:
         print(line)
     repeated = across_engines(reports)
     for row in repeated:
