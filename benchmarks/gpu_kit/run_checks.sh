@@ -47,13 +47,16 @@
 #                structured outputs, a tenth cancelled, under preemption, with the token
 #                check; the plugin's defaults against two stock servers (as the GPU
 #                matrix's soak-30b-a3b job on 2 GPUs); about 20 minutes
-#   shared-soak-32b  the same soak on the Qwen3-32B dense shape
+#   shared-soak-32b  the same soak on the Qwen3-32B dense shape (over 30 minutes there:
+#                longer than a machine is lent; see KIT_PREVIOUS below)
 #   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
 # status and seconds, DIR/summary.txt the runs' tokens_agree, plugin_stages and speed.
 # The project is installed into the kit's site first (KIT_SITE, default /tmp/site).
+# The shared soaks resume: with KIT_PREVIOUS=FOLDER (an earlier DIR, unpacked and
+# carried over), the servers that finished there are not served again.
 #
 # FlashInfer: vLLM 0.33's sampler uses it by default (JIT-compiled on first use, needs
 # nvcc). If the smoke fails with it and passes with VLLM_USE_FLASHINFER_SAMPLER=0, the
@@ -69,7 +72,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,61p' "$self" >&2; exit 2; }
+usage() { sed -n '2,64p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -210,7 +213,7 @@ shared_soak() {
   install_test_plugins
   shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-$1" --shape "qwen3-$1" \
     --modes full_and_piecewise --sampling-mix --structured --preemption --token-check \
-    --gpus 0 --port 9600
+    --gpus 0 --port 9600 --resume
 }
 step_shared-soak-30b-a3b() { shared_soak 30b-a3b; }
 step_shared-soak-32b() { shared_soak 32b; }
@@ -278,6 +281,11 @@ run_all() {
     --target "$site" . 2>&1 | grep -v 'already exists' | tee "$RES/install-project.txt"
   VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
+  if [ -n "${KIT_PREVIOUS:-}" ]; then
+    (cd "$KIT_PREVIOUS" && find . -path '*/servers/*.json' -exec cp --parents {} "$RES/" \;)
+    echo "servers finished before (KIT_PREVIOUS): $(cd "$RES" && find . -path '*/servers/*.json' | sort | tr '\n' ' ')" \
+      | tee -a "$RES/host.txt"
+  fi
   : >"$RES/steps.txt"
   for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac

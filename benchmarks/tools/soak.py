@@ -54,7 +54,7 @@ serve.
         [--plugin-runner plugin|plugin-cadence|plugin-kvsplit] [--plugin-runs P] [--stock-runs S]
         [--gpus 0,1 2,3] [--servers-per-gpus N --kv-cache-gib G]
         [--shape qwen3-32b ...] [--weights random|dummy] [--gpu-memory-utilization U] [--lora N]
-        [--sampling-mix [--structured]]
+        [--sampling-mix [--structured]] [--resume]
 
 Servers run in slots, one GPU group and port each, as many at a time as there
 are slots. Several servers may share one GPU group (``--servers-per-gpus``);
@@ -114,6 +114,7 @@ from benchmarks.tools.soak_judge import (
     structured_problems,
     text_digests,
 )
+from benchmarks.tools.soak_store import load_report, run_settings, save_report
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
 #: Stock graph mode each plugin mode is compared with, by default (the issue's
@@ -316,6 +317,17 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
         print(f"[{mode} {tag}] gpus {slot.gpus}: {report.get('load') or report.get('error')}"
               f", preemptions {report.get('preemptions')}, shutdown rc {report.get('shutdown_rc')}",
               flush=True)
+        save_report(args.out, mode, tag, report, run_settings(args))
+        return report
+
+    return task
+
+
+def resumed_task(mode: str, tag: str, report: dict) -> Callable[[Slot], dict]:
+    """A server that ran before (``--resume``): its saved report, nothing served."""
+    def task(slot: Slot) -> dict:
+        print(f"[{mode} {tag}] resumed (its saved report): "
+              f"{report.get('load') or report.get('error')}", flush=True)
         return report
 
     return task
@@ -602,6 +614,10 @@ def main(argv: list[str] | None = None) -> int:
                              "agree exactly, the plugin must too")
     parser.add_argument("--plugin-runs", type=int, default=1,
                         help="servers of the plugin per mode, each compared with every stock run")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the reports of servers that finished in an earlier run "
+                             "into the same --out, with the same settings (soak_store.py); "
+                             "serve only the rest")
     parser.add_argument("--stock-runs", type=int, default=2,
                         help="servers of stock vLLM per mode (at least 2: stock's own share)")
     args = parser.parse_args(argv)
@@ -641,7 +657,10 @@ def main(argv: list[str] | None = None) -> int:
     servers = [(mode, *server) for mode in modes
                for server in mode_servers(mode, args.same_stock_mode, args.plugin_runner,
                                           args.plugin_runs, args.stock_runs)]
-    tasks = [serve_task(mode, runner, run_mode, tag, args, model_dir, extra + preemption)
+    saved = {(mode, tag): load_report(args.out, mode, tag, run_settings(args))
+             for mode, _, _, tag in servers} if args.resume else {}
+    tasks = [resumed_task(mode, tag, saved[mode, tag]) if saved.get((mode, tag))
+             else serve_task(mode, runner, run_mode, tag, args, model_dir, extra + preemption)
              for mode, runner, run_mode, tag in servers]
     if args.refusals:
         tasks += [lambda slot, r=refusal: refused_start(*r, model_dir, args.out, slot)
