@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
-# Ray on a GPU machine without package access, for the serving soak's --ray runs.
-# Ray's wheel is larger than one transfer, so it travels split in two folders, each
-# carried by its own call (made beforehand, see benchmarks/README.md):
-#   bash benchmarks/install_ray.sh .kit/ray/p1   # first part + Ray's missing dependencies
+# Ray on a GPU machine without package access, for the serving soak's --ray runs and
+# the GPU test of a stage fault under Ray. Ray's wheel is larger than one transfer, so
+# it travels split in two folders, each carried by its own call:
+#   bash benchmarks/install_ray.sh --prepare .kit/ray [VERSION]   # beforehand, with the
+#        package index: downloads Ray (default 2.60.0) for the machines' Python 3.12 and
+#        splits it into .kit/ray/p1 and .kit/ray/p2. Its dependencies are in the image.
+#   bash benchmarks/install_ray.sh .kit/ray/p1   # on the GPU machine: stashes the first part
 #   bash benchmarks/install_ray.sh .kit/ray/p2   # second part + checksum: assembles, installs
 set -euo pipefail
+if [[ ${1:-} == --prepare ]]; then
+  out=${2:?usage: install_ray.sh --prepare DIR [VERSION]} version=${3:-2.60.0}
+  tmp=$(mktemp -d)
+  env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null python3 -m pip \
+    download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 -d "$tmp" "ray==$version"
+  wheel=$(cd "$tmp" && ls ray-*.whl)
+  mkdir -p "$out/p1" "$out/p2"
+  (cd "$tmp" && sha256sum "$wheel" >ray.sha256 && split -n 2 "$wheel" ray.whl.part-)
+  mv "$tmp/ray.whl.part-aa" "$out/p1/"
+  mv "$tmp/ray.whl.part-ab" "$tmp/ray.sha256" "$out/p2/"
+  rm -rf "$tmp"
+  du -sh "$out"/p1 "$out"/p2
+  exit 0
+fi
 stash=/tmp/ray-parts
 mkdir -p "$stash"
 cp "$1"/* "$stash"/

@@ -49,6 +49,12 @@
 #                matrix's soak-30b-a3b job on 2 GPUs); about 20 minutes
 #   shared-soak-32b  the same soak on the Qwen3-32B dense shape (over 30 minutes there:
 #                longer than a machine is lent; see KIT_PREVIOUS below)
+#   shared-soak-lora  the sampling-mix soak of the 0.6B shape with 3 LoRA adapters served
+#                beside it, both stages on GPU 0, with the token check (memory use is
+#                not a LoRA finding here: the shim fixes each stage's KV cache)
+#   shared-ray-fault  the GPU tests of a fault in the first and in the last stage under
+#                the Ray executor, both stages on GPU 0 (Ray installed first:
+#                ../install_ray.sh; the shim gives Ray's local cluster a GPU per stage)
 #   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
@@ -72,7 +78,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,64p' "$self" >&2; exit 2; }
+usage() { sed -n '2,70p' "$self" >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -218,6 +224,22 @@ shared_soak() {
 step_shared-soak-30b-a3b() { shared_soak 30b-a3b; }
 step_shared-soak-32b() { shared_soak 32b; }
 
+step_shared-soak-lora() {
+  install_test_plugins
+  shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-lora" --lora 3 \
+    --modes full_and_piecewise --sampling-mix --token-check --gpus 0 --port 9700 --resume
+}
+
+step_shared-ray-fault() {
+  if ! python3 -c "import ray" 2>/dev/null; then
+    echo "Ray is not installed: bash benchmarks/install_ray.sh, once per part (gpu_kit/README.md)"
+    return 1
+  fi
+  install_test_plugins
+  shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-ray-fault" \
+    --junitxml "$RES/shared-ray-fault.xml" -k "stage_fault_under_ray" tests
+}
+
 step_shared-gpu-tests() {
   shared step_gpu-tests
 }
@@ -269,7 +291,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-gpu-tests) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-soak-lora|shared-ray-fault|shared-gpu-tests) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -287,7 +309,7 @@ run_all() {
       | tee -a "$RES/host.txt"
   fi
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
+  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS

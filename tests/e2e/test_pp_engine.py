@@ -96,13 +96,14 @@ def test_a_stage_fault_stops_the_server_promptly_leaving_nothing(stage, tmp_path
 
 
 @pytest.mark.usefixtures("test_plugins")
-def test_a_stage_fault_under_ray_stops_the_server_promptly_leaving_nothing(tmp_path):
+@pytest.mark.parametrize("stage", ["first", "last"])
+def test_a_stage_fault_under_ray_stops_the_server_promptly_leaving_nothing(stage, tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (benchmarks/install_ray.sh)")
     from benchmarks.tools.serve_checks import main
 
-    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--stage", "last",
+    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--stage", stage,
                  "--ray", "--port", "8325"])
-    report = json.loads((tmp_path / "fault-plugin-last-ray.json").read_text())
+    report = json.loads((tmp_path / f"fault-plugin-{stage}-ray.json").read_text())
     assert code == 0, report
     assert report["stage_stop_in_log"], "the plugin did not stop the failed stage's worker"
 

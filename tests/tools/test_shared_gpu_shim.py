@@ -96,3 +96,43 @@ def test_the_bench_counts_the_shared_stages_only_where_a_gpu_is_visible():
                 "torch.cuda.is_available = lambda: False; print('RESULT', cli.visible_gpus())",
                 KIT_SHARED_GPU_STAGES="2")
     assert "RESULT 0" in none.stdout, none.stderr[-2000:]
+
+
+RAY_PROBE = r"""
+import json, os
+import vllm.v1.executor.ray_utils as ray_utils
+from vllm.config import ParallelConfig
+
+calls = []
+
+class FakeRay:
+    def __init__(self):
+        self.up = False
+    def is_initialized(self):
+        return self.up
+    def init(self, **kwargs):
+        calls.append({"kwargs": {k: v for k, v in kwargs.items() if k != "runtime_env"},
+                      "visible": os.environ.get("CUDA_VISIBLE_DEVICES")})
+        self.up = True
+
+ray_utils.ray = FakeRay()
+ray_utils.ray_import_err = None
+config = ParallelConfig(pipeline_parallel_size=2, distributed_executor_backend="ray")
+try:
+    ray_utils.initialize_ray_cluster(config)
+except Exception as e:  # vLLM's own cluster checks, past the shim's part
+    calls.append({"then": type(e).__name__})
+print("RESULT" + json.dumps({"calls": calls,
+                             "visible_after": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+"""
+
+
+@pytest.mark.skipif(not _has_local_gpu_index(), reason="this vLLM predates get_local_gpu_index")
+def test_under_ray_the_local_cluster_counts_a_gpu_per_stage():
+    """Ray refuses a cluster of more GPUs than CUDA_VISIBLE_DEVICES lists, so the
+    shim starts it without that variable, and puts it back for the engine."""
+    proc = _run(RAY_PROBE, KIT_SHARED_GPU_STAGES="2", CUDA_VISIBLE_DEVICES="0")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert result["calls"][0] == {"kwargs": {"num_gpus": 2}, "visible": None}
+    assert result["visible_after"] == "0"

@@ -18,7 +18,11 @@ on vLLM releases with ``ParallelConfig.get_local_gpu_index`` (0.33). It is found
 - each worker: GPU index 0, and an NCCL host id of its own (``NCCL_HOSTID``), which
   is what NCCL's duplicate-GPU check compares; NCCL then connects the stages as if
   they were on two hosts, over ``lo``;
-- the bench's GPU count (``vllm_pp_cudagraph.bench.cli.visible_gpus``): N.
+- the bench's GPU count (``vllm_pp_cudagraph.bench.cli.visible_gpus``): N;
+- with ``--distributed-executor-backend ray``, the local Ray cluster vLLM starts
+  counts N GPUs, so its placement group has a bundle per stage. It starts without
+  ``CUDA_VISIBLE_DEVICES`` (Ray refuses more GPUs than that lists), and its workers
+  run this module too, so they map to GPU 0 as above.
 
 Each patched process prints one line to stderr saying what it changed.
 """
@@ -82,9 +86,28 @@ def _patch_bench_cli(module) -> None:
     _say(f"bench: {STAGES} stages share GPU 0")
 
 
+def _patch_ray_utils(module) -> None:
+    original = module.initialize_ray_cluster
+
+    def initialize_ray_cluster(parallel_config, ray_address=None):
+        ray = module.ray
+        if ray is not None and ray_address is None and not ray.is_initialized():
+            visible = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            try:
+                ray.init(num_gpus=STAGES, runtime_env=parallel_config.ray_runtime_env)
+            finally:
+                if visible is not None:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+            _say(f"ray: a local cluster of {STAGES} GPUs, all GPU 0")
+        return original(parallel_config, ray_address)
+
+    module.initialize_ray_cluster = initialize_ray_cluster
+
+
 PATCHES = {
     "vllm.engine.arg_utils": _patch_engine_args,
     "vllm.config.parallel": _patch_parallel_config,
+    "vllm.v1.executor.ray_utils": _patch_ray_utils,
     "vllm_pp_cudagraph.bench.cli": _patch_bench_cli,
 }
 
