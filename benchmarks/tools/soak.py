@@ -614,12 +614,12 @@ def main(argv: list[str] | None = None) -> int:
                              "agree exactly, the plugin must too")
     parser.add_argument("--plugin-runs", type=int, default=1,
                         help="servers of the plugin per mode, each compared with every stock run")
+    parser.add_argument("--stock-runs", type=int, default=2,
+                        help="servers of stock vLLM per mode (at least 2: stock's own share)")
     parser.add_argument("--resume", action="store_true",
                         help="reuse the reports of servers that finished in an earlier run "
                              "into the same --out, with the same settings (soak_store.py); "
                              "serve only the rest")
-    parser.add_argument("--stock-runs", type=int, default=2,
-                        help="servers of stock vLLM per mode (at least 2: stock's own share)")
     args = parser.parse_args(argv)
     try:
         runs = run_tags(args.plugin_runs, args.stock_runs)
@@ -634,6 +634,12 @@ def main(argv: list[str] | None = None) -> int:
                      "write); use --weights dummy")
     if args.structured and not args.sampling_mix:
         parser.error("--structured adds to the sampling mix: give --sampling-mix too")
+    modes = [m for m in args.modes.split(",") if m]
+    servers = [(mode, *server) for mode in modes
+               for server in mode_servers(mode, args.same_stock_mode, args.plugin_runner,
+                                          args.plugin_runs, args.stock_runs)]
+    saved = {(mode, tag): load_report(args.out, mode, tag, run_settings(args))
+             for mode, _, _, tag in servers} if args.resume else {}
     args.out.mkdir(parents=True, exist_ok=True)
     slots = make_slots(args.gpus, args.servers_per_gpus, args.port, args.kv_cache_gib)
     model_root = tempfile.mkdtemp(prefix="soak-model-")
@@ -653,12 +659,6 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.lora)}
     extra += lora_serve_args(args.lora_adapters)
     preemption = PREEMPTION_ARGS if args.preemption else []
-    modes = [m for m in args.modes.split(",") if m]
-    servers = [(mode, *server) for mode in modes
-               for server in mode_servers(mode, args.same_stock_mode, args.plugin_runner,
-                                          args.plugin_runs, args.stock_runs)]
-    saved = {(mode, tag): load_report(args.out, mode, tag, run_settings(args))
-             for mode, _, _, tag in servers} if args.resume else {}
     tasks = [resumed_task(mode, tag, saved[mode, tag]) if saved.get((mode, tag))
              else serve_task(mode, runner, run_mode, tag, args, model_dir, extra + preemption)
              for mode, runner, run_mode, tag in servers]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import pytest
 
