@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -483,3 +484,46 @@ def test_a_batch_run_exits_non_zero_exactly_when_the_plugins_tokens_differ(
     assert code == exit_code, console
     assert (tmp_path / "bench.json").exists()
     assert ("TOKENS DIFFER: plugin:eager" in console) == (exit_code == 1)
+
+
+def test_an_engine_run_reports_a_token_difference_but_fails_on_a_stage_without_the_plugin(
+        tmp_path, monkeypatch, capsys):
+    """Under arrivals vLLM is not batch-invariant: other tokens are reported, not
+    fatal. A plugin run whose stages did not all log the plugin's runner is a stock
+    run under the plugin's name, and fails the command."""
+    stages = {"plugin": 2}
+
+    def engine(spec, log_path, timeout):
+        plugin = spec.runner == "plugin"
+        return {"spec": asdict(spec), "digest": "p" if plugin else "s", "run_digests": [],
+                "req_per_s": 10.0, "plugin_stages": stages["plugin"] if plugin else 0,
+                "returncode": 0}
+
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "run_in_subprocess", engine)
+    argv = ["--workload", "engine", "--weights", "dummy", "--out", str(tmp_path),
+            "--modes", "stock:eager,plugin:eager"]
+    assert bench.main(argv) == 0, capsys.readouterr().out
+    stages["plugin"] = 1
+    assert bench.main(argv) == 1
+    assert "PLUGIN NOT LOADED: plugin:eager logged the plugin's runner on 1 of 2" in (
+        capsys.readouterr().out)
+
+
+def test_a_serve_sweep_reports_one_row_per_runner_and_concurrency(tmp_path, monkeypatch, capsys):
+    """``--workload serve``: each runner's server is driven at every concurrency, and
+    every point lands in bench.json with the concurrency it ran at."""
+    def sweep(spec, model, log_path, concurrencies, prompts, port, startup_timeout_s):
+        return [{"spec": asdict(spec), "concurrency": c, "digest": "d", "req_per_s": c / 8,
+                 "plugin_stages": 2 if spec.runner == "plugin" else 0,
+                 "shutdown_clean": True} for c in concurrencies]
+
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "write_model_dir", lambda *a, **k: tmp_path / "model")
+    monkeypatch.setattr(bench, "run_vllm_bench_sweep", sweep)
+    code = bench.main(["--workload", "serve", "--weights", "dummy", "--out", str(tmp_path),
+                       "--concurrency", "64,256", "--modes", "stock:eager,plugin:eager"])
+    assert code == 0, capsys.readouterr().out
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [(r["spec"]["runner"], r["concurrency"], r["returncode"]) for r in runs] == [
+        ("stock", 64, 0), ("stock", 256, 0), ("plugin", 64, 0), ("plugin", 256, 0)]
