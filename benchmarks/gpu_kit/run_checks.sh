@@ -225,7 +225,6 @@ step_shared-soak-30b-a3b() { shared_soak 30b-a3b; }
 step_shared-soak-32b() { shared_soak 32b; }
 
 step_shared-soak-lora() {
-  install_test_plugins
   shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-lora" --lora 3 \
     --modes full_and_piecewise --sampling-mix --token-check --gpus 0 --port 9700 --resume
 }

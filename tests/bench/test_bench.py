@@ -466,20 +466,29 @@ def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compil
     assert log_findings("")["jit_compiles"] == []
 
 
-@pytest.mark.parametrize("plugin_digest, exit_code", [("t1", 0), ("t2", 1)])
-def test_a_batch_run_exits_non_zero_exactly_when_the_plugins_tokens_differ(
-        plugin_digest, exit_code, tmp_path, monkeypatch, capsys):
-    """The whole ``bench --workload batch`` command, with each engine's run replaced
-    by its report: the exit status is what a script checks for token agreement."""
+def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2) -> int:
+    """``bench`` on 2 GPUs with each engine's run replaced by its report: stock gives
+    tokens ``t1``, the plugin ``plugin_digest`` with its runner on ``plugin_stages``."""
     def engine(spec, log_path, timeout):
-        digest = plugin_digest if spec.runner == "plugin" else "t1"
-        return {"spec": asdict(spec), "digest": digest, "run_digests": [digest], "req_per_s": 10.0,
-                "plugin_stages": 2 if spec.runner == "plugin" else 0, "returncode": 0}
+        plugin = spec.runner == "plugin"
+        digest = plugin_digest if plugin else "t1"
+        return {"spec": asdict(spec), "digest": digest, "run_digests": [digest],
+                "req_per_s": 10.0, "plugin_stages": plugin_stages if plugin else 0,
+                "returncode": 0}
 
     monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
     monkeypatch.setattr(bench, "run_in_subprocess", engine)
-    code = bench.main(["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
-                       "--modes", "stock:eager,plugin:eager"])
+    return bench.main(argv)
+
+
+@pytest.mark.parametrize("plugin_digest, exit_code", [("t1", 0), ("t2", 1)])
+def test_a_batch_run_exits_non_zero_exactly_when_the_plugins_tokens_differ(
+        plugin_digest, exit_code, tmp_path, monkeypatch, capsys):
+    """The whole ``bench --workload batch`` command: the exit status is what a script
+    checks for token agreement."""
+    code = _bench_with_engines_faked(
+        monkeypatch, ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+                      "--modes", "stock:eager,plugin:eager"], plugin_digest)
     console = capsys.readouterr().out
     assert code == exit_code, console
     assert (tmp_path / "bench.json").exists()
@@ -491,21 +500,10 @@ def test_an_engine_run_reports_a_token_difference_but_fails_on_a_stage_without_t
     """Under arrivals vLLM is not batch-invariant: other tokens are reported, not
     fatal. A plugin run whose stages did not all log the plugin's runner is a stock
     run under the plugin's name, and fails the command."""
-    stages = {"plugin": 2}
-
-    def engine(spec, log_path, timeout):
-        plugin = spec.runner == "plugin"
-        return {"spec": asdict(spec), "digest": "p" if plugin else "s", "run_digests": [],
-                "req_per_s": 10.0, "plugin_stages": stages["plugin"] if plugin else 0,
-                "returncode": 0}
-
-    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
-    monkeypatch.setattr(bench, "run_in_subprocess", engine)
     argv = ["--workload", "engine", "--weights", "dummy", "--out", str(tmp_path),
             "--modes", "stock:eager,plugin:eager"]
-    assert bench.main(argv) == 0, capsys.readouterr().out
-    stages["plugin"] = 1
-    assert bench.main(argv) == 1
+    assert _bench_with_engines_faked(monkeypatch, argv, "t2") == 0, capsys.readouterr().out
+    assert _bench_with_engines_faked(monkeypatch, argv, "t2", plugin_stages=1) == 1
     assert "PLUGIN NOT LOADED: plugin:eager logged the plugin's runner on 1 of 2" in (
         capsys.readouterr().out)
 
