@@ -34,15 +34,17 @@ def fake_servers(tmp_path, monkeypatch):
     and a server whose log is named in ``gone_at`` takes the machine away."""
     import benchmarks.tools.soak as soak
 
-    state = {"served": [], "scored": [], "gone_at": None}
+    state = {"served": [], "scored": [], "gone_at": None, "serve_args": {}}
 
     def fake_serve(spec, model_dir, load, log_path, **kwargs):
         if log_path.name == state["gone_at"]:
             raise MachineGone(log_path.name)
         state["served"].append(log_path.name)
+        state["serve_args"][log_path.name] = kwargs["extra_args"]
         return _served(["same text", "other text", "third"])
 
     def fake_serve_and_call(spec, model_dir, log_path, call, **kwargs):
+        state["serve_args"][log_path.name] = kwargs["extra_args"]
         return {**asyncio.run(call("http://fake")), "shutdown_rc": 0}
 
     async def fake_score(base_url, model, sequences):
@@ -78,6 +80,25 @@ def test_a_resumed_soak_serves_only_what_was_left_and_judges_every_server(tmp_pa
     # the resumed servers' outputs were scored like the new one's
     assert set(result["token_check"]) >= {"plugin", "stock_a", "stock_b"}
     assert state["scored"] == [3, 3, 3]
+
+
+def test_the_token_check_serves_sequences_as_long_as_the_servers_it_scores_allowed(
+        tmp_path, fake_servers, monkeypatch):
+    """Under --preemption the servers cap the model length; the scoring server must
+    take that cap too, or vLLM's default length may not fit a fixed KV cache."""
+    soak, state = fake_servers
+    monkeypatch.setattr(soak, "missing_test_plugin", lambda name: None)  # its servers are faked
+    argv = ["--out", str(tmp_path / "soak"), "--modes", "eager", "--token-check", "--gpus", "0,1",
+            "--preemption", "--kv-cache-gib", "4"]
+    soak.main(argv)  # its verdict is not the point: faked servers preempt nothing
+
+    def model_len(args: list[str]) -> str | None:
+        return args[args.index("--max-model-len") + 1] if "--max-model-len" in args else None
+
+    scorer = state["serve_args"].pop("eager-token-check.log")
+    assert set(state["serve_args"]) == {"eager-plugin.log", "eager-stock-a.log", "eager-stock-b.log"}
+    assert {model_len(a) for a in state["serve_args"].values()} == {model_len(scorer)} != {None}
+    assert "--kv-cache-memory-bytes" in scorer
 
 
 def test_without_resume_a_soak_serves_everything_again(tmp_path, fake_servers):
