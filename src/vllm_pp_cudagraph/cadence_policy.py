@@ -16,20 +16,27 @@ batch and the context length, and changes as requests come and go. So
 :class:`CadenceChooser` measures, in the engine core where the schedule is
 made, what matters to a request: the wall time it waits per token, i.e. the
 time between scheduler steps times the decoding requests, over the decode
-tokens those steps scheduled. It measures the cadence in use over a window of
+tokens those steps scheduled. It measures the cadence in use over windows of
 steps, then tries the other one for a window; it switches only if the other
-is better by ``margin``, and tries again later, sooner when the number of
+is better by ``margin`` than the median of the incumbent's last windows at
+about the same load, and tries again later, sooner when the number of
 decoding requests has moved a lot, less and less often while the incumbent
-keeps winning. The steps right after a switch, while the groups re-form, are
-not measured. Nothing here changes what a step computes: the cadence only
-moves when a request decodes (decode_cadence.py).
+keeps winning. Under serving traffic some windows carry a burst of prefill
+(arrivals, resumed preemptions) that slows whatever cadence is in use: the
+median keeps one such window from deciding, and after the load moves the
+incumbent is measured afresh before the other is tried. The steps right after
+a switch, while the groups re-form, are not measured. Nothing here changes what
+a step computes: the cadence only moves when a request decodes
+(decode_cadence.py).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm.logger import init_logger
 
@@ -50,10 +57,11 @@ class _Window:
     steps: int = 0
     tokens: int = 0
     decoders: int = 0
-    longest_gap: float = 0.0
+    gaps: list[float] = field(default_factory=list)
 
     def add(self, now: float, tokens: int, decoders: int) -> None:
-        self.longest_gap = max(self.longest_gap, now - self.last)
+        if self.steps:
+            self.gaps.append(now - self.last)
         self.last = now
         self.steps += 1
         self.tokens += tokens
@@ -67,13 +75,17 @@ class _Window:
         """Seconds a decoding request waited per token, or None if the window says nothing.
 
         Nothing when no token was decoded, or when one gap between steps is
-        most of the window (the engine was idle, not slow).
+        most of the window (the engine was idle, not slow). The window's time is
+        its median gap between steps times its steps: a step slowed by a burst of
+        prefill, which any cadence would have carried, does not decide against
+        the cadence in use. (Uneven groups still count: their steps alternate,
+        and the median of alternating gaps is their mean.)
         """
+        gaps = [*self.gaps, now - self.last]
         elapsed = now - self.start
-        gap = max(self.longest_gap, now - self.last)
-        if self.tokens == 0 or elapsed <= 0 or gap > 0.5 * elapsed:
+        if self.tokens == 0 or elapsed <= 0 or max(gaps) > 0.5 * elapsed:
             return None
-        return elapsed * self.mean_decoders / self.tokens
+        return statistics.median(gaps) * len(gaps) * self.mean_decoders / self.tokens
 
 
 class CadenceChooser:
@@ -93,6 +105,7 @@ class CadenceChooser:
         growth: int = 4,
         longest_gap: int = 128,
         regroup: float = 0.5,
+        recent: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.pp_size = pp_size
@@ -115,6 +128,8 @@ class CadenceChooser:
         self._exploring = False
         self._incumbent: float | None = None
         self._incumbent_decoders = 0.0
+        #: The incumbent's last windows (token interval, decoding requests), newest last.
+        self._recent: deque[tuple[float, float]] = deque(maxlen=recent)
         self._decided_decoders = 0.0
         #: Every adopted switch, newest last: (step, cadence adopted, its token
         #: interval, the other's, decoding requests).
@@ -163,20 +178,33 @@ class CadenceChooser:
             else:
                 self._keep_incumbent(held=comparable)
             return
-        self._incumbent = interval
-        self._incumbent_decoders = decoders
+        moved = abs(decoders - self._decided_decoders) > self.regroup * max(self._decided_decoders, 1.0)
+        if moved and decoders >= self.pp_size:
+            # The load changed within this window, bursts of prefill and all: measure
+            # the incumbent a window at the new load before trying the other cadence.
+            self._recent.clear()
+            self._decided_decoders = decoders
+            self.gap = self.first_gap
+            self._windows_left = 1
+            return
+        self._recent.append((interval, decoders))
+        self._incumbent, self._incumbent_decoders = self._reference()
         if decoders < self.pp_size:
             # Too few requests to form groups: balance could only leave steps empty.
             if self.cadence is not DecodeCadence.MERGE:
                 self._switch(DecodeCadence.MERGE)
             return
         self._windows_left -= 1
-        moved = abs(decoders - self._decided_decoders) > self.regroup * max(self._decided_decoders, 1.0)
-        if self._windows_left <= 0 or moved:
-            if moved:
-                self.gap = self.first_gap
+        if self._windows_left <= 0:
             self._exploring = True
             self._switch(self.other)
+
+    def _reference(self) -> tuple[float, float]:
+        """The incumbent's token interval to beat: the median of its recent windows
+        at about the latest one's load, and that load."""
+        latest = self._recent[-1][1]
+        near = [i for i, d in self._recent if abs(d - latest) <= 0.25 * max(latest, 1.0)]
+        return statistics.median(near), latest
 
     def _far_behind(self, interval: float | None) -> bool:
         return interval is not None and self._incumbent is not None and interval > 1.5 * self._incumbent
@@ -200,6 +228,8 @@ class CadenceChooser:
             self.cadence, decoders, 1e3 * interval, 1e3 * self._incumbent, self.other,
         )
         self._decided_decoders = decoders
+        self._recent.clear()
+        self._recent.append((interval, decoders))
         self._incumbent = interval
         self._incumbent_decoders = decoders
         self.gap = self.first_gap
