@@ -75,7 +75,9 @@ class _Window:
         """Seconds a decoding request waited per token, or None if the window says nothing.
 
         Nothing when no token was decoded, or when one gap between steps is
-        most of the window (the engine was idle, not slow). The window's time is
+        most of the window and several times its median step (the engine was
+        idle, not slow; in a window of two steps, as in a trial's first round at
+        PP=2, one gap is always most of it). The window's time is
         its median gap between steps times its steps: a step slowed by a burst of
         prefill, which any cadence would have carried, does not decide against
         the cadence in use. (Uneven groups still count: their steps alternate,
@@ -83,9 +85,10 @@ class _Window:
         """
         gaps = [*self.gaps, now - self.last]
         elapsed = now - self.start
-        if self.tokens == 0 or elapsed <= 0 or max(gaps) > 0.5 * elapsed:
+        step = statistics.median(gaps)
+        if self.tokens == 0 or elapsed <= 0 or (max(gaps) > 0.5 * elapsed and max(gaps) > 4 * step):
             return None
-        return statistics.median(gaps) * len(gaps) * self.mean_decoders / self.tokens
+        return step * len(gaps) * self.mean_decoders / self.tokens
 
 
 class CadenceChooser:

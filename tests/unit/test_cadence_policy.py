@@ -26,14 +26,17 @@ class _Clock:
 
 
 def drive(per_token_ms: dict[DecodeCadence, float], steps: int, pp: int = 2, decoders=lambda step: 32,
-          burst=lambda step: 1.0) -> CadenceChooser:
+          burst=lambda step: 1.0, trace: list[DecodeCadence] | None = None) -> CadenceChooser:
     """Run ``steps`` scheduler steps: under ``merge`` every decoding request takes a
     token per step, under ``balance`` one group of ``pp`` does, so a step costs
-    ``per_token_ms`` (merge) or ``per_token_ms / pp`` (balance), times ``burst(step)``."""
+    ``per_token_ms`` (merge) or ``per_token_ms / pp`` (balance), times ``burst(step)``.
+    ``trace`` gets each step's cadence."""
     clock = _Clock()
     chooser = CadenceChooser(pp, clock=clock)
     for step in range(steps):
         cadence, n = chooser.cadence, decoders(step)
+        if trace is not None:
+            trace.append(cadence)
         tokens = n if cadence is DecodeCadence.MERGE else n // pp
         step_ms = per_token_ms[cadence] * (1 if cadence is DecodeCadence.MERGE else 1 / pp)
         clock.now += step_ms * burst(step) / 1e3
@@ -82,3 +85,19 @@ def test_under_bursts_auto_still_settles_on_the_clearly_faster_cadence(wins, los
     assert chooser.cadence is wins
     assert len(chooser.switches) <= 1
     assert all(step < 300 for step, *_ in chooser.switches), chooser.switches
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_a_trial_far_behind_ends_after_one_round(pp):
+    """A trial of a cadence three times slower costs one round of its groups (and the
+    steps that re-form them), not a whole window, with steps a little uneven as on a GPU."""
+    rng = random.Random(0)
+    jitter = [rng.uniform(0.98, 1.02) for _ in range(3_000)]
+    trace: list[DecodeCadence] = []
+    chooser = drive({DecodeCadence.MERGE: 30.0, DecodeCadence.BALANCE: 90.0}, 3_000, pp=pp,
+                    burst=jitter.__getitem__, trace=trace)
+    assert [c for _, c, *_ in chooser.switches] == [DecodeCadence.MERGE]
+    adopted = chooser.switches[0][0]
+    trials = [len(run) for run in "".join("b" if c is DecodeCadence.BALANCE else "m"
+                                          for c in trace[adopted:]).split("m") if run]
+    assert trials and max(trials) <= 2 * pp + 1, trials
