@@ -77,16 +77,17 @@ class _Window:
         Nothing when no token was decoded, or when one gap between steps is
         most of the window and several times its median step (the engine was
         idle, not slow; in a window of two steps, as in a trial's first round at
-        PP=2, one gap is always most of it). The window's time is
-        its median gap between steps times its steps: a step slowed by a burst of
-        prefill, which any cadence would have carried, does not decide against
-        the cadence in use. (Uneven groups still count: their steps alternate,
-        and the median of alternating gaps is their mean.)
+        PP=2, one gap is always most of it). The window's time is its median gap
+        between steps times its steps: a step slowed by a burst of prefill, which
+        any cadence would have carried, does not decide against the cadence in
+        use. (Uneven groups still count: their steps alternate, and the median of
+        alternating gaps is their mean.)
         """
         gaps = [*self.gaps, now - self.last]
         elapsed = now - self.start
         step = statistics.median(gaps)
-        if self.tokens == 0 or elapsed <= 0 or (max(gaps) > 0.5 * elapsed and max(gaps) > 4 * step):
+        idle = max(gaps) > 0.5 * elapsed and max(gaps) > 4 * step
+        if self.tokens == 0 or elapsed <= 0 or idle:
             return None
         return step * len(gaps) * self.mean_decoders / self.tokens
 

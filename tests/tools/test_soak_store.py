@@ -96,7 +96,8 @@ def test_the_token_check_serves_sequences_as_long_as_the_servers_it_scores_allow
         return args[args.index("--max-model-len") + 1] if "--max-model-len" in args else None
 
     scorer = state["serve_args"].pop("eager-token-check.log")
-    assert set(state["serve_args"]) == {"eager-plugin.log", "eager-stock-a.log", "eager-stock-b.log"}
+    assert set(state["serve_args"]) == {
+        "eager-plugin.log", "eager-stock-a.log", "eager-stock-b.log"}
     assert {model_len(a) for a in state["serve_args"].values()} == {model_len(scorer)} != {None}
     assert "--kv-cache-memory-bytes" in scorer
 

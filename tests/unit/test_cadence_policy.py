@@ -25,8 +25,9 @@ class _Clock:
         return self.now
 
 
-def drive(per_token_ms: dict[DecodeCadence, float], steps: int, pp: int = 2, decoders=lambda step: 32,
-          burst=lambda step: 1.0, trace: list[DecodeCadence] | None = None) -> CadenceChooser:
+def drive(per_token_ms: dict[DecodeCadence, float], steps: int, pp: int = 2,
+          decoders=lambda step: 32, burst=lambda step: 1.0,
+          trace: list[DecodeCadence] | None = None) -> CadenceChooser:
     """Run ``steps`` scheduler steps: under ``merge`` every decoding request takes a
     token per step, under ``balance`` one group of ``pp`` does, so a step costs
     ``per_token_ms`` (merge) or ``per_token_ms / pp`` (balance), times ``burst(step)``.
