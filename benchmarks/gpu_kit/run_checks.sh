@@ -27,7 +27,7 @@
 #                stock and V1, each stage's GPU busy % per concurrency (--profile; the
 #                cell of ../results/2026-11-23-pipelining-pp2/run.sh); about 15 minutes
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
-#                structured outputs, stage faults, a short soak, the refusals), with
+#                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
 #                of its own
 #   shared-batch PP=2 with both stages on GPU 0 of a one-GPU machine (shared_gpu/,

@@ -123,6 +123,23 @@ def test_a_short_soak_serves_cleanly_with_every_token_on_the_models_top_choice(t
     assert code == 0, (result.get("share_rule"), result.get("problems"))
 
 
+def test_lora_adapters_at_high_memory_use_serve_cleanly_with_their_graphs_in_budget(tmp_path):
+    """Three LoRA adapters served beside the base model at gpu_memory_utilization
+    0.95, the short soak's load with the sampling mix: every server starts, serves
+    without error and shuts down cleanly; where the plugin sizes its graphs' memory
+    (vLLM 0.26-0.28), no stage's capture takes more than it reserved (the soak fails
+    the run otherwise); base-model tokens are on the model's top choice."""
+    from benchmarks.tools.soak import main
+
+    code = main(["--out", str(tmp_path), "--modes", "full_and_piecewise", "--lora", "3",
+                 "--gpu-memory-utilization", "0.95", "--sampling-mix", "--requests", "200",
+                 "--concurrency", "64", "--token-check", "--port", "8335"])
+    [result] = json.loads((tmp_path / "soak.json").read_text())
+    assert result["lora"] == 3
+    assert result["token_check"]["problems"] == [], result["token_check"]
+    assert code == 0, result.get("problems")
+
+
 @pytest.mark.usefixtures("test_plugins")
 def test_bad_start_ups_are_refused_naming_the_setting_and_leave_nothing(tmp_path):
     """Bad settings, and models whose stages disagree on the tensors they exchange."""
