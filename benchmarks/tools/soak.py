@@ -228,12 +228,13 @@ def mode_servers(mode: str, same_stock_mode: bool = False, plugin_runner: str = 
             for tag in run_tags(plugin_runs, stock_runs)]
 
 
+#: The model length of every server under --preemption, the token check's scorer
+#: included: it scores sequences that long (vLLM's default length may not fit a fixed
+#: KV cache).
+PREEMPTION_MODEL_LEN = ["--max-model-len", "2048"]
 #: The KV cache of every server under --preemption: small enough for ~3,000
 #: preemptions per 2,000 requests.
-PREEMPTION_ARGS = ["--num-gpu-blocks-override", "512", "--max-model-len", "2048"]
-#: What the token check's server needs of them: sequences as long as the scored servers
-#: allowed (vLLM's default length may not fit a fixed KV cache).
-PREEMPTION_SCORER_ARGS = PREEMPTION_ARGS[2:]
+PREEMPTION_ARGS = ["--num-gpu-blocks-override", "512", *PREEMPTION_MODEL_LEN]
 #: Stock's plugins under --preemption: the scheduler fix alone (see above).
 PREEMPTION_FIX_PLUGIN = "pp_e2e_preemption_fix"
 
@@ -348,7 +349,7 @@ def token_check_task(mode: str, reports: dict[str, dict], args: argparse.Namespa
     def task(slot: Slot) -> dict:
         spec = slot.apply(model_spec("stock", stock_mode_for(mode, args.same_stock_mode), args,
                                      server_env(args)))
-        scorer_args = PREEMPTION_SCORER_ARGS if args.preemption else []
+        scorer_args = PREEMPTION_MODEL_LEN if args.preemption else []
         report = serve_and_call(spec, model_dir, args.out / f"{mode}-token-check.log", score_all,
                                 port=slot.port, extra_args=scorer_args + slot.serve_args())
         checks = {name: report[name] for name in runs if name in report}

@@ -44,8 +44,16 @@ from vllm_pp_cudagraph.settings import DecodeCadence
 
 logger = init_logger("vllm.pp_cudagraph.cadence")
 
+#: Two windows saw about the same load when their decoding requests differ by at most
+#: this share of the reference's.
+SIMILAR_LOAD = 0.25
+
 #: The cadences ``auto`` chooses between.
 CANDIDATES = (DecodeCadence.MERGE, DecodeCadence.BALANCE)
+
+
+def _similar_load(decoders: float, reference: float) -> bool:
+    return abs(decoders - reference) <= SIMILAR_LOAD * max(reference, 1.0)
 
 
 @dataclass
@@ -130,8 +138,6 @@ class CadenceChooser:
         self._settle = 0
         self._window: _Window | None = None
         self._exploring = False
-        self._incumbent: float | None = None
-        self._incumbent_decoders = 0.0
         #: The incumbent's last windows (token interval, decoding requests), newest last.
         self._recent: deque[tuple[float, float]] = deque(maxlen=recent)
         self._decided_decoders = 0.0
@@ -174,11 +180,10 @@ class CadenceChooser:
 
     def _judge(self, interval: float, decoders: float) -> None:
         if self._exploring:
-            comparable = (self._incumbent is not None
-                          and abs(decoders - self._incumbent_decoders)
-                          <= 0.25 * max(self._incumbent_decoders, 1.0))
-            if comparable and interval < self._incumbent * (1 - self.margin):
-                self._adopt(interval, decoders)
+            reference = self._reference()
+            comparable = reference is not None and _similar_load(decoders, reference[1])
+            if comparable and interval < reference[0] * (1 - self.margin):
+                self._adopt(interval, decoders, beaten=reference[0])
             else:
                 self._keep_incumbent(held=comparable)
             return
@@ -192,7 +197,6 @@ class CadenceChooser:
             self._windows_left = 1
             return
         self._recent.append((interval, decoders))
-        self._incumbent, self._incumbent_decoders = self._reference()
         if decoders < self.pp_size:
             # Too few requests to form groups: balance could only leave steps empty.
             if self.cadence is not DecodeCadence.MERGE:
@@ -203,39 +207,40 @@ class CadenceChooser:
             self._exploring = True
             self._switch(self.other)
 
-    def _reference(self) -> tuple[float, float]:
+    def _reference(self) -> tuple[float, float] | None:
         """The incumbent's token interval to beat: the median of its recent windows
-        at about the latest one's load, and that load."""
+        at about the latest one's load, and that load; None before any window."""
+        if not self._recent:
+            return None
         latest = self._recent[-1][1]
-        near = [i for i, d in self._recent if abs(d - latest) <= 0.25 * max(latest, 1.0)]
+        near = [i for i, d in self._recent if _similar_load(d, latest)]
         return statistics.median(near), latest
 
     def _far_behind(self, interval: float | None) -> bool:
-        return interval is not None and self._incumbent is not None and interval > 1.5 * self._incumbent
+        reference = self._reference()
+        return interval is not None and reference is not None and interval > 1.5 * reference[0]
 
     def _keep_incumbent(self, held: bool = True) -> None:
         """End a trial and go back; if the incumbent held, ask again less often."""
         self._exploring = False
         if held:
             self.gap = min(self.growth * self.gap, self.longest_gap)
-            self._decided_decoders = self._incumbent_decoders
+            self._decided_decoders = self._recent[-1][1]
         self._switch(self.other)
         self._windows_left = self.gap
-        self._incumbent = None
 
-    def _adopt(self, interval: float, decoders: float) -> None:
+    def _adopt(self, interval: float, decoders: float, beaten: float) -> None:
+        """Make the trial the incumbent: it measured ``interval`` against ``beaten``."""
         self._exploring = False
-        self.switches.append((self._steps, self.cadence, interval, self._incumbent, decoders))
+        self.switches.append((self._steps, self.cadence, interval, beaten, decoders))
         logger.info(
             "vllm-pp-cudagraph: decode cadence %s at %.0f decoding requests "
             "(%.2f ms per token against %.2f ms with %s)",
-            self.cadence, decoders, 1e3 * interval, 1e3 * self._incumbent, self.other,
+            self.cadence, decoders, 1e3 * interval, 1e3 * beaten, self.other,
         )
         self._decided_decoders = decoders
         self._recent.clear()
         self._recent.append((interval, decoders))
-        self._incumbent = interval
-        self._incumbent_decoders = decoders
         self.gap = self.first_gap
         self._windows_left = self.gap
 
