@@ -56,6 +56,12 @@
 #                the Ray executor, both stages on GPU 0 (Ray installed first:
 #                ../install_ray.sh; the shim gives Ray's local cluster a GPU per stage)
 #   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
+#   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95, both
+#                stages on GPU 0 (the shim fixes each stage's KV cache, so this shows the
+#                start, the serving and each stage's graph memory, not the KV sizing)
+#   stage-cost   one GPU: what one PP=2 stage of the 0.6B, 32B, 70B and 30B-A3B shapes
+#                costs per decode step, by batch size and context (../tools/stage_cost.py,
+#                stock vLLM at PP=1 with half the layers); about 15 minutes
 #   all          smoke, batch, engine-0.6b, engine-32b
 #   one-gpu      smoke, runner-pp1
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
@@ -78,7 +84,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 
-usage() { sed -n '2,70p' "$self" >&2; exit 2; }
+usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
 step_smoke() {
   local d=$RES/smoke
@@ -243,6 +249,15 @@ step_shared-gpu-tests() {
   shared step_gpu-tests
 }
 
+step_shared-lora() {
+  shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-lora" \
+    --junitxml "$RES/shared-lora.xml" -k "lora_adapters_at_high_memory" tests
+}
+
+step_stage-cost() {
+  CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.stage_cost --out "$RES/stage-cost" --timeout 600
+}
+
 step_serve-32b() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload serve --model qwen3-32b --weights dummy \
     --num-requests 512 --input-len 64 --output-len 256 --max-num-seqs 256 \
@@ -290,7 +305,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-soak-lora|shared-ray-fault|shared-gpu-tests) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-soak-lora|shared-ray-fault|shared-gpu-tests|shared-lora|stage-cost) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -308,7 +323,7 @@ run_all() {
       | tee -a "$RES/host.txt"
   fi
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
+  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS

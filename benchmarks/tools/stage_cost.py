@@ -1,0 +1,207 @@
+"""What one pipeline stage of a model shape costs per decode step, measured on one GPU.
+
+A stage of a PP=N engine runs 1/N of the model's layers. This runs such a stage alone:
+the shape with ``num_hidden_layers // pp`` layers at PP=1, stock vLLM (Model Runner V2,
+FULL_AND_PIECEWISE, Triton attention, dummy weights), with the embedding, the LM head and
+the sampler of a whole model (so it stands for the last stage, the heavier one). For each
+context length and decode batch size it runs the batch greedily, all requests queued
+before the first step, and measures:
+
+- ``step_ms``: wall time per decode step, from two passes that differ only in their
+  number of output tokens (what a pass's prefill and start cost cancels out; prefix
+  caching keeps the prompts, so after a cell's first pass they are not computed again);
+- from one further pass per shape under torch.profiler, each batch's median decode step:
+  GPU kernel time (``kernel_ms``), period, and host time inside the forward.
+
+The result, ``stage_cost.json``, is a per-stage cost profile: what the cadence policy's
+simulation reads (``tests/data/stage_costs.json``) and what ``docs/performance.md``
+bounds PP=2 with (two stages overlapping in balanced groups can at best take
+``2 * kernel_ms(n / 2)`` per token against ``2 * kernel_ms(n)`` run one after the other).
+
+    python -m benchmarks.tools.stage_cost --out DIR [--shapes qwen3-32b,...] [--pp 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.bench.engine_run import generate_as_one_batch, make_prompts
+from vllm_pp_cudagraph.bench.trace_analysis import Step, load_trace, steps, summarize
+
+DEFAULT_SHAPES = ("qwen3-0.6b", "qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")
+DEFAULT_BATCHES = (1, 32, 64, 128, 256)
+DEFAULT_CONTEXTS = (64, 1024)
+
+#: Output tokens of the short pass; the long pass decodes ``steps`` more.
+SHORT_OUTPUT = 8
+
+
+def stage_config(shape: str, pp: int) -> dict[str, Any]:
+    """``shape``'s config with one stage's share of its layers (the larger share)."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose from {sorted(SHAPES)}")
+    if pp < 1:
+        raise ValueError(f"--pp {pp}: must be at least 1")
+    config = dict(SHAPES[shape])
+    config["num_hidden_layers"] = -(-config["num_hidden_layers"] // pp)
+    return config
+
+
+def decode_segments(all_steps: list[Step]) -> list[list[Step]]:
+    """The runs of decode-only steps that follow a prefill, in order: one per pass.
+
+    A pass queues its requests at once, so its prompts fill one or more prefill steps
+    (mixed with the first decodes when chunked) before it decodes alone; the next pass
+    starts with prefill again. Empty steps (nothing scheduled) are left out.
+    """
+    segments: list[list[Step]] = []
+    after_prefill = False
+    for step in all_steps:
+        if step.kind == "prefill":
+            after_prefill = True
+        elif step.decode_only:
+            if after_prefill:
+                segments.append([])
+                after_prefill = False
+            if segments:
+                segments[-1].append(step)
+    return segments
+
+
+def _child(args: argparse.Namespace) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.config import ProfilerConfig
+    from vllm.inputs import TokensPrompt
+
+    out = Path(args.out)
+    model_dir = out / f"model-{args.shape}"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config = stage_config(args.shape, args.pp)
+    (model_dir / "config.json").write_text(json.dumps(config, indent=1))
+    traces = out / f"traces-{args.shape}"
+    shutil.rmtree(traces, ignore_errors=True)
+    batches, contexts = args.batches, args.contexts
+    start = time.perf_counter()
+    llm = LLM(
+        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
+        max_num_seqs=max(batches), max_model_len=max(contexts) + SHORT_OUTPUT + args.steps + 8,
+        gpu_memory_utilization=args.gpu_memory_utilization, attention_backend="TRITON_ATTN",
+        compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"}, seed=0,
+        # After each cell's first pass its prompts are cached: the timed passes barely prefill.
+        enable_prefix_caching=True,
+        profiler_config=ProfilerConfig(profiler="torch", torch_profiler_dir=str(traces),
+                                       torch_profiler_with_stack=False, ignore_frontend=True),
+    )
+    init_s = time.perf_counter() - start
+    short = SamplingParams(temperature=0.0, max_tokens=SHORT_OUTPUT, ignore_eos=True)
+    long = SamplingParams(temperature=0.0, max_tokens=SHORT_OUTPUT + args.steps, ignore_eos=True)
+    cells = [(context, n) for context in contexts for n in batches]
+    prompts = {cell: [TokensPrompt(prompt_token_ids=p)
+                      for p in make_prompts(cell[1], cell[0], vocab=config["vocab_size"])]
+               for cell in cells}
+
+    def timed(cell: tuple[int, int], params) -> float:
+        t0 = time.perf_counter()
+        generate_as_one_batch(llm, prompts[cell], params)
+        return time.perf_counter() - t0
+
+    rows = []
+    for cell in cells:
+        timed(cell, long)  # warm-up
+        short_s = min(timed(cell, short) for _ in range(2))
+        long_s = min(timed(cell, long) for _ in range(2))
+        rows.append({"context": cell[0], "batch": cell[1],
+                     "step_ms": round(1e3 * (long_s - short_s) / args.steps, 3)})
+    llm.start_profile()
+    for cell in cells:
+        generate_as_one_batch(llm, prompts[cell], long)
+    llm.stop_profile()
+    profiled = 0
+    deadline = time.monotonic() + 120
+    while not (files := sorted(traces.glob("*.pt.trace.json*"))) and time.monotonic() < deadline:
+        time.sleep(2)  # the worker writes its trace as it stops
+    time.sleep(5)
+    if files:
+        # The worker's trace is the one with the steps in it.
+        segments = max((decode_segments(steps(load_trace(f))) for f in files), key=len)
+        if len(segments) == len(cells):
+            profiled = len(cells)
+            for row, segment in zip(rows, segments):
+                summary = summarize(segment)
+                row.update({key: summary.get(f"median_{key}") for key in
+                            ("kernel_ms", "period_ms", "forward_ms", "generation_reqs",
+                             "graph_launches", "kernel_launches")})
+                row["gpu_busy_pct"] = summary.get("gpu_busy_pct")
+        else:
+            print(f"profiled pass: {len(segments)} decode runs for {len(cells)} cells; "
+                  "profile left out", file=sys.stderr)
+    shutil.rmtree(traces, ignore_errors=True)
+    return {"shape": args.shape, "pp": args.pp, "layers": config["num_hidden_layers"],
+            "init_s": round(init_s, 1), "steps": args.steps, "profiled_cells": profiled,
+            "rows": rows}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
+    parser.add_argument("--shape", help=argparse.SUPPRESS)  # one shape, in the child
+    parser.add_argument("--pp", type=int, default=2, help="the stage is 1/PP of the layers")
+    parser.add_argument("--batches", type=_ints, default=list(DEFAULT_BATCHES))
+    parser.add_argument("--contexts", type=_ints, default=list(DEFAULT_CONTEXTS),
+                        help="prompt lengths (tokens)")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps timed per cell")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per shape")
+    args = parser.parse_args(argv)
+    for shape in [args.shape] if args.shape else args.shapes.split(","):
+        try:
+            stage_config(shape, args.pp)
+        except ValueError as e:
+            parser.error(str(e))
+    if not args.batches or min(args.batches) < 1 or not args.contexts or min(args.contexts) < 1:
+        parser.error("--batches and --contexts take positive integers, e.g. 1,64,256")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.shape:
+        print(json.dumps(_child(args)), flush=True)
+        return 0
+    results, failed = [], []
+    for shape in args.shapes.split(","):
+        log = out / f"{shape}.log"
+        cmd = [sys.executable, "-m", "benchmarks.tools.stage_cost", "--shape", shape,
+               *[a for a in (argv if argv is not None else sys.argv[1:])]]
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if line.startswith('{"shape"')]
+        if rc == 0 and lines:
+            results.append(json.loads(lines[-1]))
+            print(f"{shape}: " + ", ".join(f"c{r['context']}/n{r['batch']} {r['step_ms']} ms"
+                                            f" (GPU {r.get('kernel_ms')})" for r in results[-1]["rows"]),
+                  flush=True)
+        else:
+            failed.append(shape)
+            print(f"{shape}: failed ({rc}), see {log.name}", flush=True)
+        (out / "stage_cost.json").write_text(json.dumps(results, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

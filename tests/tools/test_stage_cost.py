@@ -1,0 +1,54 @@
+"""The stage-cost tool: which layers a stage holds, how a profiled run splits into passes,
+and arguments it refuses before starting an engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.bench.trace_analysis import Step
+
+from benchmarks.tools.stage_cost import decode_segments, main, stage_config
+
+
+def step(context: int, generation: int, period: float = 1.0) -> Step:
+    return Step(context_reqs=context, generation_reqs=generation, start_ms=0.0, forward_ms=0.5,
+                period_ms=period, kernel_ms=0.8, nccl_ms=0.0, kernel_launches=0,
+                graph_launches=1, syncs=0, sync_ms=0.0)
+
+
+@pytest.mark.parametrize("shape, pp, layers", [("qwen3-32b", 2, 32), ("llama-3.1-70b", 2, 40),
+                                               ("qwen3-0.6b-27l", 2, 14), ("qwen3-32b", 4, 16)])
+def test_a_stage_holds_its_share_of_the_layers_and_nothing_else_changes(shape, pp, layers):
+    config = stage_config(shape, pp)
+    assert config["num_hidden_layers"] == layers
+    assert {k: v for k, v in config.items() if k != "num_hidden_layers"} == {
+        k: v for k, v in SHAPES[shape].items() if k != "num_hidden_layers"}
+    assert SHAPES[shape]["num_hidden_layers"] != layers  # the built-in shape is left alone
+
+
+def test_each_pass_is_the_decode_run_after_its_prefill():
+    passes = [
+        # chunked prefill, mixed with the first decodes, then decode alone; an empty step
+        [step(4, 0), step(2, 2), step(0, 4, 2.0), step(0, 4, 2.0), step(0, 0)],
+        [step(1, 0), step(0, 1, 1.0), step(0, 1, 1.0)],
+        [step(8, 0), step(0, 8, 3.0)],
+    ]
+    segments = decode_segments([s for one in passes for s in one])
+    assert [[s.generation_reqs for s in seg] for seg in segments] == [[4, 4], [1, 1], [8]]
+    # decode steps before any prefill belong to no pass
+    assert decode_segments([step(0, 3), *passes[2]]) == [[passes[2][1]]]
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--shapes", "qwen3-65b"], "qwen3-65b"),
+    (["--pp", "0"], "--pp"),
+    (["--batches", "0,16"], "--batches"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv, named):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(out), *argv])
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not out.exists()
