@@ -349,6 +349,11 @@ case "${1:-}" in
   wait)
     [ $# -eq 3 ] || usage
     RES=$2; end=$((SECONDS + $3))
+    if [ ! -e "$RES/console.txt" ]; then
+      # A machine given back (idle, or its time up) comes back bare: nothing to wait for.
+      echo "no run in $RES: nothing was started there on this machine (a fresh one?)" >&2
+      exit 3
+    fi
     while [ $SECONDS -lt $end ] && ! grep -qs 'CHECKS DONE' "$RES/steps.txt"; do sleep 10; done
     cat "$RES/steps.txt" 2>/dev/null
     grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|^\{"mode"|TOKENS DIFFER|PLUGIN NOT LOADED|DIRECT HAND-OFF NOT ON|^[A-Za-z]*Error|smoke failed|rc=|::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR)|^=+ .*(passed|failed|error)' \

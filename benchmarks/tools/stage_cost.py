@@ -82,11 +82,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     out = Path(args.out)
-    model_dir = out / f"model-{args.shape}"
+    model_dir = out / "model" / args.shape
     model_dir.mkdir(parents=True, exist_ok=True)
     config = stage_config(args.shape, args.pp)
     (model_dir / "config.json").write_text(json.dumps(config, indent=1))
-    traces = out / f"traces-{args.shape}"
+    traces = out / "traces" / args.shape
     shutil.rmtree(traces, ignore_errors=True)
     batches, contexts = args.batches, args.contexts
     start = time.perf_counter()
