@@ -5,7 +5,8 @@
 #
 # usage: benchmarks/gpu_kit/prepare.sh VERSION OUT     e.g. 0.33.0 .kit/k33
 # env:   PART_MIB    the most one part folder holds, helpers and manifest included
-#                    (default 48: a transfer holds 64 MiB with the project's own files)
+#                    (default 40: a transfer holds 64 MiB with the project's own files,
+#                    about 17 MB in November 2026 and growing with its results)
 #        VLLM_WHEEL  a vllm-VERSION wheel already downloaded (else it is downloaded)
 #
 # OUT/part-N/ each hold some of: vLLM's compiled extensions (vllm-native.tar.xz, cut
@@ -15,7 +16,7 @@
 set -euo pipefail
 ver=${1:?usage: prepare.sh VERSION OUT}
 out=${2:?usage: prepare.sh VERSION OUT}
-part_mib=${PART_MIB:-48}
+part_mib=${PART_MIB:-40}
 here=$(cd "$(dirname "$0")" && pwd)
 [ -e "$out" ] && { echo "prepare.sh: $out exists; remove it or pick another" >&2; exit 2; }
 mkdir -p "$out"

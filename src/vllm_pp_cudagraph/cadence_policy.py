@@ -24,7 +24,10 @@ decoding requests has moved a lot, less and less often while the incumbent
 keeps winning. Under serving traffic some windows carry a burst of prefill
 (arrivals, resumed preemptions) that slows whatever cadence is in use: the
 median keeps one such window from deciding, and after the load moves the
-incumbent is measured afresh before the other is tried. The steps right after
+incumbent is measured afresh before the other is tried. A trial that beats the
+incumbent's windows before it must also beat the incumbent's window after it: the
+arrivals that moved the load may slow the incumbent's next windows too, and by the
+window after the trial that burst has passed (or it slowed the trial as well). The steps right after
 a switch, while the groups re-form, are not measured. Nothing here changes what
 a step computes: the cadence only moves when a request decodes
 (decode_cadence.py).
@@ -138,6 +141,9 @@ class CadenceChooser:
         self._settle = 0
         self._window: _Window | None = None
         self._exploring = False
+        #: A trial that beat the incumbent's windows before it, (token interval,
+        #: decoding requests), until the incumbent's window after it confirms it.
+        self._candidate: tuple[float, float] | None = None
         #: The incumbent's last windows (token interval, decoding requests), newest last.
         self._recent: deque[tuple[float, float]] = deque(maxlen=recent)
         self._decided_decoders = 0.0
@@ -183,10 +189,27 @@ class CadenceChooser:
             reference = self._reference()
             comparable = reference is not None and _similar_load(decoders, reference[1])
             if comparable and interval < reference[0] * (1 - self.margin):
-                self._adopt(interval, decoders, beaten=reference[0])
+                # Measure the incumbent once more, after the trial, before adopting it: a
+                # burst of prefill that slowed the incumbent's windows before the trial
+                # has passed by then, or it slows the trial as well.
+                self._exploring = False
+                self._candidate = (interval, decoders)
+                self._switch(self.other)
             else:
                 self._keep_incumbent(held=comparable)
             return
+        if self._candidate is not None:
+            trial, trial_decoders = self._candidate
+            self._candidate = None
+            if _similar_load(decoders, trial_decoders):
+                self._recent.append((interval, decoders))
+                beaten = min(interval, self._reference()[0])
+                if trial < beaten * (1 - self.margin):
+                    self._switch(self.other)
+                    self._adopt(trial, trial_decoders, beaten=beaten)
+                else:
+                    self._hold()
+                return
         moved = abs(decoders - self._decided_decoders) > self.regroup * max(self._decided_decoders, 1.0)
         if moved and decoders >= self.pp_size:
             # The load changed within this window, bursts of prefill and all: measure
@@ -223,10 +246,16 @@ class CadenceChooser:
     def _keep_incumbent(self, held: bool = True) -> None:
         """End a trial and go back; if the incumbent held, ask again less often."""
         self._exploring = False
-        if held:
-            self.gap = min(self.growth * self.gap, self.longest_gap)
-            self._decided_decoders = self._recent[-1][1]
         self._switch(self.other)
+        if held:
+            self._hold()
+        else:
+            self._windows_left = self.gap
+
+    def _hold(self) -> None:
+        """The incumbent held against a trial: try the other again less often."""
+        self.gap = min(self.growth * self.gap, self.longest_gap)
+        self._decided_decoders = self._recent[-1][1]
         self._windows_left = self.gap
 
     def _adopt(self, interval: float, decoders: float, beaten: float) -> None:

@@ -78,6 +78,26 @@ def test_a_burst_as_the_load_moves_does_not_decide_the_cadence(pp):
     assert chooser.switches == []
 
 
+@pytest.mark.parametrize("pp", [2, 4])
+def test_a_burst_in_the_windows_after_the_load_moves_does_not_decide_the_cadence(pp):
+    """The arrivals that lift the load keep prefilling for a while after it: a burst
+    3x as slow, from half a window to a window and a round long, starting anywhere in
+    the two windows after the move. Measured against the incumbent's window after the
+    trial as well, the trial never wins."""
+    window = 3 * pp
+
+    def decoders(step: int) -> int:
+        return 16 if step % 400 < 200 else 40
+
+    for offset in range(0, 2 * window, pp):
+        for length in (window // 2, window, window + pp):
+            def burst(step: int, start=200 + offset, end=200 + offset + length) -> float:
+                return 3.0 if start <= step % 400 < end else 1.0
+
+            chooser = drive(TIE, 4_000, pp=pp, decoders=decoders, burst=burst)
+            assert chooser.switches == [], (offset, length, len(chooser.switches))
+
+
 @pytest.mark.parametrize("wins, loses", [(DecodeCadence.MERGE, DecodeCadence.BALANCE),
                                          (DecodeCadence.BALANCE, DecodeCadence.MERGE)])
 @pytest.mark.parametrize("seed", range(3))

@@ -594,10 +594,12 @@ def test_auto_keeps_the_cadence_that_measures_faster(model_dir, profile, wins, l
     assert end["auto"] < 1.2 * end[wins], end
     chooser = runs["auto"][2]
     assert chooser.cadence.value == wins
-    # Adopted at most once, early (auto starts balanced): within four windows, which are
-    # the first (the load arriving), one of the incumbent at that load, and the trial.
+    # Adopted at most once, early (auto starts balanced): within five windows (the first,
+    # as the load arrives, one of the incumbent at that load, the trial, the incumbent's
+    # again to confirm it, and the switch) and the steps that re-form the groups.
     assert [c.value for _, c, *_ in chooser.switches] == ([] if wins == "balance" else ["merge"])
-    assert all(step < 4 * chooser.window_steps for step, *_ in chooser.switches), chooser.switches
+    assert all(step < 5 * chooser.window_steps + 3 * pp for step, *_ in chooser.switches), \
+        chooser.switches
 
 
 def served_arrivals(model_dir: str, cadence: str, profile: dict, pp: int) -> tuple[Run, PipelineClock]:
@@ -651,15 +653,16 @@ def test_on_recorded_stage_costs_under_arrivals_auto_is_never_slower_than_vllms_
         model_dir, shape):
     """The arrivals above (at most 16 running, standing for 256) on each shape's recorded
     stage costs at PP=2: auto finishes the load at no less than the issue's floor of
-    0.97x vLLM's cadence's speed (level with it on the GPU-bound shapes, far ahead on the
-    0.6B shape), and within 10% of the better fixed cadence (its trials of the other)."""
+    0.97x vLLM's cadence's speed (level with it or ahead on the GPU-bound shapes, far
+    ahead on the 0.6B shape), and within 5% of the better fixed cadence: its trials of
+    the other cost no more."""
     profile = recorded_profile(shape, requests_each=16)
     runs = {c: served_arrivals(model_dir, c, profile, 2)
             for c in ("auto", "balance", "merge", "vllm")}
     assert {c: run.problems[:3] for c, (run, _) in runs.items()} == {c: [] for c in runs}
     end = {c: clock.end_ms for c, (_, clock) in runs.items()}
     assert 0.97 * end["auto"] <= end["vllm"], end
-    assert end["auto"] < 1.1 * min(end["balance"], end["merge"]), end
+    assert end["auto"] < 1.05 * min(end["balance"], end["merge"]), end
 
 
 def test_patch_is_undone_exactly_and_off_when_disabled():
