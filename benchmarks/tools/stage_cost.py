@@ -14,8 +14,8 @@ before the first step, and measures:
   GPU kernel time (``kernel_ms``), period, and host time inside the forward.
 
 The result, ``stage_cost.json``, is a per-stage cost profile: what the cadence policy's
-simulation reads (``tests/data/stage_costs.json``) and what ``docs/performance.md``
-bounds PP=2 with (two stages overlapping in balanced groups can at best take
+simulation reads (the recorded one, from its results folder) and what
+``docs/performance.md`` bounds PP=2 with (two stages overlapping in balanced groups can at best take
 ``2 * kernel_ms(n / 2)`` per token against ``2 * kernel_ms(n)`` run one after the other).
 
     python -m benchmarks.tools.stage_cost --out DIR [--shapes qwen3-32b,...] [--pp 2]
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         log = out / f"{shape}.log"
         cmd = [sys.executable, "-m", "benchmarks.tools.stage_cost", "--shape", shape,
-               *[a for a in (argv if argv is not None else sys.argv[1:])]]
+               *(argv if argv is not None else sys.argv[1:])]
         with open(log, "w") as f:
             try:
                 rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,

@@ -27,9 +27,9 @@ median keeps one such window from deciding, and after the load moves the
 incumbent is measured afresh before the other is tried. A trial that beats the
 incumbent's windows before it must also beat the incumbent's window after it: the
 arrivals that moved the load may slow the incumbent's next windows too, and by the
-window after the trial that burst has passed (or it slowed the trial as well). The steps right after
-a switch, while the groups re-form, are not measured. Nothing here changes what
-a step computes: the cadence only moves when a request decodes
+window after the trial that burst has passed (or it slowed the trial as well). The
+steps right after a switch, while the groups re-form, are not measured. Nothing
+here changes what a step computes: the cadence only moves when a request decodes
 (decode_cadence.py).
 """
 
