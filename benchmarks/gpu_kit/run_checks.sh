@@ -17,8 +17,10 @@
 #   batch        PP=2, Qwen3-0.6B shape, random weights, --workload batch: the plugin's
 #                greedy tokens against stock's, FULL_AND_PIECEWISE then PIECEWISE;
 #                bench.json records plugin_stages and tokens_agree per run
-#   engine-0.6b  PP=2, --workload engine, 0.6B shape, dummy weights: plugin vs stock
-#   engine-32b   PP=2, --workload engine, Qwen3-32B dense shape, dummy weights: plugin vs stock
+#   engine-0.6b  PP=2, --workload engine, 0.6B shape (128 x 2 in / 512 out), dummy weights:
+#                the plugin, stock and V1, profiled (each stage's GPU busy %)
+#   engine-32b   the same for the Qwen3-32B dense shape (256 x 64 in / 256 out)
+#   engine-70b, engine-30b-a3b  the same for Llama-3.1-70B (dense) and Qwen3-30B-A3B (MoE)
 #   direct       PP=2, VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1 (no per-step metadata between
 #                stages): greedy tokens against stock in FULL_AND_PIECEWISE and eager
 #                (batch), then the 0.6B engine cell beside the plugin's defaults and stock
@@ -26,6 +28,9 @@
 #                shape, dummy weights, 64 in / 256 out, concurrency 64 and 256: plugin,
 #                stock and V1, each stage's GPU busy % per concurrency (--profile; the
 #                cell of ../results/2026-11-23-pipelining-pp2/run.sh); about 15 minutes
+#   serve-0.6b, serve-70b, serve-30b-a3b  the same for the other shapes
+#                (engine-* and serve-* are the acceptance table of pipelining that pays:
+#                docs/performance.md; each a bench invocation of its own)
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -160,18 +165,33 @@ step_batch() {
     --modes stock:$FAP,plugin:$FAP,stock:piecewise,plugin:piecewise
 }
 
-# The engine cell (as in ../results/2026-11-23-pipelining-pp2/run.sh, without --profile).
-step_engine-0.6b() {
-  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-0.6b --weights dummy \
-    --prompts 128 --input-len 2 --output-len 512 --max-num-seqs 128 --repeat 3 \
-    --timeout 300 --deadline 420 --out "$RES/engine-0.6b" --modes plugin:$FAP,stock:$FAP
+# The acceptance cells of pipelining that pays: one bench invocation each, the plugin's
+# defaults, stock MRV2 and V1 side by side, profiled (each stage's GPU busy %).
+# engine_cell SHAPE PROMPTS INPUT_LEN OUTPUT_LEN MAX_NUM_SEQS DEADLINE_S
+engine_cell() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model "$1" --weights dummy \
+    --prompts "$2" --input-len "$3" --output-len "$4" --max-num-seqs "$5" --repeat 3 \
+    --profile --timeout 600 --deadline "$6" --out "$RES/engine-$1" \
+    --modes plugin:$FAP,stock:$FAP,v1:$FAP
 }
 
-step_engine-32b() {
-  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-32b --weights dummy \
-    --prompts 256 --input-len 64 --output-len 256 --max-num-seqs 256 --repeat 3 \
-    --timeout 420 --deadline 660 --out "$RES/engine-32b" --modes plugin:$FAP,stock:$FAP
+# serve_cell SHAPE DEADLINE_S: vllm serve + vllm bench serve, 64 in / 256 out,
+# concurrency 64 and 256.
+serve_cell() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload serve --model "$1" --weights dummy \
+    --num-requests 512 --input-len 64 --output-len 256 --max-num-seqs 256 \
+    --concurrency 64,256 --repeat 2 --profile --timeout 600 --deadline "$2" \
+    --out "$RES/serve-$1" --modes plugin:$FAP,stock:$FAP,v1:$FAP
 }
+
+step_engine-0.6b() { engine_cell qwen3-0.6b 128 2 512 128 600; }
+step_engine-32b() { engine_cell qwen3-32b 256 64 256 256 900; }
+step_engine-70b() { engine_cell llama-3.1-70b 256 64 256 256 1200; }
+step_engine-30b-a3b() { engine_cell qwen3-30b-a3b 256 64 256 256 900; }
+step_serve-0.6b() { serve_cell qwen3-0.6b 900; }
+step_serve-32b() { serve_cell qwen3-32b 1200; }
+step_serve-70b() { serve_cell llama-3.1-70b 1500; }
+step_serve-30b-a3b() { serve_cell qwen3-30b-a3b 1200; }
 
 step_direct() {
   local rc=0
@@ -258,13 +278,6 @@ step_stage-cost() {
   CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.stage_cost --out "$RES/stage-cost" --timeout 600
 }
 
-step_serve-32b() {
-  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload serve --model qwen3-32b --weights dummy \
-    --num-requests 512 --input-len 64 --output-len 256 --max-num-seqs 256 \
-    --concurrency 64,256 --repeat 2 --profile --timeout 600 --out "$RES/serve-32b" \
-    --modes plugin:$FAP,stock:$FAP,v1:$FAP
-}
-
 step_gpu-tests() {
   install_test_plugins
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/gpu-tests" \
@@ -305,7 +318,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|serve-32b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-soak-lora|shared-ray-fault|shared-gpu-tests|shared-lora|stage-cost) ;;
+    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|engine-70b|engine-30b-a3b|serve-0.6b|serve-32b|serve-70b|serve-30b-a3b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-soak-lora|shared-ray-fault|shared-gpu-tests|shared-lora|stage-cost) ;;
       *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
@@ -323,7 +336,7 @@ run_all() {
       | tee -a "$RES/host.txt"
   fi
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b serve-32b gpu-tests shared-gpu-tests; do
+  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b gpu-tests shared-gpu-tests; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
