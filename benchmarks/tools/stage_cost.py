@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_pp_cudagraph.bench.cli import positive_int_list
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.bench.engine_run import generate_as_one_batch, make_prompts
 from vllm_pp_cudagraph.bench.trace_analysis import Step, load_trace, steps, summarize
@@ -149,37 +150,33 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             "rows": rows}
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # one shape, in the child
     parser.add_argument("--pp", type=int, default=2, help="the stage is 1/PP of the layers")
-    parser.add_argument("--batches", type=_ints, default=list(DEFAULT_BATCHES))
-    parser.add_argument("--contexts", type=_ints, default=list(DEFAULT_CONTEXTS),
-                        help="prompt lengths (tokens)")
+    parser.add_argument("--batches", type=positive_int_list("--batches"),
+                        default=list(DEFAULT_BATCHES))
+    parser.add_argument("--contexts", type=positive_int_list("--contexts"),
+                        default=list(DEFAULT_CONTEXTS), help="prompt lengths (tokens)")
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed per cell")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per shape")
     args = parser.parse_args(argv)
-    for shape in [args.shape] if args.shape else args.shapes.split(","):
+    shapes = [args.shape] if args.shape else args.shapes.split(",")
+    for shape in shapes:
         try:
             stage_config(shape, args.pp)
         except ValueError as e:
             parser.error(str(e))
-    if not args.batches or min(args.batches) < 1 or not args.contexts or min(args.contexts) < 1:
-        parser.error("--batches and --contexts take positive integers, e.g. 1,64,256")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.shape:
         print(json.dumps(_child(args)), flush=True)
         return 0
     results, failed = [], []
-    for shape in args.shapes.split(","):
+    for shape in shapes:
         log = out / f"{shape}.log"
         cmd = [sys.executable, "-m", "benchmarks.tools.stage_cost", "--shape", shape,
                *(argv if argv is not None else sys.argv[1:])]

@@ -55,8 +55,9 @@ SIMILAR_LOAD = 0.25
 CANDIDATES = (DecodeCadence.MERGE, DecodeCadence.BALANCE)
 
 
-def _similar_load(decoders: float, reference: float) -> bool:
-    return abs(decoders - reference) <= SIMILAR_LOAD * max(reference, 1.0)
+def _similar_load(decoders: float, reference: float, share: float = SIMILAR_LOAD) -> bool:
+    """Whether ``decoders`` is within ``share`` of ``reference`` (at least one request)."""
+    return abs(decoders - reference) <= share * max(reference, 1.0)
 
 
 @dataclass
@@ -210,7 +211,7 @@ class CadenceChooser:
                 else:
                     self._hold()
                 return
-        moved = abs(decoders - self._decided_decoders) > self.regroup * max(self._decided_decoders, 1.0)
+        moved = not _similar_load(decoders, self._decided_decoders, share=self.regroup)
         if moved and decoders >= self.pp_size:
             # The load changed within this window, bursts of prefill and all: measure
             # the incumbent a window at the new load before trying the other cadence.

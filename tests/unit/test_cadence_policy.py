@@ -55,6 +55,11 @@ def bursts(seed: int, share: float = 0.08, slowdown: float = 4.0):
 TIE = {DecodeCadence.MERGE: 40.0, DecodeCadence.BALANCE: 40.0}
 
 
+def load_moves(step: int) -> int:
+    """Decoding requests that move from 16 to 40 at step 200 of every 400, and back."""
+    return 16 if step % 400 < 200 else 40
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("pp", [2, 4])
 def test_prefill_bursts_do_not_make_auto_switch_back_and_forth_between_equals(seed, pp):
@@ -68,13 +73,10 @@ def test_prefill_bursts_do_not_make_auto_switch_back_and_forth_between_equals(se
 def test_a_burst_as_the_load_moves_does_not_decide_the_cadence(pp):
     """Arrivals lift the decoding requests from 16 to 40 with a burst of prefill: the
     window that saw it is no measure of the incumbent at the new load."""
-    def decoders(step: int) -> int:
-        return 16 if step % 400 < 200 else 40
-
     def burst(step: int) -> float:
         return 4.0 if step % 400 in range(200, 200 + 2 * pp) else 1.0
 
-    chooser = drive(TIE, 8_000, pp=pp, decoders=decoders, burst=burst)
+    chooser = drive(TIE, 8_000, pp=pp, decoders=load_moves, burst=burst)
     assert chooser.switches == []
 
 
@@ -85,16 +87,12 @@ def test_a_burst_in_the_windows_after_the_load_moves_does_not_decide_the_cadence
     the two windows after the move. Measured against the incumbent's window after the
     trial as well, the trial never wins."""
     window = 3 * pp
-
-    def decoders(step: int) -> int:
-        return 16 if step % 400 < 200 else 40
-
     for offset in range(0, 2 * window, pp):
         for length in (window // 2, window, window + pp):
             def burst(step: int, start=200 + offset, end=200 + offset + length) -> float:
                 return 3.0 if start <= step % 400 < end else 1.0
 
-            chooser = drive(TIE, 4_000, pp=pp, decoders=decoders, burst=burst)
+            chooser = drive(TIE, 4_000, pp=pp, decoders=load_moves, burst=burst)
             assert chooser.switches == [], (offset, length, len(chooser.switches))
 
 

@@ -205,14 +205,17 @@ def write_plot(reports: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def concurrency_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"bad --concurrency {text!r}: use N or N,M,...")
-    return values
+def positive_int_list(flag: str):
+    """An argparse type for ``flag``: ``N`` or ``N,M,...``, each at least 1."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"bad {flag} {text!r}: use N or N,M,...")
+        return values
+    return parse
 
 
 def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
@@ -298,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure through 'vllm serve' with an OpenAI-compatible client instead "
         "of the offline engine (TTFT/TPOT as users see them; streamed requests)",
     )
-    serve.add_argument("--concurrency", type=concurrency_list, default="64",
+    serve.add_argument("--concurrency", type=positive_int_list("--concurrency"), default="64",
                        help="requests in flight at once; for --workload serve a comma "
                        "list, one run each (a sweep)")
     serve.add_argument("--num-requests", type=int, default=None,
