@@ -61,6 +61,7 @@
 #                the Ray executor, both stages on GPU 0 (Ray installed first:
 #                ../install_ray.sh; the shim gives Ray's local cluster a GPU per stage)
 #   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
+#                (both: KIT_TESTS="NODE_ID ..." runs only those tests, in that order)
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95, both
 #                stages on GPU 0 (the shim fixes each stage's KV cache, so this shows the
 #                start, the serving and each stage's graph memory, not the KV sizing)
@@ -280,8 +281,10 @@ step_stage-cost() {
 
 step_gpu-tests() {
   install_test_plugins
+  # KIT_TESTS: the tests to run, as pytest node ids in the order to run them (default: all).
+  # shellcheck disable=SC2086
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/gpu-tests" \
-    --junitxml "$RES/gpu-tests.xml" tests
+    --junitxml "$RES/gpu-tests.xml" ${KIT_TESTS:-tests}
 }
 
 summary() {
