@@ -10,6 +10,7 @@ longer runs of the same tools are committed under benchmarks/results/.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,26 +22,52 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_gpus")]
 GRAPH_MODES = ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable")
 
 
-def _batch_bench(tmp_path, model, runner: str, mode: str) -> tuple[dict, dict, str, int]:
-    """Run ``bench --workload batch`` for stock and ``runner`` in ``mode``; their reports."""
-    out = tmp_path / "bench"
+def _run_batch_bench(out, model, modes: str, env: dict | None = None):
+    """``bench --workload batch`` with ``modes``; the process and its runs by runner."""
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
-         "--model", str(model), "--modes", f"stock:{mode},{runner}:{mode}",
+         "--model", str(model), "--modes", modes,
          "--repeat", "0", "--timeout", "600", "--out", str(out)],
-        capture_output=True, text=True, timeout=1500,
+        capture_output=True, text=True, timeout=1500, env=env,
     )
+    path = out / "bench.json"
+    runs = {r["spec"]["runner"]: r for r in json.loads(path.read_text())["runs"]} \
+        if path.exists() else {}
+    return proc, runs
+
+
+def _batch_bench(tmp_path, model, runner: str, mode: str) -> tuple[dict, dict, str, int]:
+    """Run ``bench --workload batch`` for stock and ``runner`` in ``mode``; their reports.
+
+    The runner's greedy tokens must equal stock's. A freshly compiled engine can give
+    other tokens than the rest, stock's as well (seen on vLLM 0.33 in PIECEWISE), so
+    where they differ a second stock engine, compiled afresh, decides: the runner
+    passes only if it gave exactly that engine's tokens.
+    """
+    out = tmp_path / "bench"
+    proc, runs = _run_batch_bench(out, model, f"stock:{mode},{runner}:{mode}")
     console = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert (out / "bench.json").exists(), console
-    runs = {r["spec"]["runner"]: r for r in json.loads((out / "bench.json").read_text())["runs"]}
-    plugin = runs[runner]
+    assert runs, console
+    plugin, stock = runs[runner], runs["stock"]
     assert plugin.get("digest"), f"the plugin's engine failed (see {out}/{runner}-{mode}.log)"
     assert plugin["plugin_stages"] == 2, "a stage ran without the plugin's runner"
-    assert runs["stock"].get("plugin_stages", 0) == 0, "stock ran with the plugin loaded"
-    assert plugin["tokens_agree"] is True, (
-        f"{plugin.get('requests_differ')} requests differ from {plugin.get('tokens_reference')}"
-    )
-    return plugin, runs["stock"], console, proc.returncode
+    assert stock.get("plugin_stages", 0) == 0, "stock ran with the plugin loaded"
+    assert stock.get("digest"), f"stock's engine failed (see {out}/stock-{mode}.log)"
+    if plugin["tokens_agree"] is not True:
+        again_out = tmp_path / "stock-again"
+        _, again = _run_batch_bench(again_out, model, f"stock:{mode}",
+                                    env=dict(os.environ, VLLM_DISABLE_COMPILE_CACHE="1"))
+        again_digests = again.get("stock", {}).get("request_digests")
+        what = ("failed" if not again_digests else
+                "gave the first stock engine's tokens" if again_digests == stock["request_digests"]
+                else "gave other tokens again")
+        assert again_digests == plugin["request_digests"], (
+            f"{plugin.get('requests_differ')} requests differ from {plugin.get('tokens_reference')}; "
+            f"a second stock engine compiled afresh {what} (see {again_out})"
+        )
+        print(f"{runner}:{mode}: stock's first engine left the usual tokens; a second one, "
+              "compiled afresh, gave the plugin's")
+    return plugin, stock, console, proc.returncode
 
 
 @pytest.mark.parametrize("mode", GRAPH_MODES)
