@@ -89,6 +89,8 @@ export PYTHONPATH=$site PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
+#: Every step, in the order they run.
+STEPS="smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b gpu-tests shared-gpu-tests"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -321,8 +323,7 @@ run_all() {
   [ "$want" = " all " ] && want=" smoke batch engine-0.6b engine-32b "
   [ "$want" = " one-gpu " ] && want=" smoke runner-pp1 "
   for s in $want; do
-    case $s in smoke|runner-pp1|batch|direct|engine-0.6b|engine-32b|engine-70b|engine-30b-a3b|serve-0.6b|serve-32b|serve-70b|serve-30b-a3b|gpu-tests|shared-batch|shared-modes|shared-serve|shared-moe|shared-soak-30b-a3b|shared-soak-32b|shared-soak-lora|shared-ray-fault|shared-gpu-tests|shared-lora|stage-cost) ;;
-      *) echo "unknown step $s" >&2; usage ;; esac
+    case " $STEPS " in *" $s "*) ;; *) echo "unknown step $s" >&2; usage ;; esac
   done
   {
     date -u +"start %FT%TZ"
@@ -339,7 +340,7 @@ run_all() {
       | tee -a "$RES/host.txt"
   fi
   : >"$RES/steps.txt"
-  for s in smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b gpu-tests shared-gpu-tests; do
+  for s in $STEPS; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     local t0=$SECONDS
