@@ -131,6 +131,8 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.v1.worker.gpu.states", "RequestState", instance_attrs=("req_id_to_index",)),
     Needed("vllm.v1.worker.gpu.model_states.interface", "ModelState",
            members=("prepare_dummy_inputs",)),
+    # Its AUX_HIDDEN_STATE_KEY (0.33+) names the slots of EAGLE3 over PP; read if present.
+    Needed("vllm.model_executor.models.interfaces", "EagleModelMixin"),
     Needed("vllm.model_executor.models.interfaces", "SupportsPP",
            members=("make_empty_intermediate_tensors",)),
     Needed(COMPILATION_CONFIG_MODULE, "CompilationConfig",
@@ -375,3 +377,21 @@ def layer_names_are_hoisted() -> bool:
     from vllm.utils import torch_utils
 
     return bool(getattr(torch_utils, "_USE_LAYERNAME", False))
+
+
+def stage_reserved_key_prefixes() -> tuple[str, ...]:
+    """Prefixes of the input-buffer keys vLLM reserves on a receiving stage itself.
+
+    For EAGLE3 over PP (0.33+), vLLM adds ``aux_hidden_states_<i>`` slots to
+    the buffers of every stage after the first
+    (``eagle3_utils.reserve_aux_intermediate_tensor_slots``), while a sender's
+    ``make_empty_intermediate_tensors`` declares only the slots it received:
+    what it adds is known once its forward runs. Empty where vLLM has no such
+    slots.
+    """
+    try:
+        from vllm.model_executor.models.interfaces import EagleModelMixin
+    except ImportError:
+        return ()
+    prefix = getattr(EagleModelMixin, "AUX_HIDDEN_STATE_KEY", None)
+    return (prefix,) if isinstance(prefix, str) and prefix else ()

@@ -146,7 +146,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         everyone = gather_from_stages((sends, expects, produced is not None, self.direct_handoff))
         stage_handoff.check_stages_agree([direct for *_, direct in everyone])
         sent_as = PRODUCED if all(p for _, _, p, _ in everyone[:-1]) else DECLARED
-        check_handoff_schemas([s for s, *_ in everyone], [e for _, e, *_ in everyone], sent_as)
+        check_handoff_schemas([s for s, *_ in everyone], [e for _, e, *_ in everyone], sent_as,
+                              compat.stage_reserved_key_prefixes())
 
     def profile_run(self, *args, **kwargs) -> None:
         super().profile_run(*args, **kwargs)

@@ -143,7 +143,10 @@ PRODUCED = "returned by the model's forward in the profiling run"
 
 
 def check_handoff_schemas(
-    sends: list[Schema | None], expects: list[Schema | None], sent_as: str = DECLARED
+    sends: list[Schema | None],
+    expects: list[Schema | None],
+    sent_as: str = DECLARED,
+    reserved_prefixes: tuple[str, ...] = (),
 ) -> None:
     """At start-up: what each stage's model sends equals what the next expects.
 
@@ -152,11 +155,20 @@ def check_handoff_schemas(
     the first). Every stage evaluates the same lists and so raises, or not,
     together; a mismatch then stops start-up cleanly instead of failing (and
     hanging the pipeline) on the first request.
+
+    ``reserved_prefixes`` name buffer keys vLLM reserves on the receiving side
+    that a sender's declaration lacks by design (EAGLE3's aux hidden states):
+    a declared schema may lack them; what a forward really produced may not.
     """
     problems = []
     for stage in range(len(sends) - 1):
         out, want = sends[stage], expects[stage + 1]
-        if out is None or want is None or out == want:
+        if out is None or want is None:
+            continue
+        if sent_as == DECLARED and reserved_prefixes:
+            want = {k: v for k, v in want.items()
+                    if k in out or not k.startswith(reserved_prefixes)}
+        if out == want:
             continue
         differ = sorted(k for k in want.keys() & out.keys() if want[k] != out[k])
         detail = _key_problems(want, out)

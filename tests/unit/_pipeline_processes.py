@@ -7,6 +7,8 @@ Scenarios, each run on every stage by :func:`run_stages`:
 - ``handoff``: the start-up hand-off check, first with what the model declares,
   then with a forward that returns an undeclared key, then with the direct
   hand-off on one stage only (test_stage_inputs);
+- ``eagle3``: the same check on an EAGLE3 target, whose aux hidden states vLLM
+  reserves on the receiving stages only (test_stage_inputs);
 - ``direct``: intermediate tensors handed on without metadata, next to vLLM's own
   hand-off on the same group, at PP=2 (also with 2 tensor-parallel ranks per
   stage) and PP=3 (test_stage_handoff).
@@ -84,6 +86,84 @@ def handoff(rank: int) -> dict:
     except HandoffDisagreementError as exc:
         direct_error = str(exc)
     return {"rank": rank, "produced_error": error, "direct_error": direct_error}
+
+
+#: EAGLE3 over PP in the ``eagle3`` scenario: 28 layers as 10/9/9, taps at these layers.
+EAGLE3_LAYERS, EAGLE3_SPLIT, EAGLE3_TAPS = 28, (10, 9, 9), (2, 14, 25)
+
+
+def _eagle3_stage(stage: int, pp_size: int):
+    """A stage of an EAGLE3 target as vLLM builds it: the decoder with vLLM's own
+    aux-state bookkeeping (``EagleModelMixin``), its input buffers with the aux
+    slots vLLM reserves, and the tensors its forward returns."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.models.interfaces import EagleModelMixin
+    from vllm.sequence import IntermediateTensors
+    from vllm.v1.worker.gpu.spec_decode.eagle import eagle3_utils
+
+    start = sum(EAGLE3_SPLIT[:stage])
+    end = start + EAGLE3_SPLIT[stage]
+
+    def base(n: int) -> dict:
+        return {k: torch.zeros(n, 16, dtype=torch.bfloat16) for k in ("hidden_states", "residual")}
+
+    class Decoder(EagleModelMixin):
+        supports_aux_hidden_states_over_pp = True
+        start_layer, end_layer, config = start, end, SimpleNamespace(hidden_size=16)
+
+    class Model:
+        model = Decoder()
+
+        def make_empty_intermediate_tensors(self, batch_size, dtype, device):
+            return IntermediateTensors(base(batch_size))
+
+    model = Model()
+    model.model._set_aux_hidden_state_layers(EAGLE3_TAPS)
+    eagle3_utils.reserve_aux_intermediate_tensor_slots(model)
+    # What the forward returns on a non-last stage (Qwen2Model.forward's taps),
+    # plus the aux states a middle stage relays (PPHandler.relay_aux_hidden_states).
+    taps: list = []
+    row = torch.zeros(8, 16, dtype=torch.bfloat16)
+    if stage == 0:
+        model.model._maybe_add_hidden_state(taps, start, row, None)
+    for idx in range(start, end):
+        model.model._maybe_add_hidden_state(taps, idx + 1, row, None)
+    relayed = {k: row for k in eagle3_utils.aux_hidden_state_relay_keys(model)}
+    produced = {**base(8), **model.model.pack_local_aux_hidden_states(taps), **relayed}
+    buffers = model.make_empty_intermediate_tensors(8, torch.bfloat16, "cpu") if stage else None
+    return model, buffers, produced
+
+
+def eagle3(rank: int, pp_size: int) -> dict:
+    """The start-up hand-off check on an EAGLE3 target over ``pp_size`` stages: as
+    declared, as produced, and as produced with one aux state missing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+    from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, schema_of
+
+    model, buffers, produced = _eagle3_stage(rank, pp_size)
+    stage = SimpleNamespace(
+        is_last_pp_rank=rank == pp_size - 1, intermediate_tensors=buffers, model=model,
+        model_config=SimpleNamespace(dtype=torch.bfloat16), device="cpu", direct_handoff=False,
+    )
+    sent = None if stage.is_last_pp_rank else produced
+    report = {"rank": rank, "expects": sorted(buffers.tensors) if buffers else None,
+              "sends": sorted(sent) if sent else None}
+    check = PPCudaGraphModelRunner._check_stage_handoffs
+    for name, schema in (("declared", None), ("produced", sent),
+                         ("produced_lacking", sent and {k: v for k, v in sent.items()
+                                                        if k != "aux_hidden_states_1"})):
+        try:
+            check(stage, produced=schema and schema_of(schema))
+            report[name] = None
+        except StageInputMismatchError as exc:
+            report[name] = str(exc)
+    return report
 
 
 #: Token counts of the steps the ``direct`` scenario hands on (buffers hold 32).
@@ -188,6 +268,9 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
         return
     if scenario == "handoff":
         print(json.dumps(handoff(rank)))
+        return
+    if scenario == "eagle3":
+        print(json.dumps(eagle3(rank, pp_size)))
         return
     if scenario == "common":  # the stages captured overlapping sets
         mine = CaptureOutcome(rank, frozenset({"a", "b"} if rank == 0 else {"b", "c"}))

@@ -179,3 +179,70 @@ def test_pending_share_under_tensor_parallelism_counts_all_ranks_tokens():
     big = {k: torch.zeros(512, HIDDEN, dtype=torch.bfloat16) for k in BUFFERS}
     assert check_stage_inputs(big, pending_receive(256, tp_size=2), 1, tp_size=2) == 256
     assert check_stage_inputs(big, pending_receive(256, tp_size=4), 1, tp_size=4) == 256
+
+
+AUX = "aux_hidden_states_"
+
+
+def test_a_declaration_may_lack_the_slots_vllm_reserves_on_the_receiver():
+    # EAGLE3 over PP: vLLM adds aux slots to the receiving stage's buffers only.
+    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+
+    declared = schema_of(BUFFERS)
+    buffers = schema_of({**BUFFERS, f"{AUX}0": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})
+    check_handoff_schemas([declared, None], [None, buffers], reserved_prefixes=(AUX,))
+    with pytest.raises(StageInputMismatchError, match=f"missing keys \\['{AUX}0'\\]"):
+        check_handoff_schemas([declared, None], [None, buffers])
+
+
+def test_a_forward_that_lacks_a_reserved_slot_is_still_refused():
+    from vllm_pp_cudagraph.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
+
+    produced = schema_of(BUFFERS)
+    buffers = schema_of({**BUFFERS, f"{AUX}0": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})
+    with pytest.raises(StageInputMismatchError, match=f"missing keys \\['{AUX}0'\\]"):
+        check_handoff_schemas([produced, None], [None, buffers], PRODUCED, (AUX,))
+
+
+def test_a_reserved_slot_of_another_shape_is_refused_even_as_declared():
+    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+
+    slot = {f"{AUX}0": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)}
+    declared = schema_of({**BUFFERS, f"{AUX}0": torch.zeros(1, 2 * HIDDEN, dtype=torch.bfloat16)})
+    with pytest.raises(StageInputMismatchError, match=f"'{AUX}0' is"):
+        check_handoff_schemas([declared, None], [None, schema_of({**BUFFERS, **slot})],
+                              reserved_prefixes=(AUX,))
+
+
+def test_the_prefixes_vllm_reserves_are_read_from_vllm():
+    from vllm_pp_cudagraph import compat
+
+    interfaces = pytest.importorskip("vllm.model_executor.models.interfaces")
+    mixin = getattr(interfaces, "EagleModelMixin", None)
+    if mixin is None or not hasattr(mixin, "AUX_HIDDEN_STATE_KEY"):
+        assert compat.stage_reserved_key_prefixes() == ()
+    else:
+        assert compat.stage_reserved_key_prefixes() == (mixin.AUX_HIDDEN_STATE_KEY,)
+
+
+def test_an_eagle3_target_over_three_stages_starts_and_a_lost_aux_state_is_refused():
+    pytest.importorskip("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+                        reason="this vLLM has no EAGLE3 over pipeline parallelism")
+    eagle3_utils = __import__("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils",
+                              fromlist=["x"])
+    if not hasattr(eagle3_utils, "reserve_aux_intermediate_tensor_slots"):
+        pytest.skip("this vLLM has no EAGLE3 over pipeline parallelism")
+    from _pipeline_processes import run_stages
+
+    results = run_stages("eagle3", pp_size=3)
+    # vLLM's own layout: the first stage declares no aux state, the receivers
+    # reserve one slot per tap before them, a middle stage relays and adds.
+    assert results[0]["expects"] is None
+    assert results[1]["expects"] == [f"{AUX}0", "hidden_states", "residual"]
+    assert results[2]["expects"] == [f"{AUX}0", f"{AUX}1", "hidden_states", "residual"]
+    assert results[1]["sends"] == results[2]["expects"]
+    for r in results:  # every stage agrees, so none waits on another
+        assert r["declared"] is None and r["produced"] is None
+        assert "stage 1 -> stage 2 (tensors returned by the model's forward)" in r[
+            "produced_lacking"]
+        assert f"missing keys ['{AUX}1']" in r["produced_lacking"]

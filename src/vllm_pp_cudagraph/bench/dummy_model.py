@@ -210,7 +210,14 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def write_weights(path: Path, config: dict[str, Any], seed: int = 0, std: float = 0.02) -> Path:
-    """Write seeded random weights for ``config`` as ``model.safetensors``.
+    """Write seeded random weights for the Qwen3 ``config`` (see :func:`write_tensors`)."""
+    return write_tensors(path, qwen3_weight_shapes(config), config.get("torch_dtype", "bfloat16"),
+                         seed, std)
+
+
+def write_tensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype_name: str = "bfloat16",
+                  seed: int = 0, std: float = 0.02) -> Path:
+    """Write seeded random tensors of ``shapes`` as ``model.safetensors``.
 
     Matrices are normal with standard deviation ``std`` (the usual init for
     this family), norm weights are one, so every layer changes the result
@@ -225,9 +232,9 @@ def write_weights(path: Path, config: dict[str, Any], seed: int = 0, std: float 
     target = Path(path) / WEIGHTS_FILE
     if target.exists():
         return target
-    dtype = getattr(torch, config.get("torch_dtype", "bfloat16"))
+    dtype = getattr(torch, dtype_name)
     tensors = {}
-    for name, shape in qwen3_weight_shapes(config).items():
+    for name, shape in shapes.items():
         if name.endswith("norm.weight"):
             tensors[name] = torch.ones(shape, dtype=dtype)
             continue
