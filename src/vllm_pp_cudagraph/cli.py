@@ -156,7 +156,8 @@ def check(out=sys.stdout) -> int:
     if broken is not None:
         say("patches: not listed (vLLM does not import, see above)")
     elif versions.installed and settings is not None:
-        from vllm_pp_cudagraph.patches import PATCHES, PluginConfigError, standing
+        from vllm_pp_cudagraph.patches import PATCHES, standing
+        from vllm_pp_cudagraph.settings import PluginConfigError
 
         try:
             rows = standing(settings)
@@ -172,7 +173,7 @@ def check(out=sys.stdout) -> int:
             state = "applies" if why is None else f"stands aside: {why}"
             say(f"  - {patch.name}: {state}  [{patch.target}]")
         for scoped in [p for p in PATCHES if p.scope] if rows else ():
-            say(f"  - {scoped.name}: applies during graph capture only  [{scoped.target}]")
+            say(f"  - {scoped.name}: applied later by {scoped.scope}  [{scoped.target}]")
         if is_enabled():
             try:
                 check_runner_choice()

@@ -239,7 +239,8 @@ def parse_release(version: str) -> tuple[int, int, int] | None:
     return int(major), int(minor), int(patch or 0)
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (from its metadata), or None."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -248,7 +249,7 @@ def _dist_version(name: str) -> str | None:
 
 def installed_versions() -> VersionInfo:
     """Read versions from package metadata, without importing vLLM or torch."""
-    return VersionInfo(vllm=_dist_version("vllm"), torch=_dist_version("torch"))
+    return VersionInfo(vllm=dist_version("vllm"), torch=dist_version("torch"))
 
 
 def _params(fn: Callable) -> dict[str, inspect.Parameter]:

@@ -207,8 +207,7 @@ def changing_cadence(original: ScheduleFn, cadence: DecodeCadence) -> ScheduleFn
     """Wrap ``Scheduler.schedule`` for the async scheduler with ``cadence`` (module docstring).
 
     Under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed
-    every step. The wrapper carries ``cadence`` as ``__pp_cudagraph_cadence__``
-    for the engine core's worker check (:func:`config_cadence`, :func:`lifts_decodes`).
+    every step.
     """
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -234,5 +233,4 @@ def changing_cadence(original: ScheduleFn, cadence: DecodeCadence) -> ScheduleFn
         return output
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
-    schedule.__pp_cudagraph_cadence__ = cadence  # type: ignore[attr-defined]
     return schedule

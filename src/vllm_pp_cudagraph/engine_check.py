@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph.decode_cadence import config_cadence, lifts_decodes
+from vllm_pp_cudagraph.settings import DecodeCadence
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
 
@@ -44,11 +46,13 @@ def runner_class_of(worker: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def cadence_changed_here(vllm_config: Any) -> bool:
-    """Whether this engine core may let requests decode sooner than vLLM's cadence."""
+def cadence_changed_here(vllm_config: Any, cadence: DecodeCadence) -> bool:
+    """Whether this engine core's scheduler may let requests decode sooner than vLLM's
+    cadence: it is the async scheduler, which the ``decode-cadence`` patch wraps."""
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
-    cadence = getattr(scheduler_cls.schedule, "__pp_cudagraph_cadence__", None)
-    return cadence is not None and lifts_decodes(config_cadence(vllm_config, cadence))
+    if not issubclass(scheduler_cls, AsyncScheduler):
+        return False
+    return lifts_decodes(config_cadence(vllm_config, cadence))
 
 
 def worker_runner_problems(runner_classes: list[str]) -> list[str]:
@@ -56,8 +60,9 @@ def worker_runner_problems(runner_classes: list[str]) -> list[str]:
             if name != PLUGIN_RUNNER]
 
 
-def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None:
-    """Refuse an engine whose decode cadence its workers cannot follow; log V1 stand-aside."""
+def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
+                  cadence: DecodeCadence) -> None:
+    """Refuse an engine whose decode ``cadence`` its workers cannot follow; log V1 stand-aside."""
     pipelined = vllm_config.parallel_config.pipeline_parallel_size > 1
     if pipelined and not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
@@ -68,7 +73,7 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None
             architectures[0],
         )
         return
-    if not cadence_changed_here(vllm_config):
+    if not cadence_changed_here(vllm_config, cadence):
         return
     import cloudpickle
 
@@ -91,8 +96,9 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list]) -> None
                 "decode sooner than vLLM's pipeline cadence", len(classes))
 
 
-def checking_workers(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``EngineCore._initialize_kv_caches``: check the workers once it returns.
+def checking_workers(original: Callable[..., Any], cadence: DecodeCadence) -> Callable[..., Any]:
+    """Wrap ``EngineCore._initialize_kv_caches``: check the workers once it returns,
+    for the decode ``cadence`` this process's scheduler runs.
 
     On a refusal the executor is shut down before the error propagates, so no
     worker is left running.
@@ -102,7 +108,7 @@ def checking_workers(original: Callable[..., Any]) -> Callable[..., Any]:
     def _initialize_kv_caches(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         try:
-            check_workers(self.vllm_config, self.model_executor.collective_rpc)
+            check_workers(self.vllm_config, self.model_executor.collective_rpc, cadence)
         except WorkerRunnerError:
             self.model_executor.shutdown()
             raise

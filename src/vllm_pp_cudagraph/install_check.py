@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from importlib import metadata
 
 from vllm_pp_cudagraph import compat
 
@@ -52,13 +51,6 @@ class ImportFailure:
                 f"{why}:\n    {self.fix}")
 
 
-def _dist_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _release(version: str) -> str:
     """``'2.13.0+cpu'`` -> ``'2.13.0'``: the same release, whichever build the index serves."""
     return version.split("+", 1)[0]
@@ -80,8 +72,8 @@ def fix_command(package: str) -> str:
     also upgrade their dependencies past what vLLM's own tree allows).
     """
     broken = ["vllm"] if package == "vllm" else [
-        name for name in ("torch", "torchvision") if _dist_version(name) is not None]
-    vllm = _release(_dist_version("vllm") or "")
+        name for name in ("torch", "torchvision") if compat.dist_version(name) is not None]
+    vllm = _release(compat.dist_version("vllm") or "")
     return f'pip uninstall -y {" ".join(broken)} && {INDEX_ONLY_PIP} "vllm=={vllm}"'
 
 
@@ -92,7 +84,7 @@ def import_failure() -> ImportFailure | None:
     reported on its own, and torchvision is only needed where vLLM pulls it in.
     """
     for package, modules in IMPORTS:
-        version = _dist_version(package)
+        version = compat.dist_version(package)
         if version is None:
             continue
         try:

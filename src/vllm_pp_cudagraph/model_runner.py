@@ -16,6 +16,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 from vllm_pp_cudagraph import compat, graph_memory, stage_handoff
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
 from vllm_pp_cudagraph.stage_failure import stopping_worker_on_error
 from vllm_pp_cudagraph.stage_inputs import (
@@ -105,7 +106,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         receiver agree; the shapes then come from the start-up schema check and
         the step's padded size (stage_handoff.py).
         """
-        if not stage_handoff.is_requested():
+        if not PPCudaGraphSettings.from_env().direct_handoff:
             return
         group = get_pp_group()
         if blocker := stage_handoff.direct_handoff_blocker(group, self.speculative_config):

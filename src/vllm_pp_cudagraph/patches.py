@@ -21,13 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import DecodeCadence, PluginConfigError, PPCudaGraphSettings
 
 Undo = Callable[[], None]
-
-
-class PluginConfigError(ValueError):
-    """The plugin was enabled together with a setting that contradicts it."""
 
 
 def _always_applies(settings: PPCudaGraphSettings) -> None:
@@ -50,8 +46,8 @@ class Patch:
     off_from: str | None = None
     """The first vLLM release on which it stands aside because upstream has the fix."""
     scope: str | None = None
-    """For a patch applied only inside a context manager of the plugin: that manager's
-    dotted name, which applies and reverts it (``apply_all`` leaves it alone)."""
+    """For a patch the plugin applies later, to one object or inside a context manager:
+    the dotted name of what applies and reverts it (``apply_all`` leaves it alone)."""
 
 
 def _swap_module_attr(module_name: str, attr: str, value: object) -> Undo:
@@ -165,41 +161,14 @@ def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.engine_check import checking_workers
 
     engine_core_cls = importlib.import_module(compat.ENGINE_CORE_MODULE).EngineCore
-    return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", checking_workers)
-
-
-def _direct_handoff_stands_aside(settings: PPCudaGraphSettings) -> str | None:
-    if settings.direct_handoff:
-        return None
-    return "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF is off"
-
-
-def _patch_direct_handoff(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph import stage_handoff
-
-    group_cls = importlib.import_module(compat.PARALLEL_STATE_MODULE).GroupCoordinator
-    undo_send = _wrap_class_attr(group_cls, "isend_tensor_dict", stage_handoff.wrap_send)
-    undo_receive = _wrap_class_attr(group_cls, "irecv_tensor_dict", stage_handoff.wrap_receive)
-    stage_handoff.mark_patched(True)
-
-    def undo() -> None:
-        stage_handoff.mark_patched(False)
-        undo_receive()
-        undo_send()
-
-    return undo
+    wrap = functools.partial(checking_workers, cadence=settings.decode_cadence)
+    return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", wrap)
 
 
 def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     if settings.kv_update_in_graphs:
         return None
     return "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS is off"
-
-
-def _graph_memory_stands_aside(settings: PPCudaGraphSettings) -> str | None:
-    if compat.upstream_measures_graph_memory():
-        return "this vLLM measures MRV2 graph memory itself (vLLM PR #53682)"
-    return None
 
 
 def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
@@ -238,21 +207,6 @@ PATCHES: tuple[Patch, ...] = (
             "graph handling this plugin adds (not the case up to 0.33)."
         ),
         apply=_patch_v2_runner_class,
-    ),
-    Patch(
-        name="graph-memory",
-        target="PPCudaGraphModelRunner.profile_cudagraph_memory (the plugin's runner)",
-        why=(
-            "Stock MRV2 reports 0 bytes of CUDA-graph memory before the KV cache is "
-            "sized, so at a high gpu_memory_utilization capture runs out of memory "
-            "(vLLM issue #49224). The plugin's runner measures instead "
-            "(graph_memory.py); a runner override, listed here because it stands "
-            "in for vLLM's own measurement."
-        ),
-        drop_when="vLLM measures MRV2 graph memory itself (0.29.0, vLLM PR #53682).",
-        apply=lambda settings: None,
-        stands_aside=_graph_memory_stands_aside,
-        off_from="0.29.0",
     ),
     Patch(
         name="async-preemption",
@@ -339,8 +293,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="direct-handoff",
         target=(
-            f"{compat.PARALLEL_STATE_MODULE}.GroupCoordinator.isend_tensor_dict / "
-            "irecv_tensor_dict (with VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1)"
+            "isend_tensor_dict / irecv_tensor_dict of the runner's own pipeline "
+            f"{compat.PARALLEL_STATE_MODULE}.GroupCoordinator (with "
+            "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1)"
         ),
         why=(
             "Before each hand-off of intermediate tensors vLLM sends their keys and "
@@ -353,8 +308,7 @@ PATCHES: tuple[Patch, ...] = (
             "group and call is vLLM's. Details: stage_handoff.py."
         ),
         drop_when="vLLM hands intermediate tensors on without per-step metadata.",
-        apply=_patch_direct_handoff,
-        stands_aside=_direct_handoff_stands_aside,
+        scope="vllm_pp_cudagraph.stage_handoff.enable",
     ),
     Patch(
         name="capture-guard",

@@ -65,7 +65,7 @@ def check_runner_choice(environ: dict[str, str] | os._Environ[str] | None = None
     that the plugin stands aside. Asking for both V1 and the plugin is a
     contradiction, reported here instead of silently doing nothing.
     """
-    from vllm_pp_cudagraph.patches import PluginConfigError
+    from vllm_pp_cudagraph.settings import PluginConfigError
 
     environ = os.environ if environ is None else environ
     current = environ.get("VLLM_USE_V2_MODEL_RUNNER")

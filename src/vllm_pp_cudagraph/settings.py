@@ -25,6 +25,10 @@ class SettingsError(ValueError):
     """A ``VLLM_PP_CUDAGRAPH_*`` variable holds a value the plugin cannot use."""
 
 
+class PluginConfigError(ValueError):
+    """The plugin was enabled together with a setting that contradicts it."""
+
+
 def _parse_bool(value: Any) -> Any:
     if isinstance(value, str):
         lowered = value.strip().lower()

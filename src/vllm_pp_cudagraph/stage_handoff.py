@@ -9,8 +9,9 @@ stage before serving (``stage_inputs.check_handoff_schemas``), and the token
 count is the padded batch size that both stages derive from the same scheduler
 output against the same agreed set of CUDA graphs (``graph_agreement.py``).
 
-With ``VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1``, on the pipeline groups the
-plugin's runner enables:
+With ``VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1`` the plugin's runner enables it
+on its own pipeline group (:func:`enable` replaces that one object's two
+methods), where:
 
 - sending posts only the tensors, in key order, with vLLM's tensor-parallel
   slicing (each TP rank sends its share, the receiver all-gathers);
@@ -20,22 +21,20 @@ plugin's runner enables:
   before the attention metadata is built. vLLM's own copy into those buffers
   then reads the buffers themselves, which torch skips.
 
-Any other use of those methods, and every group the runner did not enable,
-keeps vLLM's behaviour.
+Every other group keeps vLLM's behaviour.
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-_direct_groups: weakref.WeakSet = weakref.WeakSet()
-_patched = False
+#: The methods of a pipeline group that :func:`enable` replaces.
+DIRECT_METHODS = ("isend_tensor_dict", "irecv_tensor_dict")
 
 
 class HandoffDisagreementError(RuntimeError):
@@ -89,9 +88,7 @@ class PendingStageInput(dict):
 
 
 def direct_handoff_blocker(group: Any, speculative_config: object) -> str | None:
-    """Why direct hand-offs cannot run for this stage, or None."""
-    if not _patched:
-        return "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF is off"
+    """Why direct hand-offs cannot run for this stage once asked for, or None."""
     if group.world_size <= 1:
         return "no pipeline parallelism"
     if speculative_config is not None:
@@ -101,22 +98,17 @@ def direct_handoff_blocker(group: Any, speculative_config: object) -> str | None
     return None
 
 
-def is_requested() -> bool:
-    """Whether the ``direct-handoff`` patch is applied in this process (the setting is on)."""
-    return _patched
+def enable(group: Any) -> Callable[[], None]:
+    """Hand tensors on directly on ``group`` (this process's pipeline group); return
+    the undo, which gives the group vLLM's methods back."""
+    group.isend_tensor_dict = functools.partial(send_tensors, group)
+    group.irecv_tensor_dict = functools.partial(defer_receive, group)
 
+    def undo() -> None:
+        for name in DIRECT_METHODS:
+            group.__dict__.pop(name, None)
 
-def enable(group: Any) -> None:
-    """Hand tensors on directly on ``group`` (this process's pipeline group)."""
-    _direct_groups.add(group)
-
-
-def disable(group: Any) -> None:
-    _direct_groups.discard(group)
-
-
-def is_direct(group: Any) -> bool:
-    return group in _direct_groups
+    return undo
 
 
 def _tp_share(
@@ -206,27 +198,3 @@ def pending_input(received: object) -> PendingStageInput | None:
     # Reading `.tensors` on vLLM's AsyncIntermediateTensors waits for the transfer.
     tensors = object.__getattribute__(received, "tensors")
     return tensors if isinstance(tensors, PendingStageInput) else None
-
-
-def _dispatching(original: Callable, direct: Callable) -> Callable:
-    @functools.wraps(original)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self in _direct_groups:
-            return direct(self, *args, **kwargs)
-        return original(self, *args, **kwargs)
-
-    return method
-
-
-def wrap_send(original: Callable) -> Callable:
-    return _dispatching(original, send_tensors)
-
-
-def wrap_receive(original: Callable) -> Callable:
-    return _dispatching(original, defer_receive)
-
-
-def mark_patched(value: bool) -> None:
-    """Set by the ``direct-handoff`` patch; runners enable groups only while it is applied."""
-    global _patched
-    _patched = value

@@ -186,13 +186,13 @@ def direct(rank: int) -> dict:
     from vllm.sequence import IntermediateTensors
     from vllm.v1.worker.gpu_worker import AsyncIntermediateTensors
 
-    from vllm_pp_cudagraph import patches, stage_handoff
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm.distributed.parallel_state import GroupCoordinator
 
-    undo = patches.apply_patch("direct-handoff", PPCudaGraphSettings(direct_handoff=True))
+    from vllm_pp_cudagraph import stage_handoff
+
     pp, tp = get_pp_group(), get_tp_group()
     blocker = stage_handoff.direct_handoff_blocker(pp, None)
-    stage_handoff.enable(pp)
+    undo = stage_handoff.enable(pp)
     stage = pp.rank_in_group
     report = {"rank": rank, "stage": stage, "blocker": blocker, "steps": []}
     buffers = {k: torch.full((32, 16), float("nan")) for k in ("hidden_states", "residual")}
@@ -222,7 +222,10 @@ def direct(rank: int) -> dict:
             for handle in handles:
                 handle.wait()
     # vLLM's own hand-off still works on the group once the plugin's is off.
-    stage_handoff.disable(pp)
+    undo()
+    report["vllm_methods_after_undo"] = all(
+        getattr(pp, name).__func__ is getattr(GroupCoordinator, name)
+        for name in stage_handoff.DIRECT_METHODS)
     if pp.is_first_rank:
         for handle in pp.isend_tensor_dict(_step_tensors(9, 5), all_gather_group=tp):
             handle.wait()
@@ -236,8 +239,6 @@ def direct(rank: int) -> dict:
         report["vllm_equal"] = all(
             torch.equal(received.tensors[k], v) for k, v in _step_tensors(9, 5).items()
         )
-    undo()
-    report["blocker_after_undo"] = stage_handoff.direct_handoff_blocker(pp, None)
     return report
 
 

@@ -177,7 +177,7 @@ def test_probes_agree_with_the_installed_release(switch, monkeypatch):
 
 def test_probes_read_vllms_runner_after_the_plugin_swapped_it_in(clean_env):
     # The worker process applies the patches (the runner class swap first) before the
-    # graph-memory patch and the runner ask the probe; it must still see vLLM's runner.
+    # runner asks the graph-memory probe; it must still see vLLM's runner.
     import vllm.v1.worker.gpu.model_runner as mr
 
     from vllm_pp_cudagraph import plugin

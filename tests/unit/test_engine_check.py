@@ -10,21 +10,16 @@ import pytest
 from _scheduler import make_scheduler
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_pp_cudagraph import engine_check, patches
+from vllm_pp_cudagraph import engine_check
 from vllm_pp_cudagraph.engine_check import (
     PLUGIN_RUNNER,
     WorkerRunnerError,
     check_workers,
     runner_class_of,
 )
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import DecodeCadence
 
-
-@pytest.fixture
-def default_cadence():
-    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings())
-    yield
-    undo()
+AUTO = DecodeCadence.AUTO
 
 
 @pytest.fixture
@@ -48,23 +43,34 @@ def rpc_answering(classes):
     return collective_rpc, calls
 
 
-def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config, default_cadence):
+def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config):
     assert config.scheduler_config.get_scheduler_cls() is AsyncScheduler
     stock = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
     rpc, _ = rpc_answering([PLUGIN_RUNNER, stock])
     with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*DECODE_CADENCE=vllm"):
-        check_workers(config, rpc)
+        check_workers(config, rpc, AUTO)
 
 
-def test_workers_with_the_plugins_runner_pass(config, default_cadence):
+def test_workers_with_the_plugins_runner_pass(config):
     rpc, calls = rpc_answering([PLUGIN_RUNNER, PLUGIN_RUNNER])
-    check_workers(config, rpc)
+    check_workers(config, rpc, AUTO)
     assert calls == [runner_class_of]
 
 
-def test_without_the_fill_no_worker_is_asked(config):
+def test_on_vllms_cadence_no_worker_is_asked(config):
     rpc, calls = rpc_answering(["anything"])
-    check_workers(config, rpc)
+    check_workers(config, rpc, DecodeCadence.VLLM)
+    assert calls == []
+
+
+def test_without_async_scheduling_no_worker_is_asked(config, monkeypatch):
+    # The cadence hook wraps the async scheduler only; the sync one keeps vLLM's cadence.
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
+                        lambda self: Scheduler)
+    rpc, calls = rpc_answering(["anything"])
+    check_workers(config, rpc, AUTO)
     assert calls == []
 
 
@@ -75,16 +81,12 @@ def test_where_the_cadence_only_delays_no_worker_is_asked(tmp_path, monkeypatch,
 
     config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=pp).vllm_config
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
-    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence="balance"))
-    try:
-        rpc, calls = rpc_answering(["vllm.v1.worker.gpu.model_runner.GPUModelRunner"] * pp)
-        check_workers(config, rpc)
-    finally:
-        undo()
+    rpc, calls = rpc_answering(["vllm.v1.worker.gpu.model_runner.GPUModelRunner"] * pp)
+    check_workers(config, rpc, DecodeCadence.BALANCE)
     assert calls == []
 
 
-def test_a_refusal_shuts_the_workers_down_before_raising(config, default_cadence):
+def test_a_refusal_shuts_the_workers_down_before_raising(config):
     class Executor:
         shut_down = False
 
@@ -98,7 +100,7 @@ def test_a_refusal_shuts_the_workers_down_before_raising(config, default_cadence
         vllm_config = config
         model_executor = Executor()
 
-    init = engine_check.checking_workers(lambda self: "kv-config")
+    init = engine_check.checking_workers(lambda self: "kv-config", AUTO)
     with pytest.raises(WorkerRunnerError):
         init(Core())
     assert Core.model_executor.shut_down

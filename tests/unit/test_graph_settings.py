@@ -8,6 +8,7 @@ from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig
 from conftest import DATA, run_python
 from vllm_pp_cudagraph import compat, patches, plugin
 from vllm_pp_cudagraph.model_runner import GraphConfigError, check_graph_settings
+from vllm_pp_cudagraph.settings import PluginConfigError
 
 REPORT_BREAKABLE = """
 import json, os
@@ -49,7 +50,7 @@ def test_breakable_setting_after_attention_import_is_refused(clean_env):
 
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_PP_CUDAGRAPH_BREAKABLE", "1")
-    with pytest.raises(patches.PluginConfigError, match="came too late"):
+    with pytest.raises(PluginConfigError, match="came too late"):
         plugin.register()
     assert not patches.is_applied()
 
@@ -74,7 +75,7 @@ def test_breakable_setting_contradicting_vllm_switch_is_refused(clean_env):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_PP_CUDAGRAPH_BREAKABLE", "1")
     clean_env.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "0")
-    with pytest.raises(patches.PluginConfigError, match="VLLM_USE_BREAKABLE_CUDAGRAPH='0'"):
+    with pytest.raises(PluginConfigError, match="VLLM_USE_BREAKABLE_CUDAGRAPH='0'"):
         plugin.register()
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_pp_cudagraph import install_check
+from vllm_pp_cudagraph import compat, install_check
 
 INDEX_ONLY = "env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null pip install"
 
@@ -21,7 +21,7 @@ def installed(monkeypatch):
                 raise metadata.PackageNotFoundError(name)
             return versions[name]
 
-        monkeypatch.setattr(install_check, "metadata", SimpleNamespace(
+        monkeypatch.setattr(compat, "metadata", SimpleNamespace(
             version=version, PackageNotFoundError=metadata.PackageNotFoundError))
 
     return use

@@ -194,22 +194,17 @@ def test_the_profiling_run_under_pp_ends_with_the_warm_up(monkeypatch, token_upd
 def test_a_stage_hands_on_directly_only_with_the_setting_and_without_drafts(
     speculative_config, direct, monkeypatch
 ):
-    from vllm_pp_cudagraph import patches, stage_handoff
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm.distributed.parallel_state import GroupCoordinator
 
-    class Group:  # vLLM's pipeline GroupCoordinator, as far as the choice reads it
-        world_size = 2
-
-    group = Group()
+    group = GroupCoordinator.__new__(GroupCoordinator)
+    group.world_size = 2  # as far as the choice reads vLLM's pipeline group
     monkeypatch.setattr(model_runner, "get_pp_group", lambda: group)
+    monkeypatch.delenv("VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF", raising=False)
     runner = bare_runner(speculative_config=speculative_config)
     runner._choose_handoff()  # the setting is off: vLLM's hand-off
-    assert runner.direct_handoff is False and not stage_handoff.is_direct(group)
-    undo = patches.apply_patch("direct-handoff", PPCudaGraphSettings(direct_handoff=True))
-    try:
-        runner._choose_handoff()
-        assert runner.direct_handoff is direct
-        assert stage_handoff.is_direct(group) is direct
-    finally:
-        stage_handoff.disable(group)
-        undo()
+    assert runner.direct_handoff is False and "irecv_tensor_dict" not in vars(group)
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF", "1")
+    runner._choose_handoff()
+    assert runner.direct_handoff is direct
+    assert ("irecv_tensor_dict" in vars(group)) is direct
+    assert ("isend_tensor_dict" in vars(group)) is direct

@@ -9,6 +9,7 @@ import vllm.v1.worker.gpu.model_runner as mr
 
 from vllm_pp_cudagraph import compat, patches, plugin
 from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+from vllm_pp_cudagraph.settings import PluginConfigError
 
 STOCK_RUNNER = mr.GPUModelRunner
 
@@ -49,7 +50,7 @@ def test_explicit_v2_setting_is_kept(clean_env):
 def test_v1_runner_requested_together_with_plugin_is_refused(clean_env):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    with pytest.raises(patches.PluginConfigError, match="VLLM_USE_V2_MODEL_RUNNER"):
+    with pytest.raises(PluginConfigError, match="VLLM_USE_V2_MODEL_RUNNER"):
         plugin.register()
     assert mr.GPUModelRunner is STOCK_RUNNER
     assert not patches.is_applied()
@@ -57,7 +58,7 @@ def test_v1_runner_requested_together_with_plugin_is_refused(clean_env):
 
 def test_each_patch_says_whether_it_stands_aside_here(clean_env):
     """``check`` reports this; patches fixed upstream name the release they stop at."""
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
 
     standing = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
     assert standing["v2-runner-class"] is None
@@ -72,7 +73,7 @@ def test_each_patch_says_whether_it_stands_aside_here(clean_env):
 def test_patches_fixed_upstream_stand_aside_from_their_release(clean_env):
     """On this vLLM, a patch with ``off_from`` stands aside exactly when the
     installed release is at or past it (the probe and the release agree)."""
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
 
     installed = compat.parse_release(compat.installed_versions().vllm)
     for patch, why in patches.standing(PPCudaGraphSettings()):
@@ -141,6 +142,6 @@ def test_scoped_patches_name_the_context_that_applies_them():
 
 
 def patches_settings():
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
 
     return PPCudaGraphSettings.from_env()
