@@ -5,7 +5,8 @@ builds. ``PPGraphWorker`` below has vLLM build the plugin's runner class for
 Model Runner V2 and nothing else: the runner's graphs, checked stage
 hand-offs and stage agreement apply; the plugin's scheduler changes (its
 decode cadence) do not, since they live in the engine core and come with
-``VLLM_PLUGINS=pp_cudagraph``. Needs 2 NVIDIA GPUs.
+``VLLM_PLUGINS=pp_cudagraph``. Needs 2 NVIDIA GPUs, vLLM and vllm-pp-cudagraph.
+MODEL is a Hugging Face hub name or a local model directory.
 
     python examples/direct_runner.py [MODEL] [--load-format dummy]
 """
@@ -13,47 +14,64 @@ decode cadence) do not, since they live in the engine core and come with
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
+import warnings
 from pathlib import Path
 
-from vllm.v1.worker.gpu_worker import Worker
+if __name__ != "__main__":  # vLLM's worker processes import this module by name
+    from vllm.v1.worker.gpu_worker import Worker
+
+    class PPGraphWorker(Worker):
+        """vLLM's GPU worker, building the plugin's runner for Model Runner V2."""
+
+        def init_device(self) -> None:
+            import vllm.v1.worker.gpu.model_runner as model_runner
+
+            from vllm_pp_cudagraph import PPCudaGraphModelRunner
+
+            # The worker imports the runner class from this module when it builds it.
+            model_runner.GPUModelRunner = PPCudaGraphModelRunner
+            super().init_device()
+
+        def runner_class(self) -> str:
+            return type(self.model_runner).__name__
 
 
-class PPGraphWorker(Worker):
-    """vLLM's GPU worker, building the plugin's runner for Model Runner V2."""
-
-    def init_device(self) -> None:
-        import vllm.v1.worker.gpu.model_runner as model_runner
-
-        from vllm_pp_cudagraph import PPCudaGraphModelRunner
-
-        # The worker imports the runner class from this module when it builds it.
-        model_runner.GPUModelRunner = PPCudaGraphModelRunner
-        super().init_device()
-
-    def runner_class(self) -> str:
-        return type(self.model_runner).__name__
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", nargs="?", default="Qwen/Qwen3-0.6B",
-                        help="hub name or local model directory (default: %(default)s)")
-    parser.add_argument("--load-format", default="auto",
-                        help="'dummy' runs without weights (random outputs; default: %(default)s)")
-    args = parser.parse_args()
-
+def missing(model: str) -> str | None:
+    """What this example lacks, and what to do about it; None when nothing."""
+    if importlib.util.find_spec("vllm") is None:
+        return 'vLLM is not installed. Install it with: pip install "vllm==0.26.0"'
+    if importlib.util.find_spec("vllm_pp_cudagraph") is None:
+        return "vllm-pp-cudagraph is not installed. Install it from its checkout: pip install ."
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+        return (f"the model directory {model} does not exist. Give an existing directory "
+                "or a Hugging Face hub name such as Qwen/Qwen3-0.6B.")
     import torch
 
     # Counting devices must not initialise CUDA here: vLLM's worker processes would
     # inherit it. Workers are spawned, the start method that tolerates it.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    gpus = torch.cuda.device_count()
+    with warnings.catch_warnings(record=True) as driver_fault:  # torch warns, counts 0
+        gpus = torch.cuda.device_count()
     if gpus < 2:
-        print(f"This example needs 2 NVIDIA GPUs (pipeline_parallel_size=2); {gpus} visible.",
-              file=sys.stderr)
-        return 2
+        why = f" ({str(driver_fault[0].message).rstrip('.')})" if driver_fault else ""
+        return (f"this example needs 2 NVIDIA GPUs (pipeline_parallel_size=2); "
+                f"{gpus} visible{why}. Run it on a machine with 2 GPUs.")
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?", default="Qwen/Qwen3-0.6B",
+                        help="hub name or local model directory (default: %(default)s)")
+    parser.add_argument("--load-format", default="auto",
+                        help="'dummy' runs without weights (random outputs; default: %(default)s)")
+    args = parser.parse_args()
+    if problem := missing(args.model):
+        sys.exit(f"{parser.prog}: {problem}")
 
     # Worker processes import PPGraphWorker from this file by name.
     here = str(Path(__file__).resolve().parent)
@@ -64,8 +82,8 @@ def main() -> int:
 
     from vllm import LLM, SamplingParams
 
-    llm = LLM(args.model, pipeline_parallel_size=2, load_format=args.load_format,
-              max_model_len=1024, gpu_memory_utilization=0.5,
+    llm = LLM(os.path.expanduser(args.model), pipeline_parallel_size=2,
+              load_format=args.load_format, max_model_len=1024, gpu_memory_utilization=0.5,
               worker_cls="direct_runner.PPGraphWorker")
     print("runner per stage:", llm.collective_rpc("runner_class"))
     for output in llm.generate(["Pipeline parallelism splits a model"],

@@ -530,9 +530,9 @@ GPU_BOUND = {"host_ms": 0.3, "forward_ms": lambda n: 0.5 + 0.5 * n}
 
 #: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock, FULL_AND_PIECEWISE,
 #: ``benchmarks/tools/stage_cost.py``): decode step GPU time and host time by batch size,
-#: with 64- and 1,024-token contexts.
-RECORDED_STAGE_COSTS = (Path(__file__).parents[2] / "benchmarks" / "results"
-                        / "2026-11-24-vllm033-one-gpu-stage-costs" / "stage-cost" / "stage_cost.json")
+#: with 64- and 1,024-token contexts. A copy of the run's ``stage_cost.json``
+#: (benchmarks/results/2026-11-24-vllm033-one-gpu-stage-costs/stage-cost/).
+RECORDED_STAGE_COSTS = Path(__file__).parents[1] / "data" / "stage_costs_vllm033.json"
 
 
 def recorded_profile(shape: str, context: int, requests_each: int) -> dict:
