@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -396,6 +397,9 @@ def test_workload_and_concurrency_sweep_are_parsed():
     (["--model", "qwen3-30b-a3b"], "--model qwen3-30b-a3b has no random checkpoint (MoE, or too big"),
     (["--model", "qwen3-32b"], "--model qwen3-32b has no random checkpoint (MoE, or too big to "
                                "write); add --weights dummy"),
+    (["--model", "/nonexistent"], "--model /nonexistent is neither a model directory nor a "
+                                  "built-in shape (llama-3.1-70b, qwen3-0.6b,"),
+    (["--model", "qwen3-0.6"], "--model qwen3-0.6 is neither a model directory"),
 ])
 def test_impossible_arguments_are_refused_before_anything_starts(flags, message, tmp_path,
                                                                  capsys, monkeypatch):
@@ -432,6 +436,47 @@ def test_pp_above_the_visible_gpus_is_refused(tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
+def test_a_model_directory_or_a_hub_id_is_taken_as_the_model(tmp_path):
+    parser = bench.build_parser()
+    for model in (str(tmp_path), "Qwen/Qwen3-0.6B"):
+        assert bench.argument_problems(parser.parse_args(["--model", model])) == []
+
+
+def test_arguments_are_checked_before_the_gpus_are_counted(tmp_path, capsys, monkeypatch):
+    """On a machine without GPUs a wrong argument is named, not only the GPU count."""
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 0)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--pp", "2", "--model", "/nonexistent", "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--model /nonexistent is neither a model directory" in err
+    assert "NVIDIA GPUs" not in err
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_too_few_gpus_for_the_least_pp_advise_only_another_host(gpus, tmp_path, capsys,
+                                                                monkeypatch):
+    """At --pp 2 no lower --pp is accepted, so the message must not advise one."""
+    monkeypatch.setattr(bench, "visible_gpus", lambda: gpus)
+    with pytest.raises(SystemExit):
+        bench.main(["--pp", "2", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert "Run it on a host with at least 2 NVIDIA GPUs" in err
+    assert "--pp" not in err.split("visible.")[1]
+
+
+def test_the_pp_advised_for_the_gpus_at_hand_is_accepted(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 3)
+    with pytest.raises(SystemExit):
+        bench.main(["--pp", "4", "--out", str(tmp_path / "r")])
+    advised = re.search(r"with --pp (\d+) or fewer", capsys.readouterr().err).group(1)
+    assert advised == "3"
+    code = _bench_with_engines_faked(monkeypatch, ["--pp", advised, "--weights", "dummy",
+                                                   "--modes", "stock:eager",
+                                                   "--out", str(tmp_path / "r")], gpus=3)
+    assert code == 0
+
+
 def test_pp_zero_from_the_command_line_exits_within_seconds_and_writes_nothing(tmp_path):
     out = tmp_path / "results"
     started = time.monotonic()
@@ -466,8 +511,9 @@ def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compil
     assert log_findings("")["jit_compiles"] == []
 
 
-def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2) -> int:
-    """``bench`` on 2 GPUs with each engine's run replaced by its report: stock gives
+def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2,
+                             gpus=2) -> int:
+    """``bench`` on ``gpus`` GPUs with each engine's run replaced by its report: stock gives
     tokens ``t1``, the plugin ``plugin_digest`` with its runner on ``plugin_stages``."""
     def engine(spec, log_path, timeout):
         plugin = spec.runner == "plugin"
@@ -476,7 +522,7 @@ def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stag
                 "req_per_s": 10.0, "plugin_stages": plugin_stages if plugin else 0,
                 "returncode": 0}
 
-    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "visible_gpus", lambda: gpus)
     monkeypatch.setattr(bench, "run_in_subprocess", engine)
     return bench.main(argv)
 

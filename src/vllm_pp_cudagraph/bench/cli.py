@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -331,9 +332,11 @@ def engine_status(report: dict[str, Any], log_name: str) -> str:
     return f"FAILED (rc={report['returncode']}, see {log_name}.log)"
 
 
+#: The fewest pipeline stages the bench runs (one GPU each).
+MIN_PP = 2
 #: Integer options and the least value a run can use.
 AT_LEAST = (
-    ("pp", "--pp", 2, "pipeline parallelism needs at least 2 stages, one GPU each"),
+    ("pp", "--pp", MIN_PP, "pipeline parallelism needs at least 2 stages, one GPU each"),
     ("prompts", "--prompts", 1, ""),
     ("input_len", "--input-len", 1, ""),
     ("output_len", "--output-len", 1, ""),
@@ -365,7 +368,28 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
                         f"started needs at least {MIN_ENGINE_S} s")
     if not 0 < args.port < 65536:
         problems.append(f"--port {args.port} must be in 1..65535")
+    problem = model_problem(args.model, args.weights)
+    if problem:
+        problems.append(problem)
     return problems
+
+
+def looks_like_hub_id(model: str) -> bool:
+    """``ORG/NAME``, as vLLM resolves on the Hugging Face Hub (not a local path)."""
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", model) is not None and not model.startswith((".", "~"))
+
+
+def model_problem(model: str, weights: str) -> str | None:
+    """Why ``--model`` with ``--weights`` cannot run, or None."""
+    if model in SHAPES:
+        if weights == "random" and not has_random_weights(model):
+            return (f"--model {model} has no random checkpoint (MoE, or too big to write); "
+                    "add --weights dummy")
+        return None
+    if Path(model).expanduser().is_dir() or looks_like_hub_id(model):
+        return None
+    return (f"--model {model} is neither a model directory nor a built-in shape "
+            f"({', '.join(sorted(SHAPES))})")
 
 
 def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
@@ -396,6 +420,15 @@ def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def gpu_shortage(pp: int, gpus: int) -> str:
+    """Why ``--pp pp`` cannot run on ``gpus`` GPUs, with only advice the bench accepts."""
+    advice = f"Run it on a host with at least {pp} NVIDIA GPUs"
+    if gpus >= MIN_PP:
+        advice += f", or with --pp {gpus} or fewer"
+    return (f"--pp {pp} needs {pp} NVIDIA GPUs (one per pipeline stage) but {gpus} "
+            f"{'is' if gpus == 1 else 'are'} visible. {advice}")
+
+
 def visible_gpus() -> int:
     """NVIDIA GPUs this process can use, without initialising CUDA in it."""
     import torch
@@ -411,13 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("; ".join(problems) + ". Nothing was started or written.")
     gpus = visible_gpus()
     if gpus < args.pp:
-        parser.exit(2, f"vllm-pp-cudagraph bench: --pp {args.pp} needs {args.pp} NVIDIA GPUs "
-                       f"(one per pipeline stage) but {gpus} {'is' if gpus == 1 else 'are'} "
-                       "visible. Run it on a GPU host, or lower --pp; nothing was written.\n")
+        parser.exit(2, f"vllm-pp-cudagraph bench: {gpu_shortage(args.pp, gpus)}; nothing was "
+                       "written.\n")
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
-    if model is None and args.weights == "random" and not has_random_weights(shape):
-        parser.error(f"--model {shape} has no random checkpoint (MoE, or too big to write); "
-                     "add --weights dummy")
     args.out.mkdir(parents=True, exist_ok=True)
     serving = args.serve or args.workload == "serve"
     if model is None and (serving or args.weights == "random"):
