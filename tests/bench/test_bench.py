@@ -498,6 +498,9 @@ ENGINE_LOG = """\
 (EngineCore pid=3028) INFO 11-23 08:42:18 [cadence_policy.py:197] vllm-pp-cudagraph: decode cadence merge at 128 decoding requests (3.61 ms per token against 8.41 ms with balance)
 (Worker_PP0 pid=3034) WARNING 11-23 08:42:17 [jit_monitor.py:135] Triton kernel JIT compilation during inference: kernel_unified_attention. This causes a latency spike; consider extending warmup to cover this shape/config.
 (Worker_PP0 pid=3034) WARNING 11-23 08:42:17 [jit_monitor.py:135] Triton kernel JIT compilation during inference: _post_update_kernel. This causes a latency spike; consider extending warmup to cover this shape/config.
+(Worker_PP0 pid=3034) INFO 11-23 08:41:41 [cuda.py:483] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].
+(Worker_PP1 pid=3035) INFO 11-23 08:41:41 [cuda.py:483] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].
+(Worker_PP1 pid=3035) INFO 11-23 08:41:42 [cuda.py:300] Using TRITON Unquantized MoE backend out of potential backends: ['TRITON']
 """
 
 
@@ -507,8 +510,31 @@ def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compil
         "direct_handoff_stages": 1,
         "cadence_choices": ["merge"],
         "jit_compiles": ["kernel_unified_attention", "_post_update_kernel"],
+        "attention_backend_used": "FLASH_ATTN",
     }
     assert log_findings("")["jit_compiles"] == []
+    assert log_findings("")["attention_backend_used"] is None
+    asked = "(Worker_PP0 pid=1) INFO [cuda.py:422] Using AttentionBackendEnum.TRITON_ATTN backend."
+    assert log_findings(asked)["attention_backend_used"] == "TRITON_ATTN"
+
+
+@pytest.mark.parametrize("flags, asked", [([], None), (["--attention-backend", "auto"], None),
+                                          (["--attention-backend", "FLASHINFER"], "FLASHINFER")])
+def test_the_attention_backend_is_vllms_choice_unless_one_is_named(flags, asked, tmp_path,
+                                                                   monkeypatch):
+    """Without --attention-backend no backend reaches vLLM, and bench.json says so."""
+    from vllm_pp_cudagraph.bench.engine_run import engine_kwargs
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    _bench_with_engines_faked(monkeypatch, ["--weights", "dummy", "--modes", "stock:eager",
+                                            "--out", str(tmp_path), *flags])
+    spec = json.loads((tmp_path / "bench.json").read_text())["runs"][0]["spec"]
+    assert spec["attention_backend"] == asked
+    run = RunSpec(**spec)
+    assert engine_kwargs(run, "/m").get("attention_backend") == asked
+    cmd = serve_command(run, "/m", 8000)
+    assert (cmd[cmd.index("--attention-backend") + 1] if asked else None) == asked
+    assert ("--attention-backend" in cmd) == (asked is not None)
 
 
 def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2,

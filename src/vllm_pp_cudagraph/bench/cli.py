@@ -219,6 +219,11 @@ def positive_int_list(flag: str):
     return parse
 
 
+def asked_backend(name: str) -> str | None:
+    """``--attention-backend`` as vLLM takes it: None for vLLM's own choice."""
+    return None if name.lower() in ("", "auto") else name
+
+
 def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
     """Streamed greedy completions over the benchmark's prompts, as text."""
     prompts = [" ".join(map(token_word, ids)) for ids in make_prompts(args.prompts, args.input_len)]
@@ -285,8 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
         "vLLM's dummy loader (starts faster; its tiny weights make outputs nearly "
         "independent of the layers, so use it for speed only)",
     )
-    parser.add_argument("--attention-backend", default="TRITON_ATTN",
-                        help="vLLM attention backend for every run ('' for vLLM's choice)")
+    parser.add_argument(
+        "--attention-backend", default="auto",
+        help="vLLM attention backend for every run, e.g. TRITON_ATTN, FLASH_ATTN, FLASHINFER; "
+        "'auto' passes none, leaving the choice to vLLM (bench.json records the one asked "
+        "for, null for vLLM's choice, and the one vLLM logged as attention_backend_used)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                         help="vLLM's gpu_memory_utilization for every run")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per engine")
@@ -483,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
             shape=shape,
             model=model,
             weights=args.weights,
-            attention_backend=args.attention_backend or None,
+            attention_backend=asked_backend(args.attention_backend),
             gpu_memory_utilization=utilization or args.gpu_memory_utilization,
             profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,
         )

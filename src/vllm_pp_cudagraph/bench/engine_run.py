@@ -127,6 +127,7 @@ class RunSpec:
     """"random": seeded random checkpoint for built-in shapes (outputs depend on
     every layer); "dummy": vLLM's dummy loader (faster start, weak token checks)."""
     attention_backend: str | None = "TRITON_ATTN"
+    """vLLM's attention backend by name; None leaves the choice to vLLM."""
     gpu_memory_utilization: float = 0.5
     profile_dir: str | None = None
     """If set: after the timed runs, one more pass under torch.profiler, traces here."""
@@ -189,32 +190,19 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    engine_kwargs, _ = MODES[spec.mode]
     model = spec.model
     if model is None:
         # One directory per shape and weights, shared by every engine started
         # this way: the 1.2 GB checkpoint is written once, not once per engine.
         cache = Path(tempfile.gettempdir()) / f"vllm-pp-cudagraph-{spec.shape}-{spec.weights}"
         model = str(write_model_dir(cache, spec.shape, weights=spec.weights == "random"))
-    extra: dict[str, Any] = {}
+    kwargs = engine_kwargs(spec, model)
     if spec.profile_dir:
         from vllm.config import ProfilerConfig
 
-        extra["profiler_config"] = ProfilerConfig(**profiler_settings(spec.profile_dir))
+        kwargs["profiler_config"] = ProfilerConfig(**profiler_settings(spec.profile_dir))
     start = time.perf_counter()
-    llm = LLM(
-        model=model,
-        load_format="dummy" if spec.weights == "dummy" else "auto",
-        skip_tokenizer_init=True,
-        pipeline_parallel_size=spec.pp,
-        max_num_seqs=spec.max_num_seqs,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        attention_backend=spec.attention_backend,
-        seed=0,
-        disable_log_stats=False,  # per-request timestamps for TTFT / TPOT
-        **engine_kwargs,
-        **extra,
-    )
+    llm = LLM(**kwargs)
     init_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -269,6 +257,24 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         "run_digests": run_digests,
         "num_output_tokens": sum(map(len, tokens)),
     }
+
+
+def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
+    """``LLM(...)``'s keyword arguments for ``spec`` on ``model`` (profiler config aside)."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "load_format": "dummy" if spec.weights == "dummy" else "auto",
+        "skip_tokenizer_init": True,
+        "pipeline_parallel_size": spec.pp,
+        "max_num_seqs": spec.max_num_seqs,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "seed": 0,
+        "disable_log_stats": False,  # per-request timestamps for TTFT / TPOT
+        **MODES[spec.mode][0],
+    }
+    if spec.attention_backend:
+        kwargs["attention_backend"] = spec.attention_backend
+    return kwargs
 
 
 def generate_as_one_batch(llm, prompts: list, params) -> list:
@@ -348,6 +354,18 @@ def serving_jit_compiles(log: str) -> list[str]:
     return _SERVING_JIT.findall(log)
 
 
+# Asked for: "Using AttentionBackendEnum.TRITON_ATTN backend."; vLLM's choice: "Using
+# FLASH_ATTN attention backend out of potential backends: [...]".
+_ATTENTION_BACKEND = re.compile(
+    r"Using (?:AttentionBackendEnum\.(\w+) backend|(\w+) attention backend)")
+
+
+def attention_backend_used(log: str) -> str | None:
+    """The attention backends vLLM logged it uses (distinct, joined), or None."""
+    names = dict.fromkeys(a or b for a, b in _ATTENTION_BACKEND.findall(log))
+    return ", ".join(names) or None
+
+
 def log_findings(log: str) -> dict[str, Any]:
     """What a run's log says beyond its numbers."""
     return {
@@ -355,6 +373,7 @@ def log_findings(log: str) -> dict[str, Any]:
         "direct_handoff_stages": log.count(DIRECT_HANDOFF_LINE),
         "cadence_choices": cadence_choices(log),
         "jit_compiles": serving_jit_compiles(log),
+        "attention_backend_used": attention_backend_used(log),
     }
 
 
