@@ -400,6 +400,14 @@ def test_workload_and_concurrency_sweep_are_parsed():
     (["--model", "/nonexistent"], "--model /nonexistent is neither a model directory nor a "
                                   "built-in shape (llama-3.1-70b, qwen3-0.6b,"),
     (["--model", "qwen3-0.6"], "--model qwen3-0.6 is neither a model directory"),
+    (["--tp", "0"], "--tp 0 must be at least 1"),
+    (["--layer-partition", "14,0"], "bad --layer-partition '14,0'"),
+    (["--layer-partition", "10,9,9"], "--layer-partition 10,9,9 must name 2 stages (--pp)"),
+    (["--layer-partition", "10,10"], "--layer-partition 10,10 splits 20 layers; --model "
+                                     "qwen3-0.6b has 28"),
+    (["--speculative-config", "ngram"], "bad --speculative-config 'ngram': use a JSON object"),
+    (["--speculative-config", "[3]"], "bad --speculative-config '[3]'"),
+    (["--speculative-config", '{"num_speculative_tokens": 3}'], 'with a "method"'),
 ])
 def test_impossible_arguments_are_refused_before_anything_starts(flags, message, tmp_path,
                                                                  capsys, monkeypatch):
@@ -475,6 +483,81 @@ def test_the_pp_advised_for_the_gpus_at_hand_is_accepted(tmp_path, capsys, monke
                                                    "--modes", "stock:eager",
                                                    "--out", str(tmp_path / "r")], gpus=3)
     assert code == 0
+
+
+def test_tensor_parallel_stages_need_pp_times_tp_gpus(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--pp", "2", "--tp", "2", "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--pp 2 --tp 2 needs 4 NVIDIA GPUs (2 per pipeline stage) but 2 are visible" in err
+    assert "or with --tp 1" in err
+    code = _bench_with_engines_faked(monkeypatch, ["--pp", "2", "--tp", "1", "--weights", "dummy",
+                                                   "--modes", "stock:eager",
+                                                   "--out", str(tmp_path / "r")])
+    assert code == 0
+
+
+def test_each_runs_spec_records_its_layout_backend_and_speculation(tmp_path, monkeypatch):
+    """What a layouts comparison reads from bench.json, for every workload."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    _bench_with_engines_faked(
+        monkeypatch, ["--workload", "engine", "--weights", "dummy", "--modes", "stock:eager",
+                      "--pp", "4", "--tp", "2", "--layer-partition", "8,7,7,6",
+                      "--speculative-config", json.dumps(ngram), "--out", str(tmp_path)], gpus=8)
+    run = json.loads((tmp_path / "bench.json").read_text())["runs"][0]
+    spec = run["spec"]
+    assert (spec["pp"], spec["tp"], spec["layer_partition"]) == (4, 2, [8, 7, 7, 6])
+    assert spec["attention_backend"] is None and spec["speculative_config"] == ngram
+    assert "tokens_agree" in run and run["tokens_agree"] is None  # engine: not compared
+
+
+def test_a_layout_reaches_the_engine_the_server_and_the_environment(monkeypatch):
+    import vllm.platforms
+    from _serve_parser import parse_serve_args
+
+    from vllm_pp_cudagraph.bench.engine_run import engine_env, engine_kwargs
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    spec = RunSpec("plugin", "piecewise", pp=4, tp=2, layer_partition=[8, 7, 7, 6],
+                   speculative_config=ngram)
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")  # for the parser
+    kwargs = engine_kwargs(spec, "/m")
+    assert (kwargs["pipeline_parallel_size"], kwargs["tensor_parallel_size"]) == (4, 2)
+    assert kwargs["speculative_config"] == ngram
+    assert engine_env(spec)["VLLM_PP_LAYER_PARTITION"] == "8,7,7,6"
+    served = parse_serve_args(serve_command(spec, "/m", 8000)[4:])
+    assert (served.pipeline_parallel_size, served.tensor_parallel_size) == (4, 2)
+    assert json.loads(json.dumps(served.speculative_config)) == ngram
+    # vLLM's own split when none is asked for, whatever this shell has set
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
+    plain = RunSpec("plugin", "piecewise")
+    assert "VLLM_PP_LAYER_PARTITION" not in engine_env(plain)
+    assert "speculative_config" not in engine_kwargs(plain, "/m")
+    assert "--speculative-config" not in serve_command(plain, "/m", 8000)
+
+
+def test_speculative_acceptance_is_summed_over_engines_from_vllms_counters():
+    from vllm.v1.metrics.reader import Counter, Gauge, Vector
+
+    from vllm_pp_cudagraph.bench.engine_run import spec_decode_stats
+
+    def counter(name, value, engine):
+        return Counter(f"vllm:spec_decode_num_{name}", {"engine": engine}, value)
+
+    metrics = [Gauge("vllm:num_requests_running", {}, 3.0)]
+    for engine, (drafts, tokens, accepted, per_pos) in enumerate(
+            [(100, 300, 150, [80, 50, 20]), (100, 300, 90, [60, 20, 10])]):
+        metrics += [counter("drafts", drafts, engine), counter("draft_tokens", tokens, engine),
+                    counter("accepted_tokens", accepted, engine),
+                    Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {}, per_pos)]
+    stats = spec_decode_stats(metrics)
+    assert (stats["drafts"], stats["draft_tokens"], stats["accepted_tokens"]) == (200, 600, 240)
+    assert stats["acceptance_rate"] == 0.4 and stats["mean_acceptance_length"] == 2.2
+    assert stats["per_position"] == [0.7, 0.35, 0.15]
+    assert spec_decode_stats(metrics[:1]) is None
 
 
 def test_pp_zero_from_the_command_line_exits_within_seconds_and_writes_nothing(tmp_path):

@@ -224,6 +224,19 @@ def asked_backend(name: str) -> str | None:
     return None if name.lower() in ("", "auto") else name
 
 
+def speculative_config(text: str) -> dict[str, Any]:
+    """An argparse type: ``--speculative-config`` as a JSON object with a ``method``."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        config = None
+    if not isinstance(config, dict) or "method" not in config:
+        raise argparse.ArgumentTypeError(
+            f'bad --speculative-config {text!r}: use a JSON object with a "method", '
+            'e.g. {"method": "ngram", "num_speculative_tokens": 3}')
+    return config
+
+
 def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
     """Streamed greedy completions over the benchmark's prompts, as text."""
     prompts = [" ".join(map(token_word, ids)) for ids in make_prompts(args.prompts, args.input_len)]
@@ -243,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-pp-cudagraph bench",
         description=__doc__.split("\n\n")[0]
-        + " Needs at least --pp NVIDIA GPUs; refuses at once with fewer.",
+        + " Needs at least --pp x --tp NVIDIA GPUs; refuses at once with fewer.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -252,7 +265,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"a model directory, or a built-in shape (no download, see --weights): {sorted(SHAPES)}",
     )
     parser.add_argument("--pp", type=int, default=2,
-                        help="pipeline-parallel size (one GPU per stage)")
+                        help="pipeline-parallel size (stages, each on --tp GPUs)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor-parallel size inside each pipeline stage; the runs need "
+                        "--pp x --tp GPUs")
+    parser.add_argument(
+        "--layer-partition", type=positive_int_list("--layer-partition"), default=None,
+        help="layers per pipeline stage, --pp of them, e.g. 8,7,7,6 (vLLM's "
+        "VLLM_PP_LAYER_PARTITION); None: vLLM's split")
+    parser.add_argument(
+        "--speculative-config", type=speculative_config, default=None,
+        help='vLLM\'s speculative_config for every run, a JSON object with a "method", e.g. '
+        '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\'; '
+        "bench.json records the acceptance vLLM counted (engine workloads)")
     parser.add_argument("--prompts", type=int, default=128, help="requests per timed run")
     parser.add_argument("--input-len", type=int, default=2, help="prompt length in tokens")
     parser.add_argument("--output-len", type=int, default=512,
@@ -345,6 +370,7 @@ MIN_PP = 2
 #: Integer options and the least value a run can use.
 AT_LEAST = (
     ("pp", "--pp", MIN_PP, "pipeline parallelism needs at least 2 stages, one GPU each"),
+    ("tp", "--tp", 1, ""),
     ("prompts", "--prompts", 1, ""),
     ("input_len", "--input-len", 1, ""),
     ("output_len", "--output-len", 1, ""),
@@ -376,10 +402,24 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
                         f"started needs at least {MIN_ENGINE_S} s")
     if not 0 < args.port < 65536:
         problems.append(f"--port {args.port} must be in 1..65535")
-    problem = model_problem(args.model, args.weights)
-    if problem:
-        problems.append(problem)
+    for problem in (model_problem(args.model, args.weights), partition_problem(args)):
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def partition_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--layer-partition`` does not fit ``--pp`` (and the shape's layers), or None."""
+    parts = args.layer_partition
+    if parts is None:
+        return None
+    if len(parts) != args.pp:
+        return f"--layer-partition {','.join(map(str, parts))} must name {args.pp} stages (--pp)"
+    layers = SHAPES[args.model]["num_hidden_layers"] if args.model in SHAPES else sum(parts)
+    if sum(parts) != layers:
+        return (f"--layer-partition {','.join(map(str, parts))} splits {sum(parts)} layers; "
+                f"--model {args.model} has {layers}")
+    return None
 
 
 def looks_like_hub_id(model: str) -> bool:
@@ -428,12 +468,15 @@ def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def gpu_shortage(pp: int, gpus: int) -> str:
-    """Why ``--pp pp`` cannot run on ``gpus`` GPUs, with only advice the bench accepts."""
-    advice = f"Run it on a host with at least {pp} NVIDIA GPUs"
-    if gpus >= MIN_PP:
-        advice += f", or with --pp {gpus} or fewer"
-    return (f"--pp {pp} needs {pp} NVIDIA GPUs (one per pipeline stage) but {gpus} "
+def gpu_shortage(pp: int, tp: int, gpus: int) -> str:
+    """Why ``--pp pp --tp tp`` cannot run on ``gpus`` GPUs, with only advice the bench accepts."""
+    advice = f"Run it on a host with at least {pp * tp} NVIDIA GPUs"
+    if gpus // tp >= MIN_PP:
+        advice += f", or with --pp {gpus // tp}" + (" or fewer" if gpus // tp > MIN_PP else "")
+    elif tp > 1 and gpus // pp >= 1:
+        advice += f", or with --tp {gpus // pp}" + (" or fewer" if gpus // pp > 1 else "")
+    asked, per_stage = (f"--pp {pp}", "one") if tp == 1 else (f"--pp {pp} --tp {tp}", str(tp))
+    return (f"{asked} needs {pp * tp} NVIDIA GPUs ({per_stage} per pipeline stage) but {gpus} "
             f"{'is' if gpus == 1 else 'are'} visible. {advice}")
 
 
@@ -451,9 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         parser.error("; ".join(problems) + ". Nothing was started or written.")
     gpus = visible_gpus()
-    if gpus < args.pp:
-        parser.exit(2, f"vllm-pp-cudagraph bench: {gpu_shortage(args.pp, gpus)}; nothing was "
-                       "written.\n")
+    if gpus < args.pp * args.tp:
+        parser.exit(2, f"vllm-pp-cudagraph bench: {gpu_shortage(args.pp, args.tp, gpus)}; "
+                       "nothing was written.\n")
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     serving = args.serve or args.workload == "serve"
@@ -481,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
             runner=runner,
             mode=mode,
             pp=args.pp,
+            tp=args.tp,
+            layer_partition=args.layer_partition,
+            speculative_config=args.speculative_config,
             prompts=args.prompts,
             input_len=args.input_len,
             output_len=args.output_len,
@@ -534,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")
     if args.workload == "batch":
         check_agreement(reports)
+    for r in reports:
+        r.setdefault("tokens_agree", None)  # not compared: not a batch workload
     print()
     print(render_table(reports))
     for r in reports:

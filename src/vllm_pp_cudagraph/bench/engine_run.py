@@ -105,6 +105,12 @@ class RunSpec:
     runner: str
     mode: str
     pp: int = 2
+    tp: int = 1
+    """Tensor-parallel size inside each pipeline stage: the engine uses pp * tp GPUs."""
+    layer_partition: list[int] | None = None
+    """Layers per pipeline stage (vLLM's ``VLLM_PP_LAYER_PARTITION``); None: vLLM's split."""
+    speculative_config: dict[str, Any] | None = None
+    """vLLM's ``speculative_config`` (``{"method": ...}``); None: no speculative decoding."""
     prompts: int = 128
     input_len: int = 2
     output_len: int = 512
@@ -243,6 +249,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     chosen = median_run(runs) if runs else warmup
     tokens = tokens_of(outputs)
     return {
+        "spec_decode": spec_decode_stats(llm.get_metrics()) if spec.speculative_config else None,
         "request_digests": [output_digest([t])[:8] for t in tokens],
         "spec": asdict(spec),
         "init_s": round(init_s, 2),
@@ -266,6 +273,7 @@ def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
         "load_format": "dummy" if spec.weights == "dummy" else "auto",
         "skip_tokenizer_init": True,
         "pipeline_parallel_size": spec.pp,
+        "tensor_parallel_size": spec.tp,
         "max_num_seqs": spec.max_num_seqs,
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         "seed": 0,
@@ -274,7 +282,42 @@ def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
     }
     if spec.attention_backend:
         kwargs["attention_backend"] = spec.attention_backend
+    if spec.speculative_config:
+        kwargs["speculative_config"] = spec.speculative_config
     return kwargs
+
+
+#: vLLM's speculative-decoding counters, summed over engines, and what they count.
+SPEC_DECODE_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+
+def spec_decode_stats(metrics: list) -> dict[str, Any] | None:
+    """Acceptance of speculative decoding from ``LLM.get_metrics()``; None without drafts.
+
+    ``acceptance_rate`` is accepted over drafted tokens, ``mean_acceptance_length``
+    the tokens each step gives (1 + accepted per draft), ``per_position`` each draft
+    position's share of drafts accepted. Counted over every pass, warm-up included.
+    """
+    counts = dict.fromkeys(SPEC_DECODE_COUNTERS.values(), 0)
+    per_pos: list[int] = []
+    for metric in metrics:
+        if metric.name in SPEC_DECODE_COUNTERS:
+            counts[SPEC_DECODE_COUNTERS[metric.name]] += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            values = list(metric.values)
+            per_pos = [a + b for a, b in zip(per_pos, values)] if per_pos else values
+    if not counts["drafts"] or not counts["draft_tokens"]:
+        return None
+    return {
+        **counts,
+        "acceptance_rate": round(counts["accepted_tokens"] / counts["draft_tokens"], 4),
+        "mean_acceptance_length": round(1 + counts["accepted_tokens"] / counts["drafts"], 3),
+        "per_position": [round(n / counts["drafts"], 4) for n in per_pos],
+    }
 
 
 def generate_as_one_batch(llm, prompts: list, params) -> list:
@@ -302,6 +345,9 @@ def engine_env(spec: RunSpec) -> dict[str, str]:
     env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
     env.update(RUNNERS[spec.runner])
     env.update(mode_env)
+    env.pop("VLLM_PP_LAYER_PARTITION", None)  # the spec's split, or vLLM's: as recorded
+    if spec.layer_partition:
+        env["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, spec.layer_partition))
     env.update(spec.extra_env)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
