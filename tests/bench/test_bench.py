@@ -621,12 +621,15 @@ def test_the_attention_backend_is_vllms_choice_unless_one_is_named(flags, asked,
 
 
 def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2,
-                             gpus=2) -> int:
+                             gpus=2, tp_digest="t1", specs=None) -> int:
     """``bench`` on ``gpus`` GPUs with each engine's run replaced by its report: stock gives
-    tokens ``t1``, the plugin ``plugin_digest`` with its runner on ``plugin_stages``."""
+    tokens ``t1``, the plugin ``plugin_digest`` with its runner on ``plugin_stages``, the
+    ``tp`` runner ``tp_digest``. Each RunSpec started is appended to ``specs``."""
     def engine(spec, log_path, timeout):
+        if specs is not None:
+            specs.append(spec)
         plugin = spec.runner == "plugin"
-        digest = plugin_digest if plugin else "t1"
+        digest = {"plugin": plugin_digest, "tp": tp_digest}.get(spec.runner, "t1")
         return {"spec": asdict(spec), "digest": digest, "run_digests": [digest],
                 "req_per_s": 10.0, "plugin_stages": plugin_stages if plugin else 0,
                 "returncode": 0}
@@ -680,3 +683,95 @@ def test_a_serve_sweep_reports_one_row_per_runner_and_concurrency(tmp_path, monk
     runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
     assert [(r["spec"]["runner"], r["concurrency"], r["returncode"]) for r in runs] == [
         ("stock", 64, 0), ("stock", 256, 0), ("plugin", 64, 0), ("plugin", 256, 0)]
+
+
+def test_the_tp_runner_is_stock_vllm_by_tensor_parallelism_on_the_same_gpus(tmp_path,
+                                                                          monkeypatch):
+    """One invocation compares the plugin, stock and V1 at PP 2 with stock at TP 2: the
+    ``tp`` engine gets tensor_parallel_size 2, no pipeline, no layer split, no plugin."""
+    from vllm_pp_cudagraph.bench.engine_run import engine_env, engine_kwargs
+
+    specs = []
+    code = _bench_with_engines_faked(
+        monkeypatch, ["--workload", "engine", "--weights", "dummy", "--layer-partition", "14,14",
+                      "--modes", "plugin:full_and_piecewise,stock:full_and_piecewise,"
+                      "v1:full_and_piecewise,tp:full_and_piecewise", "--out", str(tmp_path)],
+        specs=specs)
+    assert code == 0
+    layouts = {s.runner: (s.pp, s.tp, s.layer_partition) for s in specs}
+    assert layouts == {"plugin": (2, 1, [14, 14]), "stock": (2, 1, [14, 14]),
+                       "v1": (2, 1, [14, 14]), "tp": (1, 2, None)}
+    tp = specs[-1]
+    kwargs = engine_kwargs(tp, "/m")
+    assert (kwargs["pipeline_parallel_size"], kwargs["tensor_parallel_size"]) == (1, 2)
+    env = engine_env(tp)
+    assert env["VLLM_PLUGINS"] == "" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert "VLLM_PP_LAYER_PARTITION" not in env
+    assert engine_env(specs[0])["VLLM_PLUGINS"] == "pp_cudagraph"
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [(r["spec"]["runner"], r["spec"]["pp"], r["spec"]["tp"]) for r in runs][-1] == (
+        "tp", 1, 2)
+
+
+def test_the_tp_runner_serves_with_tensor_parallelism_alone(tmp_path, monkeypatch):
+    import vllm.platforms
+    from _serve_parser import parse_serve_args
+
+    from vllm_pp_cudagraph.bench.engine_run import engine_env
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    specs = []
+
+    def sweep(spec, model, log_path, concurrencies, prompts, port, startup_timeout_s):
+        specs.append(spec)
+        return [{"spec": asdict(spec), "concurrency": 64, "digest": "n/a", "req_per_s": 8.0,
+                 "shutdown_clean": True}]
+
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "write_model_dir", lambda *a, **k: tmp_path / "model")
+    monkeypatch.setattr(bench, "run_vllm_bench_sweep", sweep)
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")  # for the parser
+    assert bench.main(["--workload", "serve", "--weights", "dummy", "--out", str(tmp_path),
+                       "--modes", "tp:full_and_piecewise"]) == 0
+    served = parse_serve_args(serve_command(specs[0], "/m", 8000)[4:])
+    assert (served.pipeline_parallel_size, served.tensor_parallel_size) == (1, 2)
+    assert engine_env(specs[0])["VLLM_PLUGINS"] == ""
+
+
+def test_a_tp_row_says_tp():
+    tp = report("tp", "full_and_piecewise")
+    tp["spec"].update(pp=1, tp=2)
+    both = report("plugin", "full_and_piecewise")
+    both["spec"].update(pp=2, tp=2)
+    pipelined = report("plugin", "piecewise")
+    pipelined["spec"].update(pp=2, tp=1)
+    rows = bench.render_table([tp, both, pipelined]).splitlines()[2:]
+    assert rows[0].startswith("tp:full_and_piecewise [TP 2] ")
+    assert rows[1].startswith("plugin:full_and_piecewise [PP 2 x TP 2] ")
+    assert rows[2].startswith("plugin:piecewise ")
+
+
+@pytest.mark.parametrize("tp_digest", ["t1", "t2"])
+def test_tp_tokens_are_compared_but_another_layouts_difference_does_not_fail(
+        tp_digest, tmp_path, monkeypatch, capsys):
+    code = _bench_with_engines_faked(
+        monkeypatch, ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+                      "--modes", "stock:eager,plugin:eager,tp:eager"], tp_digest=tp_digest)
+    console = capsys.readouterr().out
+    assert code == 0, console
+    tp = json.loads((tmp_path / "bench.json").read_text())["runs"][-1]
+    assert tp["tokens_agree"] is (tp_digest == "t1")
+    assert tp["tokens_reference"] == "stock:eager" and tp["reference_layout_differs"]
+    line = "TOKENS DIFFER: tp:eager vs stock:eager; its layout (PP 1 x TP 2) is not its reference's"
+    assert (line in console) == (tp_digest == "t2")
+
+
+def test_a_tp_engine_that_does_not_repeat_itself_still_fails():
+    stock = report("stock", "eager", "e1", run_digests=["e1"])
+    tp = report("tp", "eager", "e2", run_digests=["e3"])
+    stock["spec"].update(pp=2, tp=1)
+    tp["spec"].update(pp=1, tp=2)
+    bench.check_agreement([stock, tp])
+    assert tp["tokens_agree"] is False and tp["reference_layout_differs"]
+    assert not bench.expected_difference(tp)
+    assert "not a failure" not in bench.disagreement_lines([stock, tp])[0]

@@ -75,7 +75,18 @@ RUNNERS: dict[str, dict[str, str]] = {
                                "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
+    # Stock MRV2 on the same GPUs by tensor parallelism alone (see runner_layout).
+    "tp": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
 }
+
+#: Runners that spread the model over all the GPUs by tensor parallelism, without stages.
+TENSOR_PARALLEL_RUNNERS = frozenset({"tp"})
+
+
+def runner_layout(runner: str, pp: int, tp: int) -> tuple[int, int]:
+    """(pipeline, tensor) parallel sizes ``runner`` runs at for ``--pp pp --tp tp``:
+    on the same pp * tp GPUs whichever the runner."""
+    return (1, pp * tp) if runner in TENSOR_PARALLEL_RUNNERS else (pp, tp)
 
 
 def runner_cadence(runner: str) -> str | None:
