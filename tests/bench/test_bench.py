@@ -621,19 +621,24 @@ def test_the_attention_backend_is_vllms_choice_unless_one_is_named(flags, asked,
 
 
 def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2,
-                             gpus=2, tp_digest="t1", specs=None) -> int:
+                             gpus=2, tp_digest="t1", specs=None, cut_at=None) -> int:
     """``bench`` on ``gpus`` GPUs with each engine's run replaced by its report: stock gives
     tokens ``t1``, the plugin ``plugin_digest`` with its runner on ``plugin_stages``, the
-    ``tp`` runner ``tp_digest``. Each RunSpec started is appended to ``specs``."""
+    ``tp`` runner ``tp_digest``. Each RunSpec started is appended to ``specs``. The
+    invocation is cut short (KeyboardInterrupt) as the ``cut_at``-th engine starts."""
     def engine(spec, log_path, timeout):
         if specs is not None:
             specs.append(spec)
+        engine.started += 1
+        if engine.started == cut_at:
+            raise KeyboardInterrupt
         plugin = spec.runner == "plugin"
         digest = {"plugin": plugin_digest, "tp": tp_digest}.get(spec.runner, "t1")
         return {"spec": asdict(spec), "digest": digest, "run_digests": [digest],
                 "req_per_s": 10.0, "plugin_stages": plugin_stages if plugin else 0,
                 "returncode": 0}
 
+    engine.started = 0
     monkeypatch.setattr(bench, "visible_gpus", lambda: gpus)
     monkeypatch.setattr(bench, "run_in_subprocess", engine)
     return bench.main(argv)
@@ -775,3 +780,20 @@ def test_a_tp_engine_that_does_not_repeat_itself_still_fails():
     assert tp["tokens_agree"] is False and tp["reference_layout_differs"]
     assert not bench.expected_difference(tp)
     assert "not a failure" not in bench.disagreement_lines([stock, tp])[0]
+
+
+def test_an_invocation_cut_short_leaves_every_finished_runs_numbers(tmp_path, monkeypatch):
+    """bench.json is written as each run ends, so a lease ending mid-invocation still
+    leaves the finished runs, judged, in a whole file."""
+    argv = ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+            "--modes", "stock:eager,plugin:eager,v1:eager"]
+    with pytest.raises(KeyboardInterrupt):
+        _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t2", cut_at=3)
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["complete"] is False
+    assert [(r["spec"]["runner"], r["req_per_s"], r["tokens_agree"]) for r in result["runs"]] == [
+        ("stock", 10.0, True), ("plugin", 10.0, False)]
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+    assert _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t2") == 1
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["complete"] is True and len(result["runs"]) == 3

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -545,6 +546,37 @@ def gpu_shortage(pp: int, tp: int, gpus: int) -> str:
             f"{'is' if gpus == 1 else 'are'} visible. {advice}")
 
 
+def judge_tokens(args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
+    """``tokens_agree`` on every report: judged in the batch workload, else None."""
+    if args.workload == "batch":
+        check_agreement(reports)
+    for report in reports:
+        report.setdefault("tokens_agree", None)
+
+
+def write_results(args: argparse.Namespace, reports: list[dict[str, Any]],
+                  complete: bool) -> Path:
+    """Write OUT/bench.json with the runs so far; ``complete`` once every run has had its turn.
+
+    Written after each run, to a temporary file renamed over the last one, so that an
+    invocation cut short (a lease ending, a kill) leaves every finished run's numbers
+    and never half a file.
+    """
+    judge_tokens(args, reports)
+    result = {
+        "command": sys.argv,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "complete": complete,
+        "runs": reports,
+        "across_engines": across_engines(reports),
+    }
+    path = args.out / "bench.json"
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(result, indent=1))
+    os.replace(partial, path)
+    return path
+
+
 def visible_gpus() -> int:
     """NVIDIA GPUs this process can use, without initialising CUDA in it."""
     import torch
@@ -608,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
         reports.append(report)
+        write_results(args, reports, complete=False)
         elapsed = time.monotonic() - started
         print(f"    {engine_status(report, log_name)}  [{elapsed:.0f} s elapsed]", flush=True)
 
@@ -623,10 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("jit_compiles"):
             print(f"compiled while serving: {r['spec']['runner']}:{r['spec']['mode']}: "
                   f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")
-    if args.workload == "batch":
-        check_agreement(reports)
-    for r in reports:
-        r.setdefault("tokens_agree", None)  # not compared: not a batch workload
+    judge_tokens(args, reports)
     print()
     print(render_table(reports))
     for r in reports:
@@ -641,21 +671,14 @@ def main(argv: list[str] | None = None) -> int:
     disagree = disagreement_lines(reports)
     for line in disagree:
         print(line)
-    repeated = across_engines(reports)
-    for row in repeated:
+    for row in across_engines(reports):
         print(
             f"across engines: {row['run']} median {row['median_req_per_s']} req/s over "
             f"{row['engines']} engines ({row['min_req_per_s']}..{row['max_req_per_s']})"
         )
-    result = {
-        "command": sys.argv,
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "runs": reports,
-        "across_engines": repeated,
-    }
-    (args.out / "bench.json").write_text(json.dumps(result, indent=1))
+    path = write_results(args, reports, complete=True)
     write_plot(reports, args.out / "bench.png")
-    print(f"\nwrote {args.out / 'bench.json'}")
+    print(f"\nwrote {path}")
     failed = [r for r in reports if not r.get("digest")] + unloaded
     if args.serve or args.workload != "batch":
         # Under changing batches vLLM is not batch-invariant: served outputs may
