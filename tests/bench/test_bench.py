@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -396,6 +397,17 @@ def test_workload_and_concurrency_sweep_are_parsed():
     (["--model", "qwen3-30b-a3b"], "--model qwen3-30b-a3b has no random checkpoint (MoE, or too big"),
     (["--model", "qwen3-32b"], "--model qwen3-32b has no random checkpoint (MoE, or too big to "
                                "write); add --weights dummy"),
+    (["--model", "/nonexistent"], "--model /nonexistent is neither a model directory nor a "
+                                  "built-in shape (llama-3.1-70b, qwen3-0.6b,"),
+    (["--model", "qwen3-0.6"], "--model qwen3-0.6 is neither a model directory"),
+    (["--tp", "0"], "--tp 0 must be at least 1"),
+    (["--layer-partition", "14,0"], "bad --layer-partition '14,0'"),
+    (["--layer-partition", "10,9,9"], "--layer-partition 10,9,9 must name 2 stages (--pp)"),
+    (["--layer-partition", "10,10"], "--layer-partition 10,10 splits 20 layers; --model "
+                                     "qwen3-0.6b has 28"),
+    (["--speculative-config", "ngram"], "bad --speculative-config 'ngram': use a JSON object"),
+    (["--speculative-config", "[3]"], "bad --speculative-config '[3]'"),
+    (["--speculative-config", '{"num_speculative_tokens": 3}'], 'with a "method"'),
 ])
 def test_impossible_arguments_are_refused_before_anything_starts(flags, message, tmp_path,
                                                                  capsys, monkeypatch):
@@ -432,6 +444,122 @@ def test_pp_above_the_visible_gpus_is_refused(tmp_path, capsys, monkeypatch):
     assert not out.exists()
 
 
+def test_a_model_directory_or_a_hub_id_is_taken_as_the_model(tmp_path):
+    parser = bench.build_parser()
+    for model in (str(tmp_path), "Qwen/Qwen3-0.6B"):
+        assert bench.argument_problems(parser.parse_args(["--model", model])) == []
+
+
+def test_arguments_are_checked_before_the_gpus_are_counted(tmp_path, capsys, monkeypatch):
+    """On a machine without GPUs a wrong argument is named, not only the GPU count."""
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 0)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--pp", "2", "--model", "/nonexistent", "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--model /nonexistent is neither a model directory" in err
+    assert "NVIDIA GPUs" not in err
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_too_few_gpus_for_the_least_pp_advise_only_another_host(gpus, tmp_path, capsys,
+                                                                monkeypatch):
+    """At --pp 2 no lower --pp is accepted, so the message must not advise one."""
+    monkeypatch.setattr(bench, "visible_gpus", lambda: gpus)
+    with pytest.raises(SystemExit):
+        bench.main(["--pp", "2", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert "Run it on a host with at least 2 NVIDIA GPUs" in err
+    assert "--pp" not in err.split("visible.")[1]
+
+
+def test_the_pp_advised_for_the_gpus_at_hand_is_accepted(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 3)
+    with pytest.raises(SystemExit):
+        bench.main(["--pp", "4", "--out", str(tmp_path / "r")])
+    advised = re.search(r"with --pp (\d+) or fewer", capsys.readouterr().err).group(1)
+    assert advised == "3"
+    code = _bench_with_engines_faked(monkeypatch, ["--pp", advised, "--weights", "dummy",
+                                                   "--modes", "stock:eager",
+                                                   "--out", str(tmp_path / "r")], gpus=3)
+    assert code == 0
+
+
+def test_tensor_parallel_stages_need_pp_times_tp_gpus(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--pp", "2", "--tp", "2", "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--pp 2 --tp 2 needs 4 NVIDIA GPUs (2 per pipeline stage) but 2 are visible" in err
+    assert "or with --tp 1" in err
+    code = _bench_with_engines_faked(monkeypatch, ["--pp", "2", "--tp", "1", "--weights", "dummy",
+                                                   "--modes", "stock:eager",
+                                                   "--out", str(tmp_path / "r")])
+    assert code == 0
+
+
+def test_each_runs_spec_records_its_layout_backend_and_speculation(tmp_path, monkeypatch):
+    """What a layouts comparison reads from bench.json, for every workload."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    _bench_with_engines_faked(
+        monkeypatch, ["--workload", "engine", "--weights", "dummy", "--modes", "stock:eager",
+                      "--pp", "4", "--tp", "2", "--layer-partition", "8,7,7,6",
+                      "--speculative-config", json.dumps(ngram), "--out", str(tmp_path)], gpus=8)
+    run = json.loads((tmp_path / "bench.json").read_text())["runs"][0]
+    spec = run["spec"]
+    assert (spec["pp"], spec["tp"], spec["layer_partition"]) == (4, 2, [8, 7, 7, 6])
+    assert spec["attention_backend"] is None and spec["speculative_config"] == ngram
+    assert "tokens_agree" in run and run["tokens_agree"] is None  # engine: not compared
+
+
+def test_a_layout_reaches_the_engine_the_server_and_the_environment(monkeypatch):
+    import vllm.platforms
+    from _serve_parser import parse_serve_args
+
+    from vllm_pp_cudagraph.bench.engine_run import engine_env, engine_kwargs
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    spec = RunSpec("plugin", "piecewise", pp=4, tp=2, layer_partition=[8, 7, 7, 6],
+                   speculative_config=ngram)
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")  # for the parser
+    kwargs = engine_kwargs(spec, "/m")
+    assert (kwargs["pipeline_parallel_size"], kwargs["tensor_parallel_size"]) == (4, 2)
+    assert kwargs["speculative_config"] == ngram
+    assert engine_env(spec)["VLLM_PP_LAYER_PARTITION"] == "8,7,7,6"
+    served = parse_serve_args(serve_command(spec, "/m", 8000)[4:])
+    assert (served.pipeline_parallel_size, served.tensor_parallel_size) == (4, 2)
+    assert json.loads(json.dumps(served.speculative_config)) == ngram
+    # vLLM's own split when none is asked for, whatever this shell has set
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
+    plain = RunSpec("plugin", "piecewise")
+    assert "VLLM_PP_LAYER_PARTITION" not in engine_env(plain)
+    assert "speculative_config" not in engine_kwargs(plain, "/m")
+    assert "--speculative-config" not in serve_command(plain, "/m", 8000)
+
+
+def test_speculative_acceptance_is_summed_over_engines_from_vllms_counters():
+    from vllm.v1.metrics.reader import Counter, Gauge, Vector
+
+    from vllm_pp_cudagraph.bench.engine_run import spec_decode_stats
+
+    def counter(name, value, engine):
+        return Counter(f"vllm:spec_decode_num_{name}", {"engine": engine}, value)
+
+    metrics = [Gauge("vllm:num_requests_running", {}, 3.0)]
+    for engine, (drafts, tokens, accepted, per_pos) in enumerate(
+            [(100, 300, 150, [80, 50, 20]), (100, 300, 90, [60, 20, 10])]):
+        metrics += [counter("drafts", drafts, engine), counter("draft_tokens", tokens, engine),
+                    counter("accepted_tokens", accepted, engine),
+                    Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {}, per_pos)]
+    stats = spec_decode_stats(metrics)
+    assert (stats["drafts"], stats["draft_tokens"], stats["accepted_tokens"]) == (200, 600, 240)
+    assert stats["acceptance_rate"] == 0.4 and stats["mean_acceptance_length"] == 2.2
+    assert stats["per_position"] == [0.7, 0.35, 0.15]
+    assert spec_decode_stats(metrics[:1]) is None
+
+
 def test_pp_zero_from_the_command_line_exits_within_seconds_and_writes_nothing(tmp_path):
     out = tmp_path / "results"
     started = time.monotonic()
@@ -453,6 +581,9 @@ ENGINE_LOG = """\
 (EngineCore pid=3028) INFO 11-23 08:42:18 [cadence_policy.py:197] vllm-pp-cudagraph: decode cadence merge at 128 decoding requests (3.61 ms per token against 8.41 ms with balance)
 (Worker_PP0 pid=3034) WARNING 11-23 08:42:17 [jit_monitor.py:135] Triton kernel JIT compilation during inference: kernel_unified_attention. This causes a latency spike; consider extending warmup to cover this shape/config.
 (Worker_PP0 pid=3034) WARNING 11-23 08:42:17 [jit_monitor.py:135] Triton kernel JIT compilation during inference: _post_update_kernel. This causes a latency spike; consider extending warmup to cover this shape/config.
+(Worker_PP0 pid=3034) INFO 11-23 08:41:41 [cuda.py:483] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].
+(Worker_PP1 pid=3035) INFO 11-23 08:41:41 [cuda.py:483] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].
+(Worker_PP1 pid=3035) INFO 11-23 08:41:42 [cuda.py:300] Using TRITON Unquantized MoE backend out of potential backends: ['TRITON']
 """
 
 
@@ -462,21 +593,53 @@ def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compil
         "direct_handoff_stages": 1,
         "cadence_choices": ["merge"],
         "jit_compiles": ["kernel_unified_attention", "_post_update_kernel"],
+        "attention_backend_used": "FLASH_ATTN",
     }
     assert log_findings("")["jit_compiles"] == []
+    assert log_findings("")["attention_backend_used"] is None
+    asked = "(Worker_PP0 pid=1) INFO [cuda.py:422] Using AttentionBackendEnum.TRITON_ATTN backend."
+    assert log_findings(asked)["attention_backend_used"] == "TRITON_ATTN"
 
 
-def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2) -> int:
-    """``bench`` on 2 GPUs with each engine's run replaced by its report: stock gives
-    tokens ``t1``, the plugin ``plugin_digest`` with its runner on ``plugin_stages``."""
+@pytest.mark.parametrize("flags, asked", [([], None), (["--attention-backend", "auto"], None),
+                                          (["--attention-backend", "FLASHINFER"], "FLASHINFER")])
+def test_the_attention_backend_is_vllms_choice_unless_one_is_named(flags, asked, tmp_path,
+                                                                   monkeypatch):
+    """Without --attention-backend no backend reaches vLLM, and bench.json says so."""
+    from vllm_pp_cudagraph.bench.engine_run import engine_kwargs
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    _bench_with_engines_faked(monkeypatch, ["--weights", "dummy", "--modes", "stock:eager",
+                                            "--out", str(tmp_path), *flags])
+    spec = json.loads((tmp_path / "bench.json").read_text())["runs"][0]["spec"]
+    assert spec["attention_backend"] == asked
+    run = RunSpec(**spec)
+    assert engine_kwargs(run, "/m").get("attention_backend") == asked
+    cmd = serve_command(run, "/m", 8000)
+    assert (cmd[cmd.index("--attention-backend") + 1] if asked else None) == asked
+    assert ("--attention-backend" in cmd) == (asked is not None)
+
+
+def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stages=2,
+                             gpus=2, tp_digest="t1", specs=None, cut_at=None) -> int:
+    """``bench`` on ``gpus`` GPUs with each engine's run replaced by its report: stock gives
+    tokens ``t1``, the plugin ``plugin_digest`` with its runner on ``plugin_stages``, the
+    ``tp`` runner ``tp_digest``. Each RunSpec started is appended to ``specs``. The
+    invocation is cut short (KeyboardInterrupt) as the ``cut_at``-th engine starts."""
     def engine(spec, log_path, timeout):
+        if specs is not None:
+            specs.append(spec)
+        engine.started += 1
+        if engine.started == cut_at:
+            raise KeyboardInterrupt
         plugin = spec.runner == "plugin"
-        digest = plugin_digest if plugin else "t1"
+        digest = {"plugin": plugin_digest, "tp": tp_digest}.get(spec.runner, "t1")
         return {"spec": asdict(spec), "digest": digest, "run_digests": [digest],
                 "req_per_s": 10.0, "plugin_stages": plugin_stages if plugin else 0,
                 "returncode": 0}
 
-    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    engine.started = 0
+    monkeypatch.setattr(bench, "visible_gpus", lambda: gpus)
     monkeypatch.setattr(bench, "run_in_subprocess", engine)
     return bench.main(argv)
 
@@ -525,3 +688,112 @@ def test_a_serve_sweep_reports_one_row_per_runner_and_concurrency(tmp_path, monk
     runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
     assert [(r["spec"]["runner"], r["concurrency"], r["returncode"]) for r in runs] == [
         ("stock", 64, 0), ("stock", 256, 0), ("plugin", 64, 0), ("plugin", 256, 0)]
+
+
+def test_the_tp_runner_is_stock_vllm_by_tensor_parallelism_on_the_same_gpus(tmp_path,
+                                                                          monkeypatch):
+    """One invocation compares the plugin, stock and V1 at PP 2 with stock at TP 2: the
+    ``tp`` engine gets tensor_parallel_size 2, no pipeline, no layer split, no plugin."""
+    from vllm_pp_cudagraph.bench.engine_run import engine_env, engine_kwargs
+
+    specs = []
+    code = _bench_with_engines_faked(
+        monkeypatch, ["--workload", "engine", "--weights", "dummy", "--layer-partition", "14,14",
+                      "--modes", "plugin:full_and_piecewise,stock:full_and_piecewise,"
+                      "v1:full_and_piecewise,tp:full_and_piecewise", "--out", str(tmp_path)],
+        specs=specs)
+    assert code == 0
+    layouts = {s.runner: (s.pp, s.tp, s.layer_partition) for s in specs}
+    assert layouts == {"plugin": (2, 1, [14, 14]), "stock": (2, 1, [14, 14]),
+                       "v1": (2, 1, [14, 14]), "tp": (1, 2, None)}
+    tp = specs[-1]
+    kwargs = engine_kwargs(tp, "/m")
+    assert (kwargs["pipeline_parallel_size"], kwargs["tensor_parallel_size"]) == (1, 2)
+    env = engine_env(tp)
+    assert env["VLLM_PLUGINS"] == "" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert "VLLM_PP_LAYER_PARTITION" not in env
+    assert engine_env(specs[0])["VLLM_PLUGINS"] == "pp_cudagraph"
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [(r["spec"]["runner"], r["spec"]["pp"], r["spec"]["tp"]) for r in runs][-1] == (
+        "tp", 1, 2)
+
+
+def test_the_tp_runner_serves_with_tensor_parallelism_alone(tmp_path, monkeypatch):
+    import vllm.platforms
+    from _serve_parser import parse_serve_args
+
+    from vllm_pp_cudagraph.bench.engine_run import engine_env
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    specs = []
+
+    def sweep(spec, model, log_path, concurrencies, prompts, port, startup_timeout_s):
+        specs.append(spec)
+        return [{"spec": asdict(spec), "concurrency": 64, "digest": "n/a", "req_per_s": 8.0,
+                 "shutdown_clean": True}]
+
+    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(bench, "write_model_dir", lambda *a, **k: tmp_path / "model")
+    monkeypatch.setattr(bench, "run_vllm_bench_sweep", sweep)
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")  # for the parser
+    assert bench.main(["--workload", "serve", "--weights", "dummy", "--out", str(tmp_path),
+                       "--modes", "tp:full_and_piecewise"]) == 0
+    served = parse_serve_args(serve_command(specs[0], "/m", 8000)[4:])
+    assert (served.pipeline_parallel_size, served.tensor_parallel_size) == (1, 2)
+    assert engine_env(specs[0])["VLLM_PLUGINS"] == ""
+
+
+def test_a_tp_row_says_tp():
+    tp = report("tp", "full_and_piecewise")
+    tp["spec"].update(pp=1, tp=2)
+    both = report("plugin", "full_and_piecewise")
+    both["spec"].update(pp=2, tp=2)
+    pipelined = report("plugin", "piecewise")
+    pipelined["spec"].update(pp=2, tp=1)
+    rows = bench.render_table([tp, both, pipelined]).splitlines()[2:]
+    assert rows[0].startswith("tp:full_and_piecewise [TP 2] ")
+    assert rows[1].startswith("plugin:full_and_piecewise [PP 2 x TP 2] ")
+    assert rows[2].startswith("plugin:piecewise ")
+
+
+@pytest.mark.parametrize("tp_digest", ["t1", "t2"])
+def test_tp_tokens_are_compared_but_another_layouts_difference_does_not_fail(
+        tp_digest, tmp_path, monkeypatch, capsys):
+    code = _bench_with_engines_faked(
+        monkeypatch, ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+                      "--modes", "stock:eager,plugin:eager,tp:eager"], tp_digest=tp_digest)
+    console = capsys.readouterr().out
+    assert code == 0, console
+    tp = json.loads((tmp_path / "bench.json").read_text())["runs"][-1]
+    assert tp["tokens_agree"] is (tp_digest == "t1")
+    assert tp["tokens_reference"] == "stock:eager" and tp["reference_layout_differs"]
+    line = "TOKENS DIFFER: tp:eager vs stock:eager; its layout (PP 1 x TP 2) is not its reference's"
+    assert (line in console) == (tp_digest == "t2")
+
+
+def test_a_tp_engine_that_does_not_repeat_itself_still_fails():
+    stock = report("stock", "eager", "e1", run_digests=["e1"])
+    tp = report("tp", "eager", "e2", run_digests=["e3"])
+    stock["spec"].update(pp=2, tp=1)
+    tp["spec"].update(pp=1, tp=2)
+    bench.check_agreement([stock, tp])
+    assert tp["tokens_agree"] is False and tp["reference_layout_differs"]
+    assert not bench.expected_difference(tp)
+    assert "not a failure" not in bench.disagreement_lines([stock, tp])[0]
+
+
+def test_an_invocation_cut_short_leaves_every_finished_runs_numbers(tmp_path, monkeypatch):
+    """bench.json is written as each run ends, so a lease ending mid-invocation still
+    leaves the finished runs, judged, in a whole file."""
+    argv = ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+            "--modes", "stock:eager,plugin:eager,v1:eager"]
+    with pytest.raises(KeyboardInterrupt):
+        _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t2", cut_at=3)
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["complete"] is False
+    assert [(r["spec"]["runner"], r["req_per_s"], r["tokens_agree"]) for r in result["runs"]] == [
+        ("stock", 10.0, True), ("plugin", 10.0, False)]
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+    assert _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t2") == 1
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["complete"] is True and len(result["runs"]) == 3

@@ -75,7 +75,18 @@ RUNNERS: dict[str, dict[str, str]] = {
                                "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     "stock": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "0"},
+    # Stock MRV2 on the same GPUs by tensor parallelism alone (see runner_layout).
+    "tp": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
 }
+
+#: Runners that spread the model over all the GPUs by tensor parallelism, without stages.
+TENSOR_PARALLEL_RUNNERS = frozenset({"tp"})
+
+
+def runner_layout(runner: str, pp: int, tp: int) -> tuple[int, int]:
+    """(pipeline, tensor) parallel sizes ``runner`` runs at for ``--pp pp --tp tp``:
+    on the same pp * tp GPUs whichever the runner."""
+    return (1, pp * tp) if runner in TENSOR_PARALLEL_RUNNERS else (pp, tp)
 
 
 def runner_cadence(runner: str) -> str | None:
@@ -105,6 +116,12 @@ class RunSpec:
     runner: str
     mode: str
     pp: int = 2
+    tp: int = 1
+    """Tensor-parallel size inside each pipeline stage: the engine uses pp * tp GPUs."""
+    layer_partition: list[int] | None = None
+    """Layers per pipeline stage (vLLM's ``VLLM_PP_LAYER_PARTITION``); None: vLLM's split."""
+    speculative_config: dict[str, Any] | None = None
+    """vLLM's ``speculative_config`` (``{"method": ...}``); None: no speculative decoding."""
     prompts: int = 128
     input_len: int = 2
     output_len: int = 512
@@ -127,6 +144,7 @@ class RunSpec:
     """"random": seeded random checkpoint for built-in shapes (outputs depend on
     every layer); "dummy": vLLM's dummy loader (faster start, weak token checks)."""
     attention_backend: str | None = "TRITON_ATTN"
+    """vLLM's attention backend by name; None leaves the choice to vLLM."""
     gpu_memory_utilization: float = 0.5
     profile_dir: str | None = None
     """If set: after the timed runs, one more pass under torch.profiler, traces here."""
@@ -189,32 +207,19 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    engine_kwargs, _ = MODES[spec.mode]
     model = spec.model
     if model is None:
         # One directory per shape and weights, shared by every engine started
         # this way: the 1.2 GB checkpoint is written once, not once per engine.
         cache = Path(tempfile.gettempdir()) / f"vllm-pp-cudagraph-{spec.shape}-{spec.weights}"
         model = str(write_model_dir(cache, spec.shape, weights=spec.weights == "random"))
-    extra: dict[str, Any] = {}
+    kwargs = engine_kwargs(spec, model)
     if spec.profile_dir:
         from vllm.config import ProfilerConfig
 
-        extra["profiler_config"] = ProfilerConfig(**profiler_settings(spec.profile_dir))
+        kwargs["profiler_config"] = ProfilerConfig(**profiler_settings(spec.profile_dir))
     start = time.perf_counter()
-    llm = LLM(
-        model=model,
-        load_format="dummy" if spec.weights == "dummy" else "auto",
-        skip_tokenizer_init=True,
-        pipeline_parallel_size=spec.pp,
-        max_num_seqs=spec.max_num_seqs,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        attention_backend=spec.attention_backend,
-        seed=0,
-        disable_log_stats=False,  # per-request timestamps for TTFT / TPOT
-        **engine_kwargs,
-        **extra,
-    )
+    llm = LLM(**kwargs)
     init_s = time.perf_counter() - start
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -255,6 +260,7 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     chosen = median_run(runs) if runs else warmup
     tokens = tokens_of(outputs)
     return {
+        "spec_decode": spec_decode_stats(llm.get_metrics()) if spec.speculative_config else None,
         "request_digests": [output_digest([t])[:8] for t in tokens],
         "spec": asdict(spec),
         "init_s": round(init_s, 2),
@@ -268,6 +274,60 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         # the same engine must repeat its own tokens once batches are formed alike
         "run_digests": run_digests,
         "num_output_tokens": sum(map(len, tokens)),
+    }
+
+
+def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
+    """``LLM(...)``'s keyword arguments for ``spec`` on ``model`` (profiler config aside)."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "load_format": "dummy" if spec.weights == "dummy" else "auto",
+        "skip_tokenizer_init": True,
+        "pipeline_parallel_size": spec.pp,
+        "tensor_parallel_size": spec.tp,
+        "max_num_seqs": spec.max_num_seqs,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "seed": 0,
+        "disable_log_stats": False,  # per-request timestamps for TTFT / TPOT
+        **MODES[spec.mode][0],
+    }
+    if spec.attention_backend:
+        kwargs["attention_backend"] = spec.attention_backend
+    if spec.speculative_config:
+        kwargs["speculative_config"] = spec.speculative_config
+    return kwargs
+
+
+#: vLLM's speculative-decoding counters, summed over engines, and what they count.
+SPEC_DECODE_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+
+def spec_decode_stats(metrics: list) -> dict[str, Any] | None:
+    """Acceptance of speculative decoding from ``LLM.get_metrics()``; None without drafts.
+
+    ``acceptance_rate`` is accepted over drafted tokens, ``mean_acceptance_length``
+    the tokens each step gives (1 + accepted per draft), ``per_position`` each draft
+    position's share of drafts accepted. Counted over every pass, warm-up included.
+    """
+    counts = dict.fromkeys(SPEC_DECODE_COUNTERS.values(), 0)
+    per_pos: list[int] = []
+    for metric in metrics:
+        if metric.name in SPEC_DECODE_COUNTERS:
+            counts[SPEC_DECODE_COUNTERS[metric.name]] += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            values = list(metric.values)
+            per_pos = [a + b for a, b in zip(per_pos, values)] if per_pos else values
+    if not counts["drafts"] or not counts["draft_tokens"]:
+        return None
+    return {
+        **counts,
+        "acceptance_rate": round(counts["accepted_tokens"] / counts["draft_tokens"], 4),
+        "mean_acceptance_length": round(1 + counts["accepted_tokens"] / counts["drafts"], 3),
+        "per_position": [round(n / counts["drafts"], 4) for n in per_pos],
     }
 
 
@@ -296,6 +356,9 @@ def engine_env(spec: RunSpec) -> dict[str, str]:
     env.pop("VLLM_USE_BREAKABLE_CUDAGRAPH", None)
     env.update(RUNNERS[spec.runner])
     env.update(mode_env)
+    env.pop("VLLM_PP_LAYER_PARTITION", None)  # the spec's split, or vLLM's: as recorded
+    if spec.layer_partition:
+        env["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, spec.layer_partition))
     env.update(spec.extra_env)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
@@ -348,6 +411,18 @@ def serving_jit_compiles(log: str) -> list[str]:
     return _SERVING_JIT.findall(log)
 
 
+# Asked for: "Using AttentionBackendEnum.TRITON_ATTN backend."; vLLM's choice: "Using
+# FLASH_ATTN attention backend out of potential backends: [...]".
+_ATTENTION_BACKEND = re.compile(
+    r"Using (?:AttentionBackendEnum\.(\w+) backend|(\w+) attention backend)")
+
+
+def attention_backend_used(log: str) -> str | None:
+    """The attention backends vLLM logged it uses (distinct, joined), or None."""
+    names = dict.fromkeys(a or b for a, b in _ATTENTION_BACKEND.findall(log))
+    return ", ".join(names) or None
+
+
 def log_findings(log: str) -> dict[str, Any]:
     """What a run's log says beyond its numbers."""
     return {
@@ -355,6 +430,7 @@ def log_findings(log: str) -> dict[str, Any]:
         "direct_handoff_stages": log.count(DIRECT_HANDOFF_LINE),
         "cadence_choices": cadence_choices(log),
         "jit_compiles": serving_jit_compiles(log),
+        "attention_backend_used": attention_backend_used(log),
     }
 
 

@@ -63,6 +63,7 @@ def serve_command(
         "--served-model-name", "dummy",
         "--load-format", "dummy" if spec.weights == "dummy" else "auto",
         "--pipeline-parallel-size", str(spec.pp),
+        "--tensor-parallel-size", str(spec.tp),
         "--max-num-seqs", str(spec.max_num_seqs),
         "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
         "--port", str(port),
@@ -70,6 +71,8 @@ def serve_command(
     ]
     if spec.attention_backend:
         cmd += ["--attention-backend", spec.attention_backend]
+    if spec.speculative_config:
+        cmd += ["--speculative-config", json.dumps(spec.speculative_config)]
     return cmd + mode_cli_args(spec.mode) + list(extra_args)
 
 
@@ -276,9 +279,10 @@ def run_vllm_bench_sweep(
         if (status := await _post(f"{base_url}/stop_profile")) != 200:
             return {"profile_error": f"/stop_profile answered HTTP {status}"}
         dest = profile_dir / f"c{concurrency}"
-        found = await asyncio.to_thread(collect_traces, profile_dir, dest, spec.pp)
-        if found < spec.pp:
-            return {"profile_error": f"{found} of {spec.pp} stages wrote a trace"}
+        ranks = spec.pp * spec.tp
+        found = await asyncio.to_thread(collect_traces, profile_dir, dest, ranks)
+        if found < ranks:
+            return {"profile_error": f"{found} of {ranks} ranks wrote a trace"}
         profile = await asyncio.to_thread(analyze_dir, dest)
         return {"profile": profile, "gpu_busy_pct": stage_busy(profile)}
 
