@@ -176,3 +176,52 @@ def test_bad_start_ups_are_refused_naming_the_setting_and_leave_nothing(tmp_path
     results = json.loads((tmp_path / "soak.json").read_text())
     assert len(results) == 5
     assert code == 0, [r for r in results if not r["passed"]]
+
+
+def _speculative_config(method: str, tmp_path) -> dict:
+    """A speculative config for the random 0.6B shape: ngram, or EAGLE3 with a random draft."""
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": 3,
+                "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    from vllm_pp_cudagraph.bench.draft_model import write_eagle3_draft
+
+    draft = write_eagle3_draft(tmp_path / "draft")
+    return {"method": method, "model": str(draft), "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_speculative_decoding_serves_with_the_tokens_of_a_stock_engine(method, tmp_path,
+                                                                        random_model):
+    """With a speculative method the plugin's engine starts on every stage and gives
+    the greedy tokens of a stock engine. Two stock engines run, before and after
+    it: stock's own tokens can change from engine to engine with drafts (EAGLE3 at
+    PP=2 on vLLM 0.33: 17 of 64 requests), so the plugin must match one of them."""
+    spec = _speculative_config(method, tmp_path)
+    out = tmp_path / "bench"
+    modes = "stock:full_and_piecewise,plugin:full_and_piecewise,stock:full_and_piecewise"
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
+         "--model", str(random_model), "--modes", modes, "--prompts", "64",
+         "--output-len", "64", "--repeat", "0", "--timeout", "600",
+         "--speculative-config", json.dumps(spec), "--out", str(out)],
+        capture_output=True, text=True, timeout=2400,
+    )
+    console = proc.stdout[-4000:] + proc.stderr[-2000:]
+    runs = json.loads((out / "bench.json").read_text())["runs"] \
+        if (out / "bench.json").exists() else []
+    assert [r["spec"]["runner"] for r in runs] == ["stock", "plugin", "stock"], console
+    first, plugin, second = runs
+    for run in runs:
+        assert run.get("digest"), f"{run['spec']['runner']} failed to serve: {console}"
+        assert run["spec"]["speculative_config"]["method"] == method
+        assert run["spec_decode"] and run["spec_decode"]["draft_tokens"] > 0, run["spec_decode"]
+    assert plugin["plugin_stages"] == 2, "a stage ran without the plugin's runner"
+    stock_sets = (first["request_digests"], second["request_digests"])
+    differ = [sum(a != b for a, b in zip(s, plugin["request_digests"])) for s in stock_sets]
+    stock_vs_stock = sum(a != b for a, b in zip(*stock_sets))
+    print(f"{method}: plugin differs from the stock engines in {differ} of "
+          f"{len(plugin['request_digests'])} requests, stock from stock in {stock_vs_stock}; "
+          f"acceptance plugin {plugin['spec_decode']['acceptance_rate']}, stock "
+          f"{first['spec_decode']['acceptance_rate']} / {second['spec_decode']['acceptance_rate']}")
+    assert 0 in differ, (f"the plugin's tokens match neither stock engine ({differ} requests "
+                         f"differ; the stock engines differ from each other in {stock_vs_stock})")
