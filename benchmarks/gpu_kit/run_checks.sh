@@ -31,6 +31,16 @@
 #   serve-0.6b, serve-70b, serve-30b-a3b  the same for the other shapes
 #                (engine-* and serve-* are the acceptance table of pipelining that pays:
 #                docs/performance.md; each a bench invocation of its own)
+#   scoreboard-32b  the 2-GPU scoreboard of the Qwen3-32B dense shape (dummy weights):
+#                the plugin's defaults, stock MRV2 and V1 at PP=2 and stock at TP=2 (runner
+#                tp), profiled, in 4 cells, each a bench invocation into its own folder
+#                under scoreboard-32b/: served (vllm bench serve, random dataset, 256 out
+#                at concurrency 256) with 64 then 1024 tokens in, then offline (--workload
+#                engine, 64 in / 256 out) with 256 prompts and with 512 at
+#                --max-num-seqs 512. The cells share KIT_DEADLINE_S seconds (default
+#                1500): each gets what the earlier ones left as its --deadline, one left
+#                under a minute is skipped, and bench.json is written as each run ends, so
+#                a lease cut short keeps every finished run
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -90,7 +100,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b gpu-tests shared-gpu-tests"
+STEPS="smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -195,6 +205,35 @@ step_serve-0.6b() { serve_cell qwen3-0.6b 900; }
 step_serve-32b() { serve_cell qwen3-32b 1200; }
 step_serve-70b() { serve_cell llama-3.1-70b 1500; }
 step_serve-30b-a3b() { serve_cell qwen3-30b-a3b 1200; }
+
+# scoreboard_cell NAME BENCH_ARGS...: one cell of step_scoreboard-32b, its --deadline what
+# KIT_DEADLINE_S leaves since the step began (SCOREBOARD_T0).
+scoreboard_cell() {
+  local name=$1 left=$((${KIT_DEADLINE_S:-1500} - (SECONDS - SCOREBOARD_T0)))
+  shift
+  if [ "$left" -lt 60 ]; then
+    echo "scoreboard-32b $name: skipped, $left s of KIT_DEADLINE_S left"
+    return 1
+  fi
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --model qwen3-32b --weights dummy --profile --timeout 600 \
+    --deadline "$left" --out "$RES/scoreboard-32b/$name" \
+    --modes plugin:$FAP,stock:$FAP,tp:$FAP,v1:$FAP "$@"
+}
+
+step_scoreboard-32b() {
+  local rc=0
+  SCOREBOARD_T0=$SECONDS
+  local serve="--workload serve --num-requests 512 --output-len 256 --max-num-seqs 256 --concurrency 256 --repeat 2"
+  local engine="--workload engine --input-len 64 --output-len 256 --repeat 3"
+  # shellcheck disable=SC2086
+  {
+    scoreboard_cell serve-in64 $serve --input-len 64 || rc=1
+    scoreboard_cell serve-in1024 $serve --input-len 1024 || rc=1
+    scoreboard_cell engine-256 $engine --prompts 256 --max-num-seqs 256 || rc=1
+    scoreboard_cell engine-512 $engine --prompts 512 --max-num-seqs 512 || rc=1
+  }
+  return $rc
+}
 
 step_direct() {
   local rc=0
@@ -304,14 +343,15 @@ for name in ("smoke/smoke.json", "smoke-default-sampler/smoke.json", "pp1-stock/
                   f"env={smoke['env']} {run.get('error', '')[:300]}")
 if (res / "runner-pp1.json").exists():
     print("runner-pp1:", (res / "runner-pp1.json").read_text().replace("\n", ""))
-for path in sorted(res.glob("*/bench.json")):
+for path in sorted([*res.glob("*/bench.json"), *res.glob("scoreboard-*/*/bench.json")]):
     for run in json.loads(path.read_text())["runs"]:
         spec = run["spec"]
-        keys = ("plugin_stages", "direct_handoff_stages", "tokens_agree", "tokens_reference", "requests_differ",
-                "repeats_itself", "req_per_s", "tpot_mean_ms", "init_s", "capture_s",
-                "returncode")
+        keys = ("concurrency", "plugin_stages", "direct_handoff_stages", "tokens_agree",
+                "tokens_reference", "requests_differ", "repeats_itself", "req_per_s",
+                "tpot_mean_ms", "tpot_p50_ms", "init_s", "capture_s", "returncode")
         row = " ".join(f"{k}={run[k]}" for k in keys if k in run)
-        print(f"{path.parent.name}: {spec['runner']}:{spec['mode']} "
+        layout = f" tp={spec['tp']} pp={spec['pp']}" if spec.get("tp", 1) > 1 else ""
+        print(f"{path.parent.relative_to(res)}: {spec['runner']}:{spec['mode']}{layout} "
               f"{'ok' if run.get('digest') else 'FAILED'} {row}")
 EOF
 }

@@ -313,56 +313,21 @@ def build_parser() -> argparse.ArgumentParser:
         + " Needs at least --pp x --tp NVIDIA GPUs; refuses at once with fewer.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
+    for add_options in (add_engine_options, add_workload_options, add_result_options,
+                        add_serving_options):
+        add_options(parser)
+    return parser
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The model, its engine layout and vLLM's settings."""
+    group = parser.add_argument_group("model and engine, the same for every run")
+    group.add_argument(
         "--model",
         default="qwen3-0.6b",
         help=f"a model directory, or a built-in shape (no download, see --weights): {sorted(SHAPES)}",
     )
-    parser.add_argument("--pp", type=int, default=2,
-                        help="pipeline-parallel size (stages, each on --tp GPUs)")
-    parser.add_argument("--tp", type=int, default=1,
-                        help="tensor-parallel size inside each pipeline stage; the runs need "
-                        "--pp x --tp GPUs")
-    parser.add_argument(
-        "--layer-partition", type=positive_int_list("--layer-partition"), default=None,
-        help="layers per pipeline stage, --pp of them, e.g. 8,7,7,6 (vLLM's "
-        "VLLM_PP_LAYER_PARTITION); None: vLLM's split")
-    parser.add_argument(
-        "--speculative-config", type=speculative_config, default=None,
-        help='vLLM\'s speculative_config for every run, a JSON object with a "method", e.g. '
-        '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\'; '
-        "bench.json records the acceptance vLLM counted (engine workloads)")
-    parser.add_argument("--prompts", type=int, default=128, help="requests per timed run")
-    parser.add_argument("--input-len", type=int, default=2, help="prompt length in tokens")
-    parser.add_argument("--output-len", type=int, default=512,
-                        help="tokens generated per request (greedy, EOS ignored)")
-    parser.add_argument(
-        "--output-len-spread",
-        type=int,
-        default=0,
-        help="requests ask for up to this many tokens fewer than --output-len; with more "
-        "--prompts than --max-num-seqs, prefills then share batches with decodes",
-    )
-    parser.add_argument("--max-num-seqs", type=int, default=128,
-                        help="vLLM's max_num_seqs: requests batched at once")
-    parser.add_argument(
-        "--workload", choices=("batch", "engine", "serve"), default="batch",
-        help="batch: requests queued with the scheduler paused, one batch (tokens compared "
-        "across runners); engine: LLM.generate as users call it, requests arriving while "
-        "the engine steps (tokens not compared: vLLM is not batch-invariant); serve: "
-        "vllm serve driven by vLLM's own 'vllm bench serve' client, random dataset, one "
-        "run per --concurrency")
-    parser.add_argument(
-        "--modes",
-        type=parse_modes,
-        default=",".join(DEFAULT_MODES),
-        help=f"comma list of RUNNER:MODE[@UTIL], RUNNER in {sorted(RUNNERS)}, MODE in "
-        f"{sorted(MODES)}, UTIL a per-run --gpu-memory-utilization; runner 'tp' is stock "
-        "vLLM on the same GPUs by tensor parallelism alone (tensor_parallel_size --pp x "
-        "--tp, no pipeline, no plugin)",
-    )
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs after warm-up")
-    parser.add_argument(
+    group.add_argument(
         "--weights",
         choices=("random", "dummy"),
         default="random",
@@ -371,33 +336,75 @@ def build_parser() -> argparse.ArgumentParser:
         "vLLM's dummy loader (starts faster; its tiny weights make outputs nearly "
         "independent of the layers, so use it for speed only)",
     )
-    parser.add_argument(
+    group.add_argument("--pp", type=int, default=2,
+                       help="pipeline-parallel size (stages, each on --tp GPUs)")
+    group.add_argument("--tp", type=int, default=1,
+                       help="tensor-parallel size inside each pipeline stage; the runs need "
+                       "--pp x --tp GPUs")
+    group.add_argument(
+        "--layer-partition", type=positive_int_list("--layer-partition"), default=None,
+        help="layers per pipeline stage, --pp of them, e.g. 8,7,7,6 (vLLM's "
+        "VLLM_PP_LAYER_PARTITION); None: vLLM's split")
+    group.add_argument(
         "--attention-backend", default="auto",
         help="vLLM attention backend for every run, e.g. TRITON_ATTN, FLASH_ATTN, FLASHINFER; "
         "'auto' passes none, leaving the choice to vLLM (bench.json records the one asked "
         "for, null for vLLM's choice, and the one vLLM logged as attention_backend_used)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
-                        help="vLLM's gpu_memory_utilization for every run")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per engine")
-    parser.add_argument(
+    group.add_argument(
+        "--speculative-config", type=speculative_config, default=None,
+        help='vLLM\'s speculative_config for every run, a JSON object with a "method", e.g. '
+        '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\'; '
+        "bench.json records the acceptance vLLM counted (engine workloads)")
+    group.add_argument("--max-num-seqs", type=int, default=128,
+                       help="vLLM's max_num_seqs: requests batched at once")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                       help="vLLM's gpu_memory_utilization for every run")
+
+
+def add_workload_options(parser: argparse.ArgumentParser) -> None:
+    """What each engine is given to do, and which engines run."""
+    group = parser.add_argument_group("workload and runs")
+    group.add_argument(
+        "--workload", choices=("batch", "engine", "serve"), default="batch",
+        help="batch: requests queued with the scheduler paused, one batch (tokens compared "
+        "across runners); engine: LLM.generate as users call it, requests arriving while "
+        "the engine steps (tokens not compared: vLLM is not batch-invariant); serve: "
+        "vllm serve driven by vLLM's own 'vllm bench serve' client, random dataset, one "
+        "run per --concurrency")
+    group.add_argument(
+        "--modes",
+        type=parse_modes,
+        default=",".join(DEFAULT_MODES),
+        help=f"comma list of RUNNER:MODE[@UTIL], RUNNER in {sorted(RUNNERS)}, MODE in "
+        f"{sorted(MODES)}, UTIL a per-run --gpu-memory-utilization; runner 'tp' is stock "
+        "vLLM on the same GPUs by tensor parallelism alone (tensor_parallel_size --pp x "
+        "--tp, no pipeline, no plugin)",
+    )
+    group.add_argument("--prompts", type=int, default=128, help="requests per timed run")
+    group.add_argument("--input-len", type=int, default=2, help="prompt length in tokens")
+    group.add_argument("--output-len", type=int, default=512,
+                       help="tokens generated per request (greedy, EOS ignored)")
+    group.add_argument(
+        "--output-len-spread",
+        type=int,
+        default=0,
+        help="requests ask for up to this many tokens fewer than --output-len; with more "
+        "--prompts than --max-num-seqs, prefills then share batches with decodes",
+    )
+    group.add_argument("--repeat", type=int, default=3, help="timed runs after warm-up")
+
+
+def add_result_options(parser: argparse.ArgumentParser) -> None:
+    """Time limits, profiling and where results go."""
+    group = parser.add_argument_group("time and results")
+    group.add_argument("--timeout", type=float, default=900, help="seconds per engine")
+    group.add_argument(
         "--deadline", type=float, default=None, help="seconds for all engines; later ones are skipped"
     )
-    parser.add_argument("--out", type=Path, default=Path("bench-results"),
-                        help="directory for bench.json, the table, logs and the model")
-    serve = parser.add_argument_group("serving (--serve)")
-    serve.add_argument(
-        "--serve",
-        action="store_true",
-        help="measure through 'vllm serve' with an OpenAI-compatible client instead "
-        "of the offline engine (TTFT/TPOT as users see them; streamed requests)",
-    )
-    serve.add_argument("--concurrency", type=positive_int_list("--concurrency"), default="64",
-                       help="requests in flight at once; for --workload serve a comma "
-                       "list, one run each (a sweep)")
-    serve.add_argument("--num-requests", type=int, default=None,
-                       help="requests per timed run (None: --prompts)")
-    serve.add_argument("--port", type=int, default=8000, help="port of the server")
-    parser.add_argument(
+    group.add_argument("--out", type=Path, default=Path("bench-results"),
+                       help="directory for bench.json (rewritten as each run ends), the "
+                       "table, logs and the model")
+    group.add_argument(
         "--profile",
         action="store_true",
         help="after the timed runs, profile one more pass per engine (for --workload serve: "
@@ -406,7 +413,23 @@ def build_parser() -> argparse.ArgumentParser:
         "the forward, GPU busy %%, kernel time, launches, host syncs, NCCL time (traces "
         "under OUT/traces/)",
     )
-    return parser
+
+
+def add_serving_options(parser: argparse.ArgumentParser) -> None:
+    """The server and its client (--serve, --workload serve)."""
+    group = parser.add_argument_group("serving (--serve, --workload serve)")
+    group.add_argument(
+        "--serve",
+        action="store_true",
+        help="measure through 'vllm serve' with an OpenAI-compatible client instead "
+        "of the offline engine (TTFT/TPOT as users see them; streamed requests)",
+    )
+    group.add_argument("--concurrency", type=positive_int_list("--concurrency"), default="64",
+                       help="requests in flight at once; for --workload serve a comma "
+                       "list, one run each (a sweep)")
+    group.add_argument("--num-requests", type=int, default=None,
+                       help="requests per timed run (None: --prompts)")
+    group.add_argument("--port", type=int, default=8000, help="port of the server")
 
 
 def engine_status(report: dict[str, Any], log_name: str) -> str:
@@ -587,6 +610,30 @@ def visible_gpus() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    refuse_impossible(parser, args)
+    shape, model = prepare_model(args)
+    reports = run_engines(args, shape, model)
+    unloaded = plugin_not_loaded(args, reports)
+    print_findings(args, reports, unloaded)
+    judge_tokens(args, reports)
+    print()
+    print(render_table(reports))
+    print_profiles(reports)
+    for line in disagreement_lines(reports):
+        print(line)
+    for row in across_engines(reports):
+        print(
+            f"across engines: {row['run']} median {row['median_req_per_s']} req/s over "
+            f"{row['engines']} engines ({row['min_req_per_s']}..{row['max_req_per_s']})"
+        )
+    path = write_results(args, reports, complete=True)
+    write_plot(reports, args.out / "bench.png")
+    print(f"\nwrote {path}")
+    return exit_status(args, reports, unloaded)
+
+
+def refuse_impossible(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit (status 2, nothing written) on arguments no run can use, then on too few GPUs."""
     problems = argument_problems(args)
     if problems:
         parser.error("; ".join(problems) + ". Nothing was started or written.")
@@ -594,6 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     if gpus < args.pp * args.tp:
         parser.exit(2, f"vllm-pp-cudagraph bench: {gpu_shortage(args.pp, args.tp, gpus)}; "
                        "nothing was written.\n")
+
+
+def prepare_model(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(shape, model directory): a built-in shape is written under OUT where the runs need
+    files (a tokenizer to serve, random weights); None leaves it to each engine."""
     shape, model = (args.model, None) if args.model in SHAPES else ("qwen3-0.6b", args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     serving = args.serve or args.workload == "serve"
@@ -603,49 +655,69 @@ def main(argv: list[str] | None = None) -> int:
                 args.out / "model", shape, tokenizer=serving, weights=args.weights == "random"
             )
         )
-    reports = []
-    seen: dict[str, int] = {}
+    return shape, model
+
+
+def log_names(modes: list[tuple[str, str, float | None]]) -> list[str]:
+    """Each run's log name: RUNNER-MODE[-UTIL], with -runN from a run's second time on
+    (e.g. stock twice, to see run-to-run noise)."""
+    names, seen = [], {}
+    for runner, mode, utilization in modes:
+        name = f"{runner}-{mode}" + (f"-{utilization}" if utilization else "")
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name + (f"-run{seen[name]}" if seen[name] > 1 else ""))
+    return names
+
+
+def run_engines(args: argparse.Namespace, shape: str, model: str | None) -> list[dict[str, Any]]:
+    """Every run of ``--modes`` in turn, those --deadline leaves time for; their reports,
+    written to bench.json as each ends."""
+    reports: list[dict[str, Any]] = []
     started = time.monotonic()
-    for i, (runner, mode, utilization) in enumerate(args.modes, 1):
+    for i, ((runner, mode, utilization), log_name) in enumerate(
+            zip(args.modes, log_names(args.modes)), 1):
         timeout = args.timeout
         if args.deadline is not None:
             timeout = min(timeout, args.deadline - (time.monotonic() - started))
             if timeout < MIN_ENGINE_S:
                 print(f"[{i}/{len(args.modes)}] {runner}:{mode}: skipped (--deadline)", flush=True)
                 continue
-        log_name = f"{runner}-{mode}" + (f"-{utilization}" if utilization else "")
-        seen[log_name] = seen.get(log_name, 0) + 1
-        if seen[log_name] > 1:  # the same run again, e.g. stock twice to see run-to-run noise
-            log_name += f"-run{seen[log_name]}"
         spec = run_spec(args, runner, mode, utilization, shape, model, log_name)
         print(f"[{i}/{len(args.modes)}] {spec.name}{layout_label(asdict(spec))} ...", flush=True)
-        if args.workload == "serve":
-            sweep = run_vllm_bench_sweep(spec, model, args.out / f"{log_name}.log",
-                                         args.concurrency, args.num_requests or args.prompts,
-                                         port=args.port, startup_timeout_s=timeout)
-            for point in sweep:
-                point["returncode"] = 0 if point.get("shutdown_clean") else point.get("shutdown_rc")
-            reports.extend(sweep[:-1])
-            report = sweep[-1]
-        elif args.serve:
-            report = run_serve_mode(
-                spec,
-                model,
-                serve_load_spec(args),
-                args.out / f"{log_name}.log",
-                port=args.port,
-                startup_timeout_s=timeout,
-            )
-            report["returncode"] = 0 if report.get("shutdown_clean") else report.get("shutdown_rc")
-        else:
-            report = run_in_subprocess(spec, args.out / f"{log_name}.log", timeout)
-        reports.append(report)
+        reports += run_one(args, spec, model, args.out / f"{log_name}.log", timeout)
         write_results(args, reports, complete=False)
         elapsed = time.monotonic() - started
-        print(f"    {engine_status(report, log_name)}  [{elapsed:.0f} s elapsed]", flush=True)
+        print(f"    {engine_status(reports[-1], log_name)}  [{elapsed:.0f} s elapsed]", flush=True)
+    return reports
 
-    unloaded = [r for r in reports if r["spec"]["runner"].startswith("plugin")
-                and r.get("plugin_stages", args.pp) < args.pp]
+
+def run_one(args: argparse.Namespace, spec: RunSpec, model: str | None, log_path: Path,
+            timeout: float) -> list[dict[str, Any]]:
+    """One engine or server of the workload; its reports (a serve sweep: one per concurrency)."""
+    if args.workload == "serve":
+        reports = run_vllm_bench_sweep(spec, model, log_path, args.concurrency,
+                                       args.num_requests or args.prompts, port=args.port,
+                                       startup_timeout_s=timeout)
+    elif args.serve:
+        reports = [run_serve_mode(spec, model, serve_load_spec(args), log_path, port=args.port,
+                                  startup_timeout_s=timeout)]
+    else:
+        return [run_in_subprocess(spec, log_path, timeout)]
+    for report in reports:
+        report["returncode"] = 0 if report.get("shutdown_clean") else report.get("shutdown_rc")
+    return reports
+
+
+def plugin_not_loaded(args: argparse.Namespace,
+                      reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plugin runs that logged the plugin's runner on fewer than --pp stages: stock runs."""
+    return [r for r in reports if r["spec"]["runner"].startswith("plugin")
+            and r.get("plugin_stages", args.pp) < args.pp]
+
+
+def print_findings(args: argparse.Namespace, reports: list[dict[str, Any]],
+                   unloaded: list[dict[str, Any]]) -> None:
+    """What the runs' logs say beyond their numbers, one console line each."""
     for r in unloaded:
         print(f"PLUGIN NOT LOADED: {r['spec']['runner']}:{r['spec']['mode']} logged the plugin's "
               f"runner on {r['plugin_stages']} of {args.pp} stages; its numbers are not the plugin's")
@@ -656,9 +728,10 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("jit_compiles"):
             print(f"compiled while serving: {r['spec']['runner']}:{r['spec']['mode']}: "
                   f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")
-    judge_tokens(args, reports)
-    print()
-    print(render_table(reports))
+
+
+def print_profiles(reports: list[dict[str, Any]]) -> None:
+    """Each profiled run's per-rank medians and busiest host operations per decode step."""
     for r in reports:
         if r.get("profile_error"):
             print(f"profile {r['spec']['runner']}:{r['spec']['mode']}: {r['profile_error']}")
@@ -668,17 +741,11 @@ def main(argv: list[str] | None = None) -> int:
             for window, ops in summary.get("host_ops", {}).items():
                 top = ", ".join(f"{op['name']} {op['calls']}x {op['us']} us" for op in ops[:6])
                 print(f"  host per decode step, {window}: {top}")
-    disagree = disagreement_lines(reports)
-    for line in disagree:
-        print(line)
-    for row in across_engines(reports):
-        print(
-            f"across engines: {row['run']} median {row['median_req_per_s']} req/s over "
-            f"{row['engines']} engines ({row['min_req_per_s']}..{row['max_req_per_s']})"
-        )
-    path = write_results(args, reports, complete=True)
-    write_plot(reports, args.out / "bench.png")
-    print(f"\nwrote {path}")
+
+
+def exit_status(args: argparse.Namespace, reports: list[dict[str, Any]],
+                unloaded: list[dict[str, Any]]) -> int:
+    """1 if a run failed or did not load the plugin, or (batch) gave tokens it must not."""
     failed = [r for r in reports if not r.get("digest")] + unloaded
     if args.serve or args.workload != "batch":
         # Under changing batches vLLM is not batch-invariant: served outputs may

@@ -203,64 +203,89 @@ def output_lengths(spec: RunSpec) -> list[int]:
     return [spec.output_len - (i * 37) % (spec.output_len_spread + 1) for i in range(spec.prompts)]
 
 
-def _child(spec: RunSpec) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def child_model_dir(spec: RunSpec) -> str:
+    """The model the child loads: ``spec.model``, else the built-in shape written out.
 
-    model = spec.model
-    if model is None:
-        # One directory per shape and weights, shared by every engine started
-        # this way: the 1.2 GB checkpoint is written once, not once per engine.
-        cache = Path(tempfile.gettempdir()) / f"vllm-pp-cudagraph-{spec.shape}-{spec.weights}"
-        model = str(write_model_dir(cache, spec.shape, weights=spec.weights == "random"))
-    kwargs = engine_kwargs(spec, model)
+    One directory per shape and weights, shared by every engine started this way:
+    the 1.2 GB checkpoint is written once, not once per engine.
+    """
+    if spec.model is not None:
+        return spec.model
+    cache = Path(tempfile.gettempdir()) / f"vllm-pp-cudagraph-{spec.shape}-{spec.weights}"
+    return str(write_model_dir(cache, spec.shape, weights=spec.weights == "random"))
+
+
+def start_engine(spec: RunSpec) -> tuple[Any, float]:
+    """vLLM's ``LLM`` for ``spec`` and the seconds it took to start."""
+    from vllm import LLM
+
+    kwargs = engine_kwargs(spec, child_model_dir(spec))
     if spec.profile_dir:
         from vllm.config import ProfilerConfig
 
         kwargs["profiler_config"] = ProfilerConfig(**profiler_settings(spec.profile_dir))
     start = time.perf_counter()
     llm = LLM(**kwargs)
-    init_s = time.perf_counter() - start
+    return llm, time.perf_counter() - start
+
+
+def timed_pass(llm, spec: RunSpec, prompts: list, params: list) -> tuple[dict[str, Any], list]:
+    """One pass over the workload: its elapsed seconds and request latencies, and outputs."""
+    t0 = time.perf_counter()
+    if spec.workload == "batch":
+        outs = generate_as_one_batch(llm, prompts, params)
+    else:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    timings = [
+        RequestTiming(
+            o.metrics.first_token_latency,
+            o.metrics.first_token_ts,
+            o.metrics.last_token_ts,
+            o.metrics.num_generation_tokens,
+        )
+        for o in outs
+        if o.metrics is not None
+    ]
+    return {"elapsed_s": round(elapsed, 4), **summarize_requests(timings)}, outs
+
+
+def tokens_of(outs: list) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _child(spec: RunSpec) -> dict[str, Any]:
+    """Start the engine, warm it up, time ``spec.repeat`` passes (one more profiled)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm, init_s = start_engine(spec)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for n in output_lengths(spec)]
-
-    def generate() -> tuple[dict[str, Any], list]:
-        t0 = time.perf_counter()
-        if spec.workload == "batch":
-            outs = generate_as_one_batch(llm, prompts, params)
-        else:
-            outs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - t0
-        timings = [
-            RequestTiming(
-                o.metrics.first_token_latency,
-                o.metrics.first_token_ts,
-                o.metrics.last_token_ts,
-                o.metrics.num_generation_tokens,
-            )
-            for o in outs
-            if o.metrics is not None
-        ]
-        return {"elapsed_s": round(elapsed, 4), **summarize_requests(timings)}, outs
-
-    def tokens_of(outs: list) -> list[list[int]]:
-        return [list(o.outputs[0].token_ids) for o in outs]
-
-    warmup, outputs = generate()
+    warmup, outputs = timed_pass(llm, spec, prompts, params)
     runs, run_digests = [], []
     for _ in range(spec.repeat):
-        run, outs = generate()
+        run, outs = timed_pass(llm, spec, prompts, params)
         runs.append(run)
         run_digests.append(output_digest(tokens_of(outs)))
     if spec.profile_dir:
         llm.start_profile()
-        generate()
+        timed_pass(llm, spec, prompts, params)
         llm.stop_profile()
-    chosen = median_run(runs) if runs else warmup
-    tokens = tokens_of(outputs)
     return {
+        **child_report(spec, init_s, warmup, runs, tokens_of(outputs)),
+        # the same engine must repeat its own tokens once batches are formed alike
+        "run_digests": run_digests,
         "spec_decode": spec_decode_stats(llm.get_metrics()) if spec.speculative_config else None,
+    }
+
+
+def child_report(spec: RunSpec, init_s: float, warmup: dict[str, Any],
+                 runs: list[dict[str, Any]], tokens: list[list[int]]) -> dict[str, Any]:
+    """The child's numbers: the median timed pass (else the warm-up) and the warm-up's tokens."""
+    chosen = median_run(runs) if runs else warmup
+    return {
         "request_digests": [output_digest([t])[:8] for t in tokens],
         "spec": asdict(spec),
         "init_s": round(init_s, 2),
@@ -271,8 +296,6 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         "output_tok_per_s": round(sum(map(len, tokens)) / chosen["elapsed_s"], 1),
         **{k: round(v, 3) for k, v in chosen.items() if k != "elapsed_s"},
         "digest": output_digest(tokens),
-        # the same engine must repeat its own tokens once batches are formed alike
-        "run_digests": run_digests,
         "num_output_tokens": sum(map(len, tokens)),
     }
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,79 @@ async def _post(url: str, timeout_s: float = 900) -> int:
             return resp.status
 
 
+@dataclass
+class BenchServeClient:
+    """``vllm bench serve`` passes against one server, their result files in ``result_dir``;
+    with ``profile_dir``, one more pass per concurrency under vLLM's profiler."""
+
+    spec: RunSpec
+    model_dir: str
+    result_dir: Path
+    num_prompts: int
+    profile_dir: Path | None = None
+
+    async def one_pass(self, base_url: str, concurrency: int, prompts: int,
+                       name: str) -> dict[str, Any]:
+        """One client run of ``prompts`` requests; its summary (``client_rc`` always)."""
+        result = self.result_dir / f"{name}.json"
+        cmd = vllm_bench_serve_command(base_url, self.model_dir, concurrency, prompts,
+                                       self.spec.input_len, self.spec.output_len,
+                                       self.result_dir, result.name)
+        with open(self.result_dir / f"{name}.log", "w") as client_log:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdout=client_log, stderr=subprocess.STDOUT)
+            rc = await proc.wait()
+        point: dict[str, Any] = {"concurrency": concurrency, "client_rc": rc}
+        if rc == 0 and result.exists():
+            point.update(vllm_bench_summary(json.loads(result.read_text())))
+        return point
+
+    async def profiled_pass(self, base_url: str, concurrency: int) -> dict[str, Any]:
+        """One pass of at least ``concurrency`` requests under the profiler; its summary."""
+        assert self.profile_dir is not None
+        if (status := await _post(f"{base_url}/start_profile")) != 200:
+            return {"profile_error": f"/start_profile answered HTTP {status}"}
+        await self.one_pass(base_url, concurrency, max(self.num_prompts // 4, concurrency),
+                            f"c{concurrency}-profiled")
+        if (status := await _post(f"{base_url}/stop_profile")) != 200:
+            return {"profile_error": f"/stop_profile answered HTTP {status}"}
+        dest = self.profile_dir / f"c{concurrency}"
+        ranks = self.spec.pp * self.spec.tp
+        found = await asyncio.to_thread(collect_traces, self.profile_dir, dest, ranks)
+        if found < ranks:
+            return {"profile_error": f"{found} of {ranks} ranks wrote a trace"}
+        profile = await asyncio.to_thread(analyze_dir, dest)
+        return {"profile": profile, "gpu_busy_pct": stage_busy(profile)}
+
+    async def point(self, base_url: str, concurrency: int) -> dict[str, Any]:
+        """``spec.repeat`` passes (at least one) at ``concurrency``: the median one, with
+        every pass's req/s and TPOT p50 / p99, and the profiled pass's summary."""
+        passes = [await self.one_pass(base_url, concurrency, self.num_prompts,
+                                      f"c{concurrency}-{i}")
+                  for i in range(max(self.spec.repeat, 1))]
+        done = [p for p in passes if p.get("req_per_s")]
+        point = dict(median_run(done, key="req_per_s")) if done else passes[-1]
+        for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms"):
+            point[f"pass_{key}"] = [p.get(key) for p in passes]
+        if self.profile_dir is not None:
+            point.update(await self.profiled_pass(base_url, concurrency))
+        return point
+
+    async def sweep(self, base_url: str, concurrencies: Sequence[int]) -> dict[str, Any]:
+        """A warm-up pass at the first concurrency, then a point per concurrency."""
+        await self.one_pass(base_url, concurrencies[0], max(self.num_prompts // 4, 1), "warmup")
+        return {"sweep": [await self.point(base_url, c) for c in concurrencies]}
+
+
+def profiler_args(spec: RunSpec) -> tuple[Path | None, list[str]]:
+    """Where the server's profiler writes traces (made here), and its ``vllm serve`` flags."""
+    if not spec.profile_dir:
+        return None, []
+    profile_dir = Path(spec.profile_dir)
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    return profile_dir, ["--profiler-config", json.dumps(profiler_settings(str(profile_dir)))]
+
+
 def run_vllm_bench_sweep(
     spec: RunSpec,
     model_dir: str,
@@ -243,69 +317,21 @@ def run_vllm_bench_sweep(
     A warm-up pass at the first concurrency comes first (Triton compiles new
     shapes on first use), then ``spec.repeat`` timed passes per concurrency
     (at least one); each point reports the pass of median req/s and every
-    pass's req/s and TPOT p50 / p99 (the spread between passes). With ``spec.profile_dir``, one more pass per concurrency runs
-    under vLLM's profiler (``/start_profile`` ... ``/stop_profile``), its traces
-    go to ``profile_dir/c<concurrency>``, and the point gets their per-stage
-    summary (``profile``, ``gpu_busy_pct``). One report per concurrency, each
-    with the server's shutdown status and how many stages logged the plugin's runner.
+    pass's req/s and TPOT p50 / p99 (the spread between passes). With
+    ``spec.profile_dir``, one more pass per concurrency runs under vLLM's
+    profiler (``/start_profile`` ... ``/stop_profile``), its traces go to
+    ``profile_dir/c<concurrency>``, and the point gets their per-rank summary
+    (``profile``, ``gpu_busy_pct``). One report per concurrency, each with the
+    server's shutdown status and how many stages logged the plugin's runner.
     """
     result_dir = log_path.parent / f"{log_path.stem}-results"
     result_dir.mkdir(parents=True, exist_ok=True)
-    profile_dir = Path(spec.profile_dir) if spec.profile_dir else None
-    extra_args: list[str] = []
-    if profile_dir is not None:
-        profile_dir.mkdir(parents=True, exist_ok=True)
-        extra_args = ["--profiler-config", json.dumps(profiler_settings(str(profile_dir)))]
-
-    async def one_pass(base_url: str, concurrency: int, prompts: int, name: str) -> dict[str, Any]:
-        cmd = vllm_bench_serve_command(base_url, model_dir, concurrency, prompts,
-                                       spec.input_len, spec.output_len, result_dir, name + ".json")
-        with open(result_dir / f"{name}.log", "w") as client_log:
-            proc = await asyncio.create_subprocess_exec(
-                *cmd, stdout=client_log, stderr=subprocess.STDOUT)
-            rc = await proc.wait()
-        point: dict[str, Any] = {"concurrency": concurrency, "client_rc": rc}
-        if rc == 0 and (result_dir / f"{name}.json").exists():
-            point.update(vllm_bench_summary(json.loads((result_dir / f"{name}.json").read_text())))
-        return point
-
-    async def profiled_pass(base_url: str, concurrency: int) -> dict[str, Any]:
-        """One pass of at least ``concurrency`` requests under the profiler; its summary."""
-        assert profile_dir is not None
-        if (status := await _post(f"{base_url}/start_profile")) != 200:
-            return {"profile_error": f"/start_profile answered HTTP {status}"}
-        await one_pass(base_url, concurrency, max(num_prompts // 4, concurrency),
-                       f"c{concurrency}-profiled")
-        if (status := await _post(f"{base_url}/stop_profile")) != 200:
-            return {"profile_error": f"/stop_profile answered HTTP {status}"}
-        dest = profile_dir / f"c{concurrency}"
-        ranks = spec.pp * spec.tp
-        found = await asyncio.to_thread(collect_traces, profile_dir, dest, ranks)
-        if found < ranks:
-            return {"profile_error": f"{found} of {ranks} ranks wrote a trace"}
-        profile = await asyncio.to_thread(analyze_dir, dest)
-        return {"profile": profile, "gpu_busy_pct": stage_busy(profile)}
-
-    async def sweep(base_url: str) -> dict[str, Any]:
-        await one_pass(base_url, concurrencies[0], max(num_prompts // 4, 1), "warmup")
-        points = []
-        for concurrency in concurrencies:
-            passes = [await one_pass(base_url, concurrency, num_prompts, f"c{concurrency}-{i}")
-                      for i in range(max(spec.repeat, 1))]
-            done = [p for p in passes if p.get("req_per_s")]
-            point = dict(median_run(done, key="req_per_s")) if done else passes[-1]
-            for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms"):
-                point[f"pass_{key}"] = [p.get(key) for p in passes]
-            if profile_dir is not None:
-                point.update(await profiled_pass(base_url, concurrency))
-            points.append(point)
-        return {"sweep": points}
-
-    report = serve_and_call(spec, model_dir, log_path, sweep, port, startup_timeout_s,
-                            extra_args=extra_args)
-    log = log_path.read_text(errors="replace")
-    report.update(log_findings(log))
-    reports = []
-    for point in report.pop("sweep", []) or [{"concurrency": c} for c in concurrencies]:
-        reports.append({**report, **point, "digest": "n/a" if point.get("req_per_s") else None})
-    return reports
+    profile_dir, extra_args = profiler_args(spec)
+    client = BenchServeClient(spec, model_dir, result_dir, num_prompts, profile_dir)
+    report = serve_and_call(spec, model_dir, log_path,
+                            lambda base_url: client.sweep(base_url, concurrencies), port,
+                            startup_timeout_s, extra_args=extra_args)
+    report.update(log_findings(log_path.read_text(errors="replace")))
+    points = report.pop("sweep", []) or [{"concurrency": c} for c in concurrencies]
+    return [{**report, **point, "digest": "n/a" if point.get("req_per_s") else None}
+            for point in points]
