@@ -10,9 +10,9 @@ import sys
 from collections.abc import Iterator
 from importlib import metadata
 
-from vllm_pp_cudagraph import __version__, compat, install_check
+from vllm_pp_cudagraph import __version__, compat, install_check, support
 from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings, SettingsError
+from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings, SettingsError
 
 EXIT_OK = 0
 #: The installed vLLM is outside the supported range (and no override is set).
@@ -71,6 +71,20 @@ def _vllm_logs_to_stderr() -> Iterator[None]:
             os.environ["VLLM_LOGGING_STREAM"] = before
 
 
+class _Report:
+    """The lines ``check`` prints and the exit codes of the problems found, in order."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.problems: list[int] = []
+
+    def say(self, line: str = "") -> None:
+        print(line, file=self.out)
+
+    def problem(self, code: int) -> None:
+        self.problems.append(code)
+
+
 def check(out=sys.stdout) -> int:
     """Report whether this install can run the plugin; return the exit code.
 
@@ -78,119 +92,130 @@ def check(out=sys.stdout) -> int:
     version (1), an install that does not import (4), settings (2), no GPU
     visible (3); 0 when there is none.
     """
-    problems: list[int] = []
-
-    def say(line: str = "") -> None:
-        print(line, file=out)
-
-    settings = None
-    settings_error = None
+    report = _Report(out)
+    settings = settings_error = None
     try:
         settings = PPCudaGraphSettings.from_env()
     except SettingsError as exc:
         settings_error = exc
-
     versions = compat.installed_versions()
-    say(f"vllm-pp-cudagraph {__version__}")
-    if not versions.installed:
-        say(f"vLLM: not installed (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED")
-        problems.append(EXIT_UNSUPPORTED)
-    elif versions.supported:
-        say(f"vLLM: {versions.vllm} (supported: {compat.SUPPORTED_RANGE})  OK")
-    elif settings is not None and settings.allow_unsupported_vllm:
-        say(
-            f"vLLM: {versions.vllm} (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED, "
-            "allowed by VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 (untested: the plugin's "
-            "overrides may not match this vLLM)"
-        )
-    else:
-        say(
-            f"vLLM: {versions.vllm} (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED: "
-            "install a supported vLLM, or set VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 "
-            "to try anyway"
-        )
-        problems.append(EXIT_UNSUPPORTED)
-    say(f"torch: {versions.torch or 'not installed'}")
-    broken = None
-    if versions.installed:
-        with _vllm_logs_to_stderr():
-            broken = install_check.import_failure()
-        if broken is None:
-            say("imports: OK")
-        else:
-            say(f"imports: BROKEN: {broken.message()}")
-            problems.append(EXIT_BROKEN_INSTALL)
+    report.say(f"vllm-pp-cudagraph {__version__}")
+    _report_vllm(report, versions, settings)
+    broken = _report_imports(report, versions)
+    _report_plugins(report)
+    _report_settings(report, settings, settings_error)
+    if broken is not None:
+        report.say("patches: not listed (vLLM does not import, see above)")
+    elif versions.installed and settings is not None:
+        _report_patches(report, settings)
+        _report_proven(report)
+    _report_gpus(report)
+    return report.problems[0] if report.problems else EXIT_OK
 
+
+def _report_vllm(report: _Report, versions: compat.VersionInfo, settings) -> None:
+    where = f"{versions.vllm} (supported: {compat.SUPPORTED_RANGE})"
+    if not versions.installed:
+        report.say(f"vLLM: not installed (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED")
+        report.problem(EXIT_UNSUPPORTED)
+    elif versions.supported:
+        report.say(f"vLLM: {where}  OK; {support.gpu_evidence(versions.vllm)}")
+    elif settings is not None and settings.allow_unsupported_vllm:
+        report.say(f"vLLM: {where}  UNSUPPORTED, allowed by "
+                   "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 (untested: the plugin's "
+                   "overrides may not match this vLLM)")
+    else:
+        report.say(f"vLLM: {where}  UNSUPPORTED: install a supported vLLM, or set "
+                   "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try anyway")
+        report.problem(EXIT_UNSUPPORTED)
+    report.say(f"torch: {versions.torch or 'not installed'}")
+
+
+def _report_imports(report: _Report, versions: compat.VersionInfo):
+    """Whether torch, torchvision and vLLM import; the failure, or None."""
+    if not versions.installed:
+        return None
+    with _vllm_logs_to_stderr():
+        broken = install_check.import_failure()
+    if broken is None:
+        report.say("imports: OK")
+    else:
+        report.say(f"imports: BROKEN: {broken.message()}")
+        report.problem(EXIT_BROKEN_INSTALL)
+    return broken
+
+
+def _report_plugins(report: _Report) -> None:
     plugins_value = os.environ.get("VLLM_PLUGINS")
     if is_enabled():
-        say(f"VLLM_PLUGINS={plugins_value!r}: plugin ENABLED")
+        report.say(f"VLLM_PLUGINS={plugins_value!r}: plugin ENABLED")
     elif plugins_value is None:
-        say(
-            "VLLM_PLUGINS is unset: plugin INACTIVE (vLLM loads it, and it stays "
-            f"inert). Set VLLM_PLUGINS={PLUGIN_NAME} to enable it."
-        )
+        report.say("VLLM_PLUGINS is unset: plugin INACTIVE (vLLM loads it, and it stays "
+                   f"inert). Set VLLM_PLUGINS={PLUGIN_NAME} to enable it.")
     else:
-        say(f"VLLM_PLUGINS={plugins_value!r}: plugin INACTIVE")
+        report.say(f"VLLM_PLUGINS={plugins_value!r}: plugin INACTIVE")
         for miss in _near_misses(plugins_value):
-            say(
-                f"  ERROR: {miss!r} is not the plugin's name; did you mean "
-                f"{PLUGIN_NAME!r}? vLLM splits VLLM_PLUGINS on ',' and matches "
-                "names exactly (no spaces)."
-            )
-            problems.append(EXIT_MISCONFIGURED)
+            report.say(f"  ERROR: {miss!r} is not the plugin's name; did you mean "
+                       f"{PLUGIN_NAME!r}? vLLM splits VLLM_PLUGINS on ',' and matches "
+                       "names exactly (no spaces).")
+            report.problem(EXIT_MISCONFIGURED)
     others = [name for name in _general_plugins() if name != PLUGIN_NAME]
-    say(
-        "  note: VLLM_PLUGINS also filters every other vLLM plugin: only the names "
-        "it lists are loaded."
-        + (f" Other installed general plugins: {', '.join(others)}." if others else "")
-    )
+    report.say("  note: VLLM_PLUGINS also filters every other vLLM plugin: only the names "
+               "it lists are loaded."
+               + (f" Other installed general plugins: {', '.join(others)}." if others else ""))
 
-    if settings_error is not None:
-        say(f"settings: INVALID: {settings_error}")
-        problems.append(EXIT_MISCONFIGURED)
-    else:
-        say("settings: OK")
-        for name, value in settings.model_dump().items():
-            say(f"  {PPCudaGraphSettings.env_name(name)}={value}")
 
-    if broken is not None:
-        say("patches: not listed (vLLM does not import, see above)")
-    elif versions.installed and settings is not None:
-        from vllm_pp_cudagraph.patches import PATCHES, standing
-        from vllm_pp_cudagraph.settings import PluginConfigError
+def _report_settings(report: _Report, settings, error) -> None:
+    if error is not None:
+        report.say(f"settings: INVALID: {error}")
+        report.problem(EXIT_MISCONFIGURED)
+        return
+    report.say("settings: OK")
+    for name, value in settings.model_dump().items():
+        report.say(f"  {PPCudaGraphSettings.env_name(name)}={value}")
 
+
+def _report_patches(report: _Report, settings: PPCudaGraphSettings) -> None:
+    from vllm_pp_cudagraph.patches import PATCHES, standing
+
+    try:
+        rows = standing(settings)
+    except Exception as exc:  # a vLLM whose internals differ from SURFACE's
+        missing = compat.missing_surface()
+        report.say(f"patches: could not be listed: {install_check.describe(exc)}"
+                   + (f". Missing from this vLLM: {'; '.join(missing)}" if missing else ""))
+        report.problem(EXIT_BROKEN_INSTALL)
+        return
+    report.say("patches when enabled, on this vLLM with these settings:")
+    for patch, why in rows:
+        state = "applies" if why is None else f"stands aside: {why}"
+        report.say(f"  - {patch.name}: {state}  [{patch.target}]")
+    for scoped in [p for p in PATCHES if p.scope]:
+        report.say(f"  - {scoped.name}: applied later by {scoped.scope}  [{scoped.target}]")
+    if is_enabled():
         try:
-            rows = standing(settings)
-        except Exception as exc:  # a vLLM whose internals differ from SURFACE's
-            rows = []
-            missing = compat.missing_surface()
-            say(f"patches: could not be listed: {install_check.describe(exc)}"
-                + (f". Missing from this vLLM: {'; '.join(missing)}" if missing else ""))
-            problems.append(EXIT_BROKEN_INSTALL)
-        else:
-            say("patches when enabled, on this vLLM with these settings:")
-        for patch, why in rows:
-            state = "applies" if why is None else f"stands aside: {why}"
-            say(f"  - {patch.name}: {state}  [{patch.target}]")
-        for scoped in [p for p in PATCHES if p.scope] if rows else ():
-            say(f"  - {scoped.name}: applied later by {scoped.scope}  [{scoped.target}]")
-        if is_enabled():
-            try:
-                check_runner_choice()
-            except PluginConfigError as exc:
-                say(f"  ERROR: {exc}")
-                problems.append(EXIT_MISCONFIGURED)
+            check_runner_choice()
+        except PluginConfigError as exc:
+            report.say(f"  ERROR: {exc}")
+            report.problem(EXIT_MISCONFIGURED)
 
+
+def _report_proven(report: _Report) -> None:
+    report.say("features the plugin has been proven with (others: it stands aside):")
+    for line in support.table_lines():
+        report.say(f"  - {line}")
+
+
+def _report_gpus(report: _Report) -> None:
     gpus = _gpu_count()
     if gpus is None:
-        say("GPUs visible: unknown (torch is not installed or does not import)")
+        report.say("GPUs visible: unknown (torch is not installed or does not import)")
     elif gpus == 0:
-        say("GPUs visible: 0  PROBLEM: no NVIDIA GPU visible; vLLM cannot serve here "
-            "(check the driver and CUDA_VISIBLE_DEVICES)")
-        problems.append(EXIT_NO_GPU)
+        report.say("GPUs visible: 0  PROBLEM: no NVIDIA GPU visible; vLLM cannot serve here "
+                   "(check the driver and CUDA_VISIBLE_DEVICES)")
+        report.problem(EXIT_NO_GPU)
     else:
-        say(f"GPUs visible: {gpus}")
-    return problems[0] if problems else EXIT_OK
+        report.say(f"GPUs visible: {gpus}")
 
 
 def main(argv: list[str] | None = None) -> int:

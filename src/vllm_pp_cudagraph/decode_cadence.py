@@ -147,18 +147,20 @@ def lifts_decodes(cadence: DecodeCadence) -> bool:
 
 
 def cadence_in_effect(
-    cadence: DecodeCadence, pp_size: int, use_v2_model_runner: bool, num_spec_tokens: int
+    cadence: DecodeCadence, pp_size: int, use_v2_model_runner: bool, num_spec_tokens: int,
+    kv_connector: bool = False,
 ) -> DecodeCadence:
     """The cadence a scheduler set up so runs: ``cadence`` where vLLM's MRV2 PP cadence
     exists to change, else ``vllm``.
 
     Speculative decoding is left alone: its rejected draft tokens are applied
     to the first stages' state through the same ring, and that path has not
-    been measured with consecutive decodes. The scheduler hook asks this with
+    been measured with consecutive decodes. So are engines with a KV connector,
+    whose requests wait on transfers the cadence does not see. The scheduler hook asks this with
     the scheduler's own settings (:func:`scheduler_cadence`), the engine core's
     worker check with the config's (:func:`config_cadence`).
     """
-    if pp_size <= 1 or not use_v2_model_runner or num_spec_tokens:
+    if pp_size <= 1 or not use_v2_model_runner or num_spec_tokens or kv_connector:
         return DecodeCadence.VLLM
     return cadence
 
@@ -170,6 +172,7 @@ def scheduler_cadence(scheduler: Any, cadence: DecodeCadence) -> DecodeCadence:
         getattr(scheduler, "pp_size", 1),
         bool(getattr(scheduler, "use_v2_model_runner", False)),
         getattr(scheduler, "num_spec_tokens", 0),
+        getattr(scheduler, "connector", None) is not None,
     )
 
 
@@ -181,6 +184,7 @@ def config_cadence(vllm_config: Any, cadence: DecodeCadence) -> DecodeCadence:
         vllm_config.parallel_config.pipeline_parallel_size,
         bool(vllm_config.use_v2_model_runner),
         (getattr(speculative, "num_speculative_tokens", None) or 0) if speculative else 0,
+        getattr(vllm_config, "kv_transfer_config", None) is not None,
     )
 
 

@@ -9,8 +9,9 @@ after the engine core has set up its workers' KV caches, and before it
 schedules anything, it asks every worker for its runner class and refuses to
 start, naming the workers, if one is not the plugin's.
 
-It also says when vLLM runs a pipeline-parallel model on its V1 runner, where
-the plugin stands aside.
+Then it logs one line for the engine, at vLLM's default level: the plugin is
+active on all workers (layout, decode cadence, CUDA-graph mode), or it stands
+aside and why (vLLM's V1 runner, an unproven feature: support.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
+from vllm_pp_cudagraph import support
 from vllm_pp_cudagraph.decode_cadence import config_cadence, lifts_decodes
 from vllm_pp_cudagraph.settings import DecodeCadence
 
@@ -46,13 +49,14 @@ def runner_class_of(worker: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def cadence_changed_here(vllm_config: Any, cadence: DecodeCadence) -> bool:
-    """Whether this engine core's scheduler may let requests decode sooner than vLLM's
-    cadence: it is the async scheduler, which the ``decode-cadence`` patch wraps."""
+def cadence_here(vllm_config: Any, cadence: DecodeCadence) -> DecodeCadence:
+    """The cadence this engine core's scheduler runs: ``cadence`` where it is the async
+    scheduler (the one the ``decode-cadence`` patch wraps) and vLLM's cadence exists
+    to change, else vLLM's."""
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     if not issubclass(scheduler_cls, AsyncScheduler):
-        return False
-    return lifts_decodes(config_cadence(vllm_config, cadence))
+        return DecodeCadence.VLLM
+    return config_cadence(vllm_config, cadence)
 
 
 def worker_runner_problems(runner_classes: list[str]) -> list[str]:
@@ -60,11 +64,22 @@ def worker_runner_problems(runner_classes: list[str]) -> list[str]:
             if name != PLUGIN_RUNNER]
 
 
+def _ask_workers(collective_rpc: Callable[..., list]) -> list[str]:
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        return collective_rpc(runner_class_of)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
 def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
                   cadence: DecodeCadence) -> None:
-    """Refuse an engine whose decode ``cadence`` its workers cannot follow; log V1 stand-aside."""
-    pipelined = vllm_config.parallel_config.pipeline_parallel_size > 1
-    if pipelined and not vllm_config.use_v2_model_runner:
+    """Refuse an engine whose decode ``cadence`` its workers cannot follow; otherwise
+    log the one line that says what the plugin does for this engine."""
+    parallel = vllm_config.parallel_config
+    if not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
         logger.warning(
             "vllm-pp-cudagraph stands aside: vLLM runs %s on its V1 runner, which the "
@@ -73,17 +88,10 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
             architectures[0],
         )
         return
-    if not cadence_changed_here(vllm_config, cadence):
-        return
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        classes = collective_rpc(runner_class_of)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    classes = _ask_workers(collective_rpc)
+    in_effect = cadence_here(vllm_config, cadence)
     problems = worker_runner_problems(classes)
-    if problems:
+    if problems and lifts_decodes(in_effect):
         raise WorkerRunnerError(
             "The engine core schedules decodes sooner than vLLM's PP cadence "
             "(vllm-pp-cudagraph) but some "
@@ -92,8 +100,20 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
             "VLLM_PLUGINS=pp_cudagraph on every node and worker, or set "
             "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm to keep vLLM's schedule."
         )
-    logger.info("vllm-pp-cudagraph: all %d workers run the plugin's runner; requests "
-                "decode sooner than vLLM's pipeline cadence", len(classes))
+    layout = (f"PP={parallel.pipeline_parallel_size} x TP={parallel.tensor_parallel_size}")
+    if len(problems) == len(classes):
+        reason = support.stand_aside_reason(vllm_config) or "no worker runs its runner"
+        logger.warning("vllm-pp-cudagraph stands aside for this engine (%s): %s; it runs "
+                       "as stock vLLM.", layout, reason)
+        return
+    if problems:
+        logger.warning("vllm-pp-cudagraph runs on %d of %d workers (%s); without it: %s",
+                       len(classes) - len(problems), len(classes), layout, "; ".join(problems))
+        return
+    logger.info("vllm-pp-cudagraph active on all %d workers (%s): decode cadence %s "
+                "(VLLM_PP_CUDAGRAPH_DECODE_CADENCE=%s), CUDA graphs %s%s", len(classes),
+                layout, in_effect, cadence, vllm_config.compilation_config.cudagraph_mode,
+                ", breakable" if is_breakable_cudagraph_enabled() else "")
 
 
 def checking_workers(original: Callable[..., Any], cadence: DecodeCadence) -> Callable[..., Any]:

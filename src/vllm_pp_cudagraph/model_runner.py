@@ -13,7 +13,7 @@ from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat, graph_memory, stage_handoff
+from vllm_pp_cudagraph import compat, graph_memory, stage_handoff, support
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -81,6 +81,21 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _pending_input: stage_handoff.PendingStageInput | None = None
     direct_handoff: bool = False
     """Whether this stage passes intermediate tensors without per-step metadata."""
+
+    def __new__(cls, vllm_config: VllmConfig | None = None, *args, **kwargs):
+        """vLLM's own runner where the plugin stands aside for this engine (support.py).
+
+        Without a config (``copy``, ``pickle``) a bare instance, as ``object`` makes it.
+        """
+        if vllm_config is None:
+            return super().__new__(cls)
+        allow = PPCudaGraphSettings.from_env().allow_unproven
+        if reason := support.stand_aside_reason(vllm_config, allow):
+            logger.warning("vllm-pp-cudagraph stands aside for this engine: %s; the worker "
+                           "runs vLLM's own runner (VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to "
+                           "run the plugin anyway).", reason)
+            return GPUModelRunner(vllm_config, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         check_graph_settings(vllm_config)

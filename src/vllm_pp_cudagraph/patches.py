@@ -21,7 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.settings import DecodeCadence, PluginConfigError, PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import (
+    ENV_PREFIX,
+    DecodeCadence,
+    PluginConfigError,
+    PPCudaGraphSettings,
+)
 
 Undo = Callable[[], None]
 
@@ -88,6 +93,23 @@ def _set_env(name: str, value: str) -> Undo:
             os.environ.pop(name, None)
         else:
             os.environ[name] = previous
+
+    return undo
+
+
+def _patch_env_names(settings: PPCudaGraphSettings) -> Undo | None:
+    """Declare the plugin's variables set in this process to vLLM (see the patch's why)."""
+    from vllm import envs
+
+    names = [n for n in os.environ if n.startswith(ENV_PREFIX) and n not in envs.environment_variables]
+    if not names:
+        return None
+    for name in names:
+        envs.environment_variables[name] = functools.partial(os.environ.get, name)
+
+    def undo() -> None:
+        for name in names:
+            envs.environment_variables.pop(name, None)
 
     return undo
 
@@ -179,6 +201,19 @@ def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
 
 
 PATCHES: tuple[Patch, ...] = (
+    Patch(
+        name="env-names",
+        target="vllm.envs.environment_variables (the VLLM_PP_CUDAGRAPH_* variables that are set)",
+        why=(
+            "vLLM treats every VLLM_* variable it does not define as unknown: it warns "
+            "about each (\"Unknown vLLM environment variable detected\"), and with "
+            "fail_on_environ_validation refuses to start. The plugin's settings that "
+            "are set in this process are added to vLLM's table, read from the "
+            "environment as vLLM reads its own."
+        ),
+        drop_when="vLLM lets a plugin declare its environment variables.",
+        apply=_patch_env_names,
+    ),
     Patch(
         name="breakable-env",
         target="environment: VLLM_USE_BREAKABLE_CUDAGRAPH=1 (with VLLM_PP_CUDAGRAPH_BREAKABLE=1)",

@@ -81,6 +81,15 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
+    allow_unproven: EnvBool = Field(
+        default=False,
+        description=(
+            "Run the plugin also with a speculative method or KV connector it has not "
+            "been proven with on this vLLM (support.py); without it such an engine runs "
+            "exactly as stock vLLM, and says so."
+        ),
+    )
+
     breakable: EnvBool = Field(
         default=False,
         description=(

@@ -57,33 +57,59 @@ def test_workers_with_the_plugins_runner_pass(config):
     assert calls == [runner_class_of]
 
 
-def test_on_vllms_cadence_no_worker_is_asked(config):
-    rpc, calls = rpc_answering(["anything"])
+STOCK = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
+
+
+def test_on_vllms_cadence_stock_workers_are_not_refused(config, caplog):
+    rpc, _ = rpc_answering([STOCK, STOCK])
     check_workers(config, rpc, DecodeCadence.VLLM)
-    assert calls == []
+    assert "vllm-pp-cudagraph stands aside for this engine (PP=2 x TP=1)" in caplog.text
 
 
-def test_without_async_scheduling_no_worker_is_asked(config, monkeypatch):
+def test_without_async_scheduling_the_cadence_is_vllms_and_nothing_is_refused(config,
+                                                                             monkeypatch):
     # The cadence hook wraps the async scheduler only; the sync one keeps vLLM's cadence.
     from vllm.v1.core.sched.scheduler import Scheduler
 
     monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
                         lambda self: Scheduler)
-    rpc, calls = rpc_answering(["anything"])
+    assert engine_check.cadence_here(config, AUTO) is DecodeCadence.VLLM
+    rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
     check_workers(config, rpc, AUTO)
-    assert calls == []
 
 
 @pytest.mark.parametrize("pp", [2, 4])
-def test_where_the_cadence_only_delays_no_worker_is_asked(tmp_path, monkeypatch, pp):
+def test_where_the_cadence_only_delays_stock_workers_are_not_refused(tmp_path, monkeypatch, pp):
     """balance never lets a request decode sooner, so workers without the plugin serve right."""
     from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 
     config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=pp).vllm_config
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
-    rpc, calls = rpc_answering(["vllm.v1.worker.gpu.model_runner.GPUModelRunner"] * pp)
+    rpc, _ = rpc_answering([STOCK] * pp)
     check_workers(config, rpc, DecodeCadence.BALANCE)
-    assert calls == []
+
+
+def test_one_line_says_the_plugin_is_active_with_its_layout_cadence_and_graphs(config,
+                                                                             caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="vllm.pp_cudagraph.engine_check")
+    rpc, _ = rpc_answering([PLUGIN_RUNNER, PLUGIN_RUNNER])
+    check_workers(config, rpc, AUTO)
+    lines = [r.getMessage() for r in caplog.records if "vllm-pp-cudagraph" in r.getMessage()]
+    mode = config.compilation_config.cudagraph_mode
+    assert lines == [f"vllm-pp-cudagraph active on all 2 workers (PP=2 x TP=1): decode "
+                     f"cadence auto (VLLM_PP_CUDAGRAPH_DECODE_CADENCE=auto), CUDA graphs {mode}"]
+
+
+def test_an_engine_the_plugin_stands_aside_for_says_why(config, caplog, monkeypatch):
+    monkeypatch.setattr(config, "kv_transfer_config",
+                        type("KV", (), {"kv_connector": "SharedStorageConnector"})())
+    assert engine_check.cadence_here(config, AUTO) is DecodeCadence.VLLM
+    rpc, _ = rpc_answering([STOCK, STOCK])
+    check_workers(config, rpc, AUTO)
+    assert ("stands aside for this engine (PP=2 x TP=1): KV connector "
+            "'SharedStorageConnector' is not yet run on a GPU") in caplog.text
 
 
 def test_a_refusal_shuts_the_workers_down_before_raising(config):

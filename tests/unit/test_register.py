@@ -145,3 +145,31 @@ def patches_settings():
     from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
 
     return PPCudaGraphSettings.from_env()
+
+
+def _validate_vllm_environ() -> None:
+    """vLLM's check of VLLM_* variables, failing hard (fail_on_environ_validation)."""
+    from vllm import envs
+    from vllm.platforms import current_platform
+
+    if hasattr(type(current_platform), "validate_environ"):  # 0.33
+        current_platform.validate_environ(True)
+    else:
+        envs.validate_environ(True)
+
+
+def test_the_plugins_settings_are_no_unknown_vllm_variables(clean_env):
+    clean_env.setenv("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "merge")
+    with pytest.raises(ValueError, match="VLLM_PP_CUDAGRAPH_DECODE_CADENCE"):
+        _validate_vllm_environ()  # stock vLLM refuses a VLLM_* name it does not know
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    plugin.register()
+    try:
+        _validate_vllm_environ()
+        from vllm import envs
+
+        assert envs.environment_variables["VLLM_PP_CUDAGRAPH_DECODE_CADENCE"]() == "merge"
+    finally:
+        patches.undo_all()
+    with pytest.raises(ValueError, match="VLLM_PP_CUDAGRAPH_DECODE_CADENCE"):
+        _validate_vllm_environ()  # undo leaves vLLM's table as it was

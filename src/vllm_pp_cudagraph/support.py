@@ -1,0 +1,104 @@
+"""What the plugin has proven on GPUs, and the engines it stands aside for.
+
+Speculative decoding and KV connectors reach deep into the runner the plugin
+replaces. Each combination runs with the plugin only once a GPU check has
+shown stock's greedy tokens with it; for any other, the plugin stands aside
+for that engine: the worker builds vLLM's own runner and the scheduler keeps
+vLLM's decode cadence, so the engine runs exactly as stock. Setting
+``VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1`` runs the plugin anyway, at the user's
+risk. ``check`` prints this table for the installed vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_pp_cudagraph import compat
+
+
+@dataclass(frozen=True)
+class Proven:
+    """A feature the plugin has run with on GPUs, on these releases, with this evidence."""
+
+    releases: tuple[str, ...]
+    evidence: str
+
+
+#: Speculative methods (vLLM's ``speculative_config.method``) proven with the plugin.
+PROVEN_SPECULATIVE: dict[str, Proven] = {
+    "ngram": Proven(("0.33",), "PP=2, both stages on one H200: tokens and acceptance "
+                    "equal two stock engines' (results 2026-11-24, spec-decode-layouts)"),
+    "eagle3": Proven(("0.33",), "PP=2, both stages on one H200, random one-layer draft: "
+                     "tokens and drafts equal two stock engines' (same results)"),
+}
+
+#: Releases the plugin has run on GPUs, and what ran; the others pass its CPU suite only.
+GPU_EVIDENCE: dict[str, str] = {
+    "0.26": "GPU-proven: PP=2 with a GPU per stage, every graph mode, soaks, the GPU tests",
+    "0.33": "GPU-proven: PP=2 with a GPU per stage (the 32B engine cell, against TP=2 "
+            "too) and, with stages sharing one GPU, every GPU test, PP=4, speculative "
+            "decoding",
+}
+
+#: KV connectors proven with the plugin (none has run on a GPU with it yet).
+PROVEN_CONNECTORS: dict[str, Proven] = {}
+
+
+@functools.cache
+def _release_line() -> str | None:
+    """The installed vLLM's ``major.minor``, as the table keys releases."""
+    release = compat.parse_release(compat.installed_versions().vllm or "")
+    return f"{release[0]}.{release[1]}" if release else None
+
+
+def _unproven(kind: str, name: str, table: dict[str, Proven]) -> str | None:
+    proven = table.get(name)
+    here = _release_line()
+    if proven is not None and here in proven.releases:
+        return None
+    where = (f"proven on vLLM {', '.join(proven.releases)} only, not {here}"
+             if proven else "not yet run on a GPU with the plugin")
+    return f"{kind} {name!r} is {where}"
+
+
+def gpu_evidence(vllm_version: str) -> str:
+    """Whether the plugin has run on GPUs on ``vllm_version``'s release, and what."""
+    release = compat.parse_release(vllm_version or "")
+    line = f"{release[0]}.{release[1]}" if release else None
+    return GPU_EVIDENCE.get(line, "never run on a GPU with the plugin (CPU suite only)")
+
+
+def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
+    """Why the plugin leaves this engine to stock vLLM, or None where it runs.
+
+    ``allow_unproven`` (``VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN``) runs it regardless.
+    """
+    if allow_unproven:
+        return None
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is not None and (method := getattr(speculative, "method", None)):
+        if reason := _unproven("speculative method", str(method), PROVEN_SPECULATIVE):
+            return reason
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    if transfer is not None and (connector := getattr(transfer, "kv_connector", None)):
+        if reason := _unproven("KV connector", str(connector), PROVEN_CONNECTORS):
+            return reason
+    return None
+
+
+def table_lines() -> list[str]:
+    """One line per proven feature, and what stands aside, for ``check``."""
+    here = _release_line()
+    lines = []
+    for kind, table in (("speculative method", PROVEN_SPECULATIVE),
+                        ("KV connector", PROVEN_CONNECTORS)):
+        for name, proven in table.items():
+            state = "runs with the plugin" if here in proven.releases else "stands aside here"
+            lines.append(f"{kind} {name}: {state} (proven on vLLM "
+                         f"{', '.join(proven.releases)}: {proven.evidence})")
+        others = "every other" if table else "every"
+        lines.append(f"{kind}: {others} one stands aside (stock runner and cadence) unless "
+                     "VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1")
+    return lines

@@ -1,0 +1,97 @@
+"""The engines the plugin stands aside for: speculative methods and KV connectors it
+has not been proven with on the installed vLLM."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import torch
+from vllm.config import speculative as vllm_speculative
+
+from vllm_pp_cudagraph import compat, model_runner, support
+from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+
+
+class Config:
+    """The two fields of a VllmConfig the table reads."""
+
+    def __init__(self, method=None, connector=None):
+        self.speculative_config = type("Spec", (), {"method": method})() if method else None
+        self.kv_transfer_config = (type("KV", (), {"kv_connector": connector})()
+                                   if connector else None)
+
+
+def vllms_speculative_methods() -> list[str]:
+    """Every method this vLLM's SpeculativeConfig accepts, nested Literals flattened."""
+    def flat(tp):
+        for arg in typing.get_args(tp):
+            yield from flat(arg) if typing.get_args(arg) else [arg]
+    return sorted(set(flat(vllm_speculative.SpeculativeMethod)))
+
+
+RELEASE = compat.parse_release(compat.installed_versions().vllm)
+HERE = f"{RELEASE[0]}.{RELEASE[1]}"
+
+
+def test_no_speculation_and_no_connector_run_with_the_plugin():
+    assert support.stand_aside_reason(Config()) is None
+
+
+@pytest.mark.parametrize("method", vllms_speculative_methods())
+def test_each_speculative_method_vllm_offers_engages_only_where_proven(method):
+    reason = support.stand_aside_reason(Config(method=method))
+    proven = support.PROVEN_SPECULATIVE.get(method)
+    if proven is not None and HERE in proven.releases:
+        assert reason is None
+    else:
+        assert reason is not None and repr(method) in reason
+    assert support.stand_aside_reason(Config(method=method), allow_unproven=True) is None
+
+
+@pytest.mark.parametrize("connector", ["SharedStorageConnector", "NixlConnector",
+                                       "OffloadingConnector", "LMCacheConnectorV1"])
+def test_every_kv_connector_stands_aside_until_proven(connector):
+    reason = support.stand_aside_reason(Config(connector=connector))
+    assert reason == f"KV connector {connector!r} is not yet run on a GPU with the plugin"
+
+
+def test_a_proven_method_on_another_release_stands_aside_naming_both(monkeypatch):
+    monkeypatch.setitem(support.PROVEN_SPECULATIVE, "ngram",
+                        support.Proven(("0.1",), "elsewhere"))
+    reason = support.stand_aside_reason(Config(method="ngram"))
+    assert reason == f"speculative method 'ngram' is proven on vLLM 0.1 only, not {HERE}"
+
+
+def test_the_runner_builds_vllms_own_where_it_stands_aside(monkeypatch):
+    built = []
+
+    def stock_init(self, vllm_config, device):
+        built.append((vllm_config, device))
+
+    monkeypatch.setattr(model_runner.GPUModelRunner, "__init__", stock_init)
+    monkeypatch.delenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", raising=False)
+    config = Config(connector="SharedStorageConnector")
+    runner = PPCudaGraphModelRunner(config, torch.device("cpu"))
+    assert type(runner) is model_runner.GPUModelRunner and built == [(config, torch.device("cpu"))]
+
+
+def test_the_opt_in_keeps_the_plugins_runner(monkeypatch):
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
+    monkeypatch.setattr(PPCudaGraphModelRunner, "__init__", lambda self, config, device: None)
+    runner = PPCudaGraphModelRunner(Config(connector="SharedStorageConnector"), "cpu")
+    assert type(runner) is PPCudaGraphModelRunner
+
+
+def test_check_lists_each_proven_feature_and_what_stands_aside():
+    lines = support.table_lines()
+    for name in support.PROVEN_SPECULATIVE:
+        assert any(line.startswith(f"speculative method {name}: ") for line in lines)
+    assert any("KV connector: every one stands aside" in line for line in lines)
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("0.26.0", "GPU-proven"), ("0.33.0", "GPU-proven"),
+    ("0.29.0", "never run on a GPU with the plugin (CPU suite only)")])
+def test_check_says_whether_the_release_ran_on_a_gpu(version, expected):
+    assert support.gpu_evidence(version).startswith(expected)
