@@ -243,6 +243,6 @@ def test_an_eagle3_target_over_three_stages_starts_and_a_lost_aux_state_is_refus
     assert results[1]["sends"] == results[2]["expects"]
     for r in results:  # every stage agrees, so none waits on another
         assert r["declared"] is None and r["produced"] is None
-        assert "stage 1 -> stage 2 (tensors returned by the model's forward)" in r[
+        assert "stage 1 -> stage 2 (tensors returned by the model's forward in the" in r[
             "produced_lacking"]
         assert f"missing keys ['{AUX}1']" in r["produced_lacking"]
