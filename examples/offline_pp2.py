@@ -8,50 +8,17 @@ MODEL is a Hugging Face hub name or a local model directory.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import os
 import sys
-import warnings
-from pathlib import Path
+
+from _example import model_arguments
 
 # Before vLLM starts its processes, which inherit the environment.
 os.environ.setdefault("VLLM_PLUGINS", "pp_cudagraph")
 
 
-def missing(model: str) -> str | None:
-    """What this example lacks, and what to do about it; None when nothing."""
-    if importlib.util.find_spec("vllm") is None:
-        return 'vLLM is not installed. Install it with: pip install "vllm==0.26.0"'
-    if importlib.util.find_spec("vllm_pp_cudagraph") is None:
-        return "vllm-pp-cudagraph is not installed. Install it from its checkout: pip install ."
-    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
-        return (f"the model directory {model} does not exist. Give an existing directory "
-                "or a Hugging Face hub name such as Qwen/Qwen3-0.6B.")
-    import torch
-
-    # Counting devices must not initialise CUDA here: vLLM's worker processes would
-    # inherit it. Workers are spawned, the start method that tolerates it.
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    with warnings.catch_warnings(record=True) as driver_fault:  # torch warns, counts 0
-        gpus = torch.cuda.device_count()
-    if gpus < 2:
-        why = f" ({str(driver_fault[0].message).rstrip('.')})" if driver_fault else ""
-        return (f"this example needs 2 NVIDIA GPUs (pipeline_parallel_size=2); "
-                f"{gpus} visible{why}. Run it on a machine with 2 GPUs.")
-    return None
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", nargs="?", default="Qwen/Qwen3-0.6B",
-                        help="hub name or local model directory (default: %(default)s)")
-    parser.add_argument("--load-format", default="auto",
-                        help="'dummy' runs without weights (random outputs; default: %(default)s)")
-    args = parser.parse_args()
-    if problem := missing(args.model):
-        sys.exit(f"{parser.prog}: {problem}")
+    args = model_arguments(__doc__)
 
     from vllm import LLM, SamplingParams
 

@@ -450,13 +450,19 @@ def test_a_model_directory_or_a_hub_id_is_taken_as_the_model(tmp_path):
         assert bench.argument_problems(parser.parse_args(["--model", model])) == []
 
 
+def _refused(monkeypatch, capsys, gpus: int, argv: list[str]) -> tuple[int, str]:
+    """bench's exit code and stderr for ``argv`` with ``gpus`` visible, where it refuses."""
+    monkeypatch.setattr(bench, "visible_gpus", lambda: gpus)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(argv)
+    return exit_info.value.code, capsys.readouterr().err
+
+
 def test_arguments_are_checked_before_the_gpus_are_counted(tmp_path, capsys, monkeypatch):
     """On a machine without GPUs a wrong argument is named, not only the GPU count."""
-    monkeypatch.setattr(bench, "visible_gpus", lambda: 0)
-    with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--pp", "2", "--model", "/nonexistent", "--out", str(tmp_path / "r")])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    code, err = _refused(monkeypatch, capsys, 0,
+                         ["--pp", "2", "--model", "/nonexistent", "--out", str(tmp_path / "r")])
+    assert code == 2
     assert "--model /nonexistent is neither a model directory" in err
     assert "NVIDIA GPUs" not in err
 
@@ -486,11 +492,9 @@ def test_the_pp_advised_for_the_gpus_at_hand_is_accepted(tmp_path, capsys, monke
 
 
 def test_tensor_parallel_stages_need_pp_times_tp_gpus(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
-    with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--pp", "2", "--tp", "2", "--out", str(tmp_path / "r")])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    code, err = _refused(monkeypatch, capsys, 2,
+                         ["--pp", "2", "--tp", "2", "--out", str(tmp_path / "r")])
+    assert code == 2
     assert "--pp 2 --tp 2 needs 4 NVIDIA GPUs (2 per pipeline stage) but 2 are visible" in err
     assert "or with --tp 1" in err
     code = _bench_with_engines_faked(monkeypatch, ["--pp", "2", "--tp", "1", "--weights", "dummy",
