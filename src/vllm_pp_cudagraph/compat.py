@@ -131,6 +131,9 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.v1.worker.gpu.states", "RequestState", instance_attrs=("req_id_to_index",)),
     Needed("vllm.v1.worker.gpu.model_states.interface", "ModelState",
            members=("prepare_dummy_inputs",)),
+    # The table of VLLM_* variables vLLM knows; the env-names patch adds the plugin's.
+    Needed("vllm", "envs"),
+    Needed("vllm.envs", "environment_variables"),
     # Its AUX_HIDDEN_STATE_KEY (0.33+) names the slots of EAGLE3 over PP; read if present.
     Needed("vllm.model_executor.models.interfaces", "EagleModelMixin"),
     Needed("vllm.model_executor.models.interfaces", "SupportsPP",
