@@ -384,7 +384,7 @@ def apply_all(settings: PPCudaGraphSettings) -> list[str]:
     applied: list[str] = []
     try:
         for patch in PATCHES:
-            undo = _apply(patch, settings)
+            undo = apply_patch(patch, settings)
             if undo is not None:
                 _undo_stack.append((patch.name, undo))
                 applied.append(patch.name)
@@ -395,19 +395,18 @@ def apply_all(settings: PPCudaGraphSettings) -> list[str]:
     return applied
 
 
-def _apply(patch: Patch, settings: PPCudaGraphSettings) -> Undo | None:
+def apply_patch(patch: Patch | str, settings: PPCudaGraphSettings) -> Undo | None:
+    """Apply one patch (or the one of that name) unless it stands aside or is scoped;
+    return its undo, or None when nothing changed.
+
+    ``apply_all`` applies each this way; a process that needs one fix alone (the
+    soak's stock baseline needs only ``async-preemption``) calls it by name.
+    """
+    if isinstance(patch, str):
+        patch = next(p for p in PATCHES if p.name == patch)
     if patch.apply is None or patch.stands_aside(settings) is not None:
         return None
     return patch.apply(settings)
-
-
-def apply_patch(name: str, settings: PPCudaGraphSettings) -> Undo | None:
-    """Apply one patch by name, unless it stands aside; return its undo, or None.
-
-    For tests and for processes that need one fix alone; ``apply_all`` is what
-    the plugin runs.
-    """
-    return _apply(next(p for p in PATCHES if p.name == name), settings)
 
 
 def standing(settings: PPCudaGraphSettings) -> list[tuple[Patch, str | None]]:
