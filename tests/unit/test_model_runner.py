@@ -83,9 +83,11 @@ def test_a_direct_hand_off_is_received_into_the_buffers_with_the_padded_count(
 
 
 def test_the_first_stage_receives_nothing_and_checks_nothing(parent_prepare_inputs):
-    runner = bare_runner(_received_tokens=None)
-    runner.prepare_inputs(*prepare_args(desc(8)))
-    assert len(parent_prepare_inputs) == 1
+    # No received count, no pending hand-off: vLLM's batch as it is, whatever its padding.
+    runner = bare_runner(_received_tokens=None, intermediate_tensors=None)
+    args = prepare_args(desc(8))
+    assert runner.prepare_inputs(*args).num_tokens_after_padding == 8
+    assert parent_prepare_inputs == [(tuple(args), {})]
 
 
 @pytest.fixture
