@@ -62,52 +62,82 @@ def check_stage_inputs(
     (flat) receives over. Returns that token count.
     """
     tensors = _received_tensors(received)
-    where = f"pipeline stage {stage}" if stage is not None else "this pipeline stage"
     problems = _key_problems(expected, tensors)
-
     token_counts = set()
     for key in expected.keys() & tensors.keys():
-        want, got = expected[key], tensors[key]
-        if got.dtype != want.dtype:
-            problems.append(f"{key!r} has dtype {got.dtype}, expected {want.dtype}")
-        if got.dim() == 1 and want.dim() > 1:  # pending receive: this rank's flat share
-            numel = got.numel() * tp_size
-            row = math.prod(want.shape[1:])
-            if numel % row:
-                problems.append(
-                    f"{key!r} has {numel} elements, not a whole number of "
-                    f"(tokens, {_dims(want)}) rows"
-                )
-                continue
-            tokens = numel // row
-        elif got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
-            problems.append(
-                f"{key!r} has shape {tuple(got.shape)}, expected (tokens, {_dims(want)})"
+        tokens, tensor_problems = _tensor_problems(key, expected[key], tensors[key], tp_size)
+        problems += tensor_problems
+        if tokens is not None:
+            token_counts.add(tokens)
+    num_tokens, count_problems = _agreed_token_count(token_counts, min_tokens)
+    problems += count_problems
+    if problems:
+        raise _mismatch_error(stage, problems)
+    return num_tokens
+
+
+def _tensor_problems(
+    key: str, want: torch.Tensor, got: torch.Tensor, tp_size: int
+) -> tuple[int | None, list[str]]:
+    """The tokens ``got`` carries for buffer ``want`` (None where its shape does
+    not fit the buffer) and what is wrong with it, as messages."""
+    problems = []
+    if got.dtype != want.dtype:
+        problems.append(f"{key!r} has dtype {got.dtype}, expected {want.dtype}")
+    tokens, shape_problem = _token_count(key, want, got, tp_size)
+    if shape_problem is not None:
+        return None, [*problems, shape_problem]
+    if tokens > want.shape[0]:
+        problems.append(
+            f"{key!r} carries {tokens} tokens, more than the buffer's "
+            f"{want.shape[0]} (max_num_batched_tokens)"
+        )
+    return tokens, problems
+
+
+def _token_count(
+    key: str, want: torch.Tensor, got: torch.Tensor, tp_size: int
+) -> tuple[int | None, str | None]:
+    """The leading dim of ``got`` read against buffer ``want``, or why it cannot be read.
+
+    A 1-D ``got`` for a buffer of more dims is a pending receive: this rank's
+    flat share of ``tp_size`` shares, counted in whole rows of the buffer.
+    """
+    if got.dim() == 1 and want.dim() > 1:
+        numel = got.numel() * tp_size
+        row = math.prod(want.shape[1:])
+        if numel % row:
+            return None, (
+                f"{key!r} has {numel} elements, not a whole number of "
+                f"(tokens, {_dims(want)}) rows"
             )
-            continue
-        else:
-            tokens = got.shape[0]
-        token_counts.add(tokens)
-        if tokens > want.shape[0]:
-            problems.append(
-                f"{key!r} carries {tokens} tokens, more than the buffer's "
-                f"{want.shape[0]} (max_num_batched_tokens)"
-            )
+        return numel // row, None
+    if got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
+        return None, f"{key!r} has shape {tuple(got.shape)}, expected (tokens, {_dims(want)})"
+    return got.shape[0], None
+
+
+def _agreed_token_count(token_counts: set[int], min_tokens: int) -> tuple[int, list[str]]:
+    """The smallest of the keys' token counts (0 for none) and, as messages, the
+    keys disagreeing or carrying fewer tokens than this step schedules."""
+    problems = []
     if len(token_counts) > 1:
         problems.append(f"keys disagree on the token count: {sorted(token_counts)}")
-    num_tokens = min(token_counts) if token_counts else 0
+    num_tokens = min(token_counts, default=0)
     if token_counts and num_tokens < min_tokens:
         problems.append(f"received {num_tokens} tokens but this step schedules {min_tokens}")
+    return num_tokens, problems
 
-    if problems:
-        raise StageInputMismatchError(
-            f"{where} received intermediate tensors that do not match its input "
-            f"buffers: {'; '.join(problems)}. The previous stage's model produces "
-            "different tensors than this stage's make_empty_intermediate_tensors() "
-            "declares; check that every stage runs the same model code and "
-            "configuration (model, dtype, --pipeline-parallel-size)."
-        )
-    return num_tokens
+
+def _mismatch_error(stage: int | None, problems: list[str]) -> StageInputMismatchError:
+    where = f"pipeline stage {stage}" if stage is not None else "this pipeline stage"
+    return StageInputMismatchError(
+        f"{where} received intermediate tensors that do not match its input "
+        f"buffers: {'; '.join(problems)}. The previous stage's model produces "
+        "different tensors than this stage's make_empty_intermediate_tensors() "
+        "declares; check that every stage runs the same model code and "
+        "configuration (model, dtype, --pipeline-parallel-size)."
+    )
 
 
 def check_padding_agreement(received_tokens: int, padded_tokens: int, stage: int) -> None:

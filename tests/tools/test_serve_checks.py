@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 from _local_server import local_server
 from aiohttp import web
@@ -52,9 +53,14 @@ def test_every_structured_answer_is_checked_and_errors_are_reported():
 
     report = asyncio.run(run())
     assert report["requests"] == 3 and report["structured"] == 2
-    problems = "\n".join(report["problems"])
-    assert "HTTP 500" in problems and "does not parse" in problems
-    assert json.dumps(report)
+    # Only the answers that came back are counted as finished; the failed one is a problem.
+    assert report["finish_reasons"] == {"stop": 2}
+    # One problem per bad answer, each naming its request: the plain request 1 got
+    # HTTP 500, one of the structured requests (0, 2) sent truncated JSON; the
+    # valid answer adds nothing.
+    http, parse = sorted(report["problems"], key=lambda p: "HTTP" not in p)
+    assert http.startswith("request 1: HTTP 500: ") and "boom" in http
+    assert re.fullmatch(r"request [02]: .*does not parse.*", parse, re.S)
 
 
 def test_the_fault_reaches_ray_workers_and_names_its_stage(tmp_path):

@@ -37,9 +37,12 @@ def test_tensor_parallel_traffic_outside_stream_capture_passes(pp_group):
     tp_cpu_group = get_tp_group().cpu_group
     assert tp_cpu_group is not pp_group.cpu_group
     box = ["registered"]
+    gathered = [None]
     with forbid_pipeline_communication((pp_group,)):
         dist.broadcast_object_list(box, src=0, group=tp_cpu_group)
+        dist.all_gather_object(gathered, "handles", group=tp_cpu_group)
     assert box == ["registered"]
+    assert gathered == ["handles"]  # world size 1: the real exchange ran
 
 
 def test_pp_group_transfers_raise_during_capture(pp_group):
@@ -54,8 +57,17 @@ def test_pp_group_transfers_raise_during_capture(pp_group):
 
 
 def test_pp_group_works_again_after_capture(pp_group):
+    from vllm_pp_cudagraph.capture_guard import GUARDED_GROUP_METHODS, GUARDED_TORCH_FUNCTIONS
+
+    torch_functions = {name: getattr(dist, name) for name in GUARDED_TORCH_FUNCTIONS}
     with forbid_pipeline_communication((pp_group,)):
         pass
+    # Every wrapper is gone: torch's own functions, the group's class methods.
+    assert {name: getattr(dist, name) for name in GUARDED_TORCH_FUNCTIONS} == torch_functions
+    assert not set(GUARDED_GROUP_METHODS) & set(vars(pp_group))
+    gathered = [None]
+    dist.all_gather_object(gathered, {"step": 1}, group=pp_group.cpu_group)
+    assert gathered == [{"step": 1}]  # a real gloo exchange on the pipeline group
     pp_group.barrier()  # real gloo barrier, world size 1
 
 
@@ -71,21 +83,25 @@ def test_graph_safe_collectives_on_the_pp_group_pass(pp_group):
     assert gathered[0].tolist() == [7.0, 7.0]
 
 
-def test_guard_is_per_thread():
-    errors = []
+def test_guard_is_per_thread(pp_group):
+    seen = {}
 
     def other_thread():
-        try:
-            dist.is_initialized()  # unguarded API
-            assert not capture_guard_active()
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        seen["active"] = capture_guard_active()
+        gathered = [None]
+        try:  # a guarded function on the pipeline group, while the main thread captures
+            dist.all_gather_object(gathered, "other thread", group=pp_group.cpu_group)
+        except CapturedCommunicationError as exc:  # pragma: no cover - reported below
+            gathered = [exc]
+        seen["gathered"] = gathered
 
-    with forbid_pipeline_communication():
+    with forbid_pipeline_communication((pp_group,)):
         t = threading.Thread(target=other_thread)
         t.start()
         t.join()
-    assert not errors
+        with pytest.raises(CapturedCommunicationError, match="all_gather_object"):
+            dist.all_gather_object([None], "this thread", group=pp_group.cpu_group)
+    assert seen == {"active": False, "gathered": ["other thread"]}
 
 
 def test_nested_guards_restore_cleanly(pp_group):

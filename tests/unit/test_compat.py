@@ -101,20 +101,19 @@ def test_every_conditional_surface_entry_names_a_probe():
 
 
 def test_draft_tokens_are_passed_only_where_the_handler_takes_them():
-    calls = []
-
     class Handler029:
         def get_prev_sampled_outputs(self):
-            calls.append(())
+            return {"sampled": "tokens"}
 
     class Handler030:
         def get_prev_sampled_outputs(self, draft_tokens_to_update=None):
-            calls.append((draft_tokens_to_update,))
+            return {"sampled": "tokens", "drafts": draft_tokens_to_update}
 
-    compat.prev_sampled_outputs(Handler029(), "drafts")
-    compat.prev_sampled_outputs(Handler030(), "drafts")
-    compat.prev_sampled_outputs(Handler030())
-    assert calls == [(), ("drafts",), (None,)]
+    # The step uses what the handler returns, drafts updated where the handler takes them.
+    assert compat.prev_sampled_outputs(Handler029(), "drafts") == {"sampled": "tokens"}
+    assert compat.prev_sampled_outputs(Handler030(), "drafts") == {"sampled": "tokens",
+                                                                   "drafts": "drafts"}
+    assert compat.prev_sampled_outputs(Handler030()) == {"sampled": "tokens", "drafts": None}
 
 
 def test_admission_reads_the_queues_and_cap_of_each_scheduler_shape():

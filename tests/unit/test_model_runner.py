@@ -83,9 +83,65 @@ def test_a_direct_hand_off_is_received_into_the_buffers_with_the_padded_count(
 
 
 def test_the_first_stage_receives_nothing_and_checks_nothing(parent_prepare_inputs):
-    runner = bare_runner(_received_tokens=None)
-    runner.prepare_inputs(*prepare_args(desc(8)))
-    assert len(parent_prepare_inputs) == 1
+    # No received count, no pending hand-off: vLLM's batch as it is, whatever its padding.
+    runner = bare_runner(_received_tokens=None, intermediate_tensors=None)
+    args = prepare_args(desc(8))
+    assert runner.prepare_inputs(*args).num_tokens_after_padding == 8
+    assert parent_prepare_inputs == [(tuple(args), {})]
+
+
+@pytest.fixture
+def parent_execute_model(monkeypatch):
+    """vLLM's execute_model on a later stage, as far as the received tensors go: it
+    copies them into the persistent buffers by the buffers' keys (a missing key is a
+    bare KeyError there). Returns the received count the plugin kept for the step."""
+
+    def stand_in(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
+                 *args, **kwargs):
+        n = scheduler_output.total_num_scheduled_tokens
+        for key, buffer in self.intermediate_tensors.tensors.items():
+            buffer[:n].copy_(intermediate_tensors[key][:n])
+        return {"received_tokens": self._received_tokens}
+
+    monkeypatch.setattr(GPUModelRunner, "execute_model", stand_in)
+
+
+def later_stage_step(num_tokens: int):
+    """A stage's input buffers (64 tokens) and a scheduler output for ``num_tokens``."""
+    import torch
+    from vllm.sequence import IntermediateTensors
+
+    buffers = IntermediateTensors({k: torch.zeros(64, 16) for k in ("hidden_states", "residual")})
+    runner = bare_runner(intermediate_tensors=buffers, tp_size=1)
+    step = SimpleNamespace(total_num_scheduled_tokens=num_tokens,
+                           scheduled_cached_reqs=SimpleNamespace(req_ids=["r0"]))
+    return runner, step
+
+
+def test_each_step_checks_the_received_tensors_before_vllm_copies_them(parent_execute_model):
+    import torch
+    from vllm.sequence import IntermediateTensors
+
+    runner, step = later_stage_step(8)
+    received = IntermediateTensors({"hidden_states": torch.ones(8, 16)})  # no residual
+    with pytest.raises(StageInputMismatchError,
+                       match=r"pipeline stage 1 received .*missing keys \['residual'\]"):
+        runner._execute_step(step, received, False)
+    assert not runner.intermediate_tensors["hidden_states"].any()  # nothing copied
+    assert runner._received_tokens is None and runner._step_cached_req_ids is None
+
+
+def test_a_step_with_matching_tensors_keeps_the_received_count_for_the_padding_check(
+    parent_execute_model
+):
+    import torch
+    from vllm.sequence import IntermediateTensors
+
+    runner, step = later_stage_step(8)
+    received = IntermediateTensors({k: torch.ones(8, 16) for k in ("hidden_states", "residual")})
+    assert runner._execute_step(step, received, False) == {"received_tokens": 8}
+    assert runner.intermediate_tensors["residual"][:8].all()
+    assert runner._received_tokens is None  # cleared when the step ends
 
 
 @pytest.fixture

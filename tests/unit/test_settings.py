@@ -6,7 +6,7 @@ import pytest
 
 from vllm_pp_cudagraph.compat import parse_release
 from vllm_pp_cudagraph.decode_cadence import lifts_decodes
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings, SettingsError
+from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings, SettingsError
 
 
 def test_defaults_when_nothing_is_set():
@@ -63,8 +63,16 @@ def test_a_replaced_setting_says_what_to_set_instead():
         PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": "0"})
 
 
-def test_unrelated_variables_are_ignored():
-    assert PPCudaGraphSettings.from_env({"VLLM_PLUGINS": "x", "PATH": "/"})
+def test_unrelated_variables_are_ignored_and_leave_every_default():
+    # vLLM's own VLLM_USE_BREAKABLE_CUDAGRAPH is not the plugin's setting.
+    environ = {"VLLM_PLUGINS": "x", "PATH": "/", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}
+    assert PPCudaGraphSettings.from_env(environ).model_dump() == {
+        "allow_unsupported_vllm": False,
+        "breakable": False,
+        "decode_cadence": DecodeCadence.AUTO,
+        "kv_update_in_graphs": True,
+        "direct_handoff": False,
+    }
 
 
 @pytest.mark.parametrize(

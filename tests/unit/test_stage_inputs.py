@@ -132,11 +132,15 @@ def test_pending_flat_receive_with_wrong_hidden_size_is_caught():
         check_padding_agreement(tokens, 8, stage=1)
 
 
-def test_startup_schemas_that_match_pass():
+def test_startup_schemas_compare_dims_and_dtype_whatever_the_token_count():
     from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
 
-    schema = schema_of(BUFFERS)
-    check_handoff_schemas([schema, schema, None], [None, schema, schema])
+    # A forward's output of one token and a buffer of 64 describe the same hand-off.
+    buffers = schema_of(BUFFERS)
+    one_token = schema_of({k: v[:1] for k, v in BUFFERS.items()})
+    assert one_token == buffers == {"hidden_states": ((HIDDEN,), "torch.bfloat16"),
+                                    "residual": ((HIDDEN,), "torch.bfloat16")}
+    check_handoff_schemas([one_token, one_token, None], [None, buffers, buffers])
 
 
 def test_startup_schema_mismatch_names_the_stages_and_keys():
