@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's install and test commands, copied from it as written, in a fresh clone:
-# what a new user does first. Then `check` and `bench --pp 0`. Prints each command,
+# what a new user does first. Then `check`, two refused `bench` calls and every example
+# on a machine without GPUs or a server. Prints each command,
 # the end of its output, its exit status and how long it took; every command's whole
 # output is kept in DIR.logs/.
 #   usage: benchmarks/fresh_clone.sh REPO DIR [BRANCH]   (DIR must not exist yet)
@@ -15,7 +16,10 @@ echo
 # The Install section's first code block, then the first test line, as .ci/run finds it.
 mapfile -t commands < <(awk '/^## Install/ {on=1} on && /^```/ {n++; next} on && n == 1' README.md)
 commands+=("$(grep -m1 '^python -m pytest' README.md)")
-commands+=("vllm-pp-cudagraph check" "vllm-pp-cudagraph bench --pp 0 --out /tmp/fresh-clone-bench")
+commands+=("vllm-pp-cudagraph check" "vllm-pp-cudagraph bench --pp 0 --out /tmp/fresh-clone-bench"
+  "vllm-pp-cudagraph bench --pp 2 --model /nonexistent --out /tmp/fresh-clone-bench"
+  "python examples/offline_pp2.py" "python examples/direct_runner.py ./no-such-model"
+  "python examples/openai_client.py --url http://127.0.0.1:9" "bash examples/serve_pp2.sh")
 i=0
 for command in "${commands[@]}"; do
   i=$((i + 1))
