@@ -18,10 +18,17 @@ from vllm_pp_cudagraph.capture_guard import (
     CapturedCommunicationError,
     forbid_pipeline_communication,
 )
-from vllm_pp_cudagraph.graph_agreement import Agreement, CaptureOutcome, agree
-from vllm_pp_cudagraph.stage_exchange import gather_from_stages
+from vllm_pp_cudagraph.graph_agreement import Agreement, CaptureOutcome, agree, merge_tp_peers
+from vllm_pp_cudagraph.stage_exchange import gather_from_stages, gather_from_tp_peers
 
 logger = init_logger("vllm.pp_cudagraph.manager")
+
+
+def settle(outcome: CaptureOutcome) -> Agreement:
+    """What this rank keeps: its TP peers merge their outcomes into their stage's, then
+    the stages agree, so every rank of every stage decides alike."""
+    return agree(gather_from_stages(merge_tp_peers(gather_from_tp_peers(outcome))),
+                 outcome.stage)
 
 
 class PPCudaGraphManager(ModelCudaGraphManager):
@@ -108,14 +115,14 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         )
 
     def settle_with_other_stages(self, error: str | None = None) -> None:
-        """Exchange capture outcomes with every stage and keep what all have.
+        """Exchange capture outcomes with every rank and keep what all have.
 
-        Every stage must call this exactly once after (or instead of) capture,
-        including stages with nothing to capture, or the others wait for it.
+        Every rank must call this exactly once after (or instead of) capture,
+        including ranks with nothing to capture, or the others wait for it.
         """
         captured = frozenset(d for descs in self._capture_descs.values() for d in descs)
         outcome = CaptureOutcome(self.stage, captured if error is None else frozenset(), error)
-        self.apply_agreement(agree(gather_from_stages(outcome), self.stage))
+        self.apply_agreement(settle(outcome))
 
     def apply_agreement(self, agreement: Agreement) -> None:
         """Keep only the graphs every stage has; all-eager if none."""

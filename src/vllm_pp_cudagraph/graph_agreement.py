@@ -2,12 +2,15 @@
 
 Every stage dispatches each step from the same scheduler output, and dispatch
 is a pure lookup in the manager's table of captured descriptors. So if all
-stages hold the same table, they pick the same graph mode and padded size on
+ranks hold the same table, they pick the same graph mode and padded size on
 every step with no per-step communication. This module makes the tables equal:
-after capture, each stage reports what it captured (or that capture failed),
-and all stages keep only what every stage has. If any stage failed, or nothing
-is common, every stage runs eagerly, together, instead of one stage replaying
-while its peer cannot (vLLM issue #45094: the pipeline hangs).
+after capture, each rank reports what it captured (or that capture failed);
+the tensor-parallel peers of a stage first merge theirs into the stage's
+(:func:`merge_tp_peers`), then the stages agree (:func:`agree`), so every rank
+of every stage keeps only what every rank has. If any rank failed, or nothing
+is common, every rank runs eagerly, together, instead of one replaying while a
+peer cannot (vLLM issue #45094: the pipeline hangs; a TP peer's collectives
+would no longer line up either).
 """
 
 from __future__ import annotations
@@ -23,6 +26,25 @@ class CaptureOutcome:
     stage: int
     descriptors: frozenset[Hashable] = field(default_factory=frozenset)
     error: str | None = None
+
+
+#: What a user can change when capture fails on some rank.
+CAPTURE_FAILED_ADVICE = (
+    "To keep CUDA graphs, give capture more room (lower gpu_memory_utilization, or "
+    "fewer or smaller compilation_config.cudagraph_capture_sizes), or set "
+    "enforce_eager=True to skip capture"
+)
+
+
+def merge_tp_peers(outcomes: Sequence[CaptureOutcome]) -> CaptureOutcome:
+    """One stage's outcome from its tensor-parallel peers': the graphs all of them
+    captured, and every peer's failure named by its TP rank."""
+    errors = [f"TP rank {rank}: {o.error}" for rank, o in enumerate(outcomes) if o.error]
+    if len(outcomes) == 1:
+        return outcomes[0]
+    common = frozenset.intersection(*(o.descriptors for o in outcomes))
+    return CaptureOutcome(outcomes[0].stage, frozenset() if errors else common,
+                          "; ".join(errors) or None)
 
 
 @dataclass(frozen=True)
@@ -45,7 +67,8 @@ def agree(outcomes: Sequence[CaptureOutcome], local_stage: int) -> Agreement:
     if failed:
         detail = "; ".join(f"stage {o.stage}: {o.error}" for o in failed)
         return Agreement(
-            frozenset(), local, f"CUDA-graph capture failed ({detail}); all stages run eagerly"
+            frozenset(), local, f"CUDA-graph capture failed ({detail}); every stage runs "
+            f"eagerly. {CAPTURE_FAILED_ADVICE}."
         )
     common = frozenset.intersection(*(o.descriptors for o in outcomes))
     if common == local and all(o.descriptors == common for o in outcomes):

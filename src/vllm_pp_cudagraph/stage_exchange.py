@@ -1,22 +1,20 @@
-"""Sharing one small Python object per pipeline stage with every stage."""
+"""Sharing one small Python object per rank with every rank of a vLLM process group."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def gather_from_stages(obj: Any) -> list[Any]:
-    """Return every stage's ``obj``, in stage order, on every stage.
+def gather_from_group(obj: Any, group: Any) -> list[Any]:
+    """Return every rank's ``obj`` of vLLM's ``group``, in rank order, on every rank.
 
-    Uses one object broadcast per stage over the pipeline group's CPU (gloo)
-    group rather than ``all_gather_object``, which does not work on gloo under
-    inference mode (pytorch#126032); vLLM captures graphs under inference mode.
-    Call it on all stages at the same point, outside CUDA-graph capture.
+    Uses one object broadcast per rank over the group's CPU (gloo) group rather
+    than ``all_gather_object``, which does not work on gloo under inference mode
+    (pytorch#126032); vLLM captures graphs under inference mode. Call it on all
+    ranks of the group at the same point, outside CUDA-graph capture.
     """
     import torch.distributed as dist
-    from vllm.distributed.parallel_state import get_pp_group
 
-    group = get_pp_group()
     gathered = []
     for src in range(group.world_size):
         box = [obj if src == group.rank_in_group else None]
@@ -24,3 +22,17 @@ def gather_from_stages(obj: Any) -> list[Any]:
             dist.broadcast_object_list(box, src=group.ranks[src], group=group.cpu_group)
         gathered.append(box[0])
     return gathered
+
+
+def gather_from_stages(obj: Any) -> list[Any]:
+    """Every pipeline stage's ``obj`` (this rank's pipeline group), in stage order."""
+    from vllm.distributed.parallel_state import get_pp_group
+
+    return gather_from_group(obj, get_pp_group())
+
+
+def gather_from_tp_peers(obj: Any) -> list[Any]:
+    """Every tensor-parallel peer's ``obj`` within this stage, in TP rank order."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return gather_from_group(obj, get_tp_group())

@@ -2,8 +2,9 @@
 
 Scenarios, each run on every stage by :func:`run_stages`:
 
-- ``capture``: the stages agree on graphs after stage 1's capture failed;
-  ``common``: they keep the graphs both captured (test_graph_agreement);
+- ``capture``: every rank agrees on eager after the last rank's capture failed;
+  ``common``: they keep the graphs every rank captured, TP peers included
+  (test_graph_agreement);
 - ``handoff``: the start-up hand-off check, first with what the model declares,
   then with a forward that returns an undeclared key, then with the direct
   hand-off on one stage only (test_stage_inputs);
@@ -251,8 +252,7 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
         init_distributed_environment,
     )
 
-    from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree
-    from vllm_pp_cudagraph.stage_exchange import gather_from_stages
+    from vllm_pp_cudagraph.graph_agreement import CaptureOutcome
 
     config = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
@@ -273,17 +273,24 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
     if scenario == "eagle3":
         print(json.dumps(eagle3(rank, pp_size)))
         return
-    if scenario == "common":  # the stages captured overlapping sets
-        mine = CaptureOutcome(rank, frozenset({"a", "b"} if rank == 0 else {"b", "c"}))
-    else:  # stage 1 "fails" its capture; both must decide on eager
-        mine = CaptureOutcome(rank, frozenset({"a", "b"}), None if rank == 0 else "OOM")
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    from vllm_pp_cudagraph.cudagraph_manager import settle
+
+    stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
+    if scenario == "common":  # stage 0 {a, b} ({b} on its last TP rank), stage 1 {b, c}
+        mine = {"a", "b"} if stage == 0 else {"b", "c"}
+        if stage == 0 and tp_size > 1 and tp_rank == tp_size - 1:
+            mine = {"b"}
+        outcome = CaptureOutcome(stage, frozenset(mine))
+    else:  # the last rank of the last stage "fails" its capture; all must go eager
+        failed = stage == pp_size - 1 and tp_rank == tp_size - 1
+        outcome = CaptureOutcome(stage, frozenset({"a", "b"}), "OOM" if failed else None)
     with torch.inference_mode():  # as during capture_model
-        outcomes = gather_from_stages(mine)
-    result = agree(outcomes, rank)
-    print(json.dumps({"rank": rank, "stages": [o.stage for o in outcomes],
+        result = settle(outcome)
+    print(json.dumps({"rank": rank, "stage": stage, "tp_rank": tp_rank,
                       "all_eager": result.all_eager, "reason": result.reason,
                       "keep": sorted(result.keep), "dropped": sorted(result.dropped)}))
-
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree
+import pytest
+
+from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree, merge_tp_peers
 
 A, B, C = "desc-a", "desc-b", "desc-c"
 
@@ -46,21 +48,39 @@ def test_decision_is_the_same_on_every_stage_for_four_stages():
     assert keeps == {frozenset({A, B})}
 
 
-def test_two_stages_reach_the_same_decision_over_gloo_under_inference_mode():
+def test_tp_peers_merge_into_their_stages_outcome_naming_the_failed_rank():
+    merged = merge_tp_peers([CaptureOutcome(1, frozenset({A, B})),
+                             CaptureOutcome(1, frozenset(), "OutOfMemoryError: CUDA out of memory")])
+    assert merged == CaptureOutcome(1, frozenset(), "TP rank 1: OutOfMemoryError: CUDA out of memory")
+    merged = merge_tp_peers([CaptureOutcome(0, frozenset({A, B})), CaptureOutcome(0, frozenset({B}))])
+    assert merged == CaptureOutcome(0, frozenset({B}))
+
+
+def test_a_failure_tells_the_user_what_to_change():
+    reason = agree(both({A}, set(), err1="TP rank 1: OOM"), 0).reason
+    assert "stage 1: TP rank 1: OOM" in reason and "gpu_memory_utilization" in reason
+    assert "enforce_eager=True" in reason
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_every_rank_goes_eager_when_one_rank_fails_capture_over_gloo(tp_size):
+    """Under inference mode, as vLLM captures; with TP=2 the failing rank's TP peer and
+    the other stage's ranks must all go eager with it, or their collectives hang."""
     from _pipeline_processes import run_stages
 
-    results = run_stages("capture")
+    results = run_stages("capture", tp_size=tp_size)
+    assert sorted((r["stage"], r["tp_rank"]) for r in results) == sorted(
+        (s, t) for s in range(2) for t in range(tp_size))
     for r in results:
-        assert r["stages"] == [0, 1]
         assert r["all_eager"] is True
-        assert "stage 1: OOM" in r["reason"]
+        assert "stage 1: " + ("TP rank 1: OOM" if tp_size > 1 else "OOM") in r["reason"]
 
 
-def test_two_stages_keep_only_the_graphs_both_captured_over_gloo():
-    """Each stage learns the other's graphs only through the exchange: stage 0
-    captured {a, b}, stage 1 {b, c}; both must keep exactly {b}."""
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_every_rank_keeps_only_the_graphs_all_captured_over_gloo(tp_size):
+    """Each rank learns the others' graphs only through the exchange: stage 0 captured
+    {a, b} ({b} alone on one TP peer when TP=2), stage 1 {b, c}; all keep exactly {b}."""
     from _pipeline_processes import run_stages
 
-    results = run_stages("common")
-    assert [r["keep"] for r in results] == [["b"], ["b"]]
-    assert [r["dropped"] for r in results] == [["a"], ["c"]]
+    results = run_stages("common", tp_size=tp_size)
+    assert [r["keep"] for r in results] == [["b"]] * 2 * tp_size
