@@ -201,7 +201,7 @@ def _report_patches(report: _Report, settings: PPCudaGraphSettings) -> None:
 
 
 def _report_proven(report: _Report) -> None:
-    report.say("features the plugin has been proven with (others: it stands aside):")
+    report.say("what the plugin has been proven with on GPUs, on this vLLM:")
     for line in support.table_lines():
         report.say(f"  - {line}")
 

@@ -42,6 +42,15 @@ GPU_EVIDENCE: dict[str, str] = {
             "decoding",
 }
 
+#: Layouts and attention backends the plugin has run with on GPUs, release by release
+#: ("shared GPU": every rank on one GPU, correctness only). docs/deployments.md has more.
+PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
+    "0.26": ("PP=2, TP=1, every graph mode, TRITON_ATTN (a GPU per stage)",),
+    "0.33": ("PP=2, TP=1, every graph mode, TRITON_ATTN and FLASH_ATTN (shared GPU; "
+             "FULL_AND_PIECEWISE with a GPU per stage)",
+             "PP=4, layers 8/7/7/6, FULL_AND_PIECEWISE (shared GPU)"),
+}
+
 #: KV connectors proven with the plugin (none has run on a GPU with it yet).
 PROVEN_CONNECTORS: dict[str, Proven] = {}
 
@@ -89,9 +98,13 @@ def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | 
 
 
 def table_lines() -> list[str]:
-    """One line per proven feature, and what stands aside, for ``check``."""
+    """One line per proven layout and feature, and what stands aside, for ``check``."""
     here = _release_line()
-    lines = []
+    layouts = PROVEN_LAYOUTS.get(here, ())
+    lines = [f"layout: {layout}" for layout in layouts] or [
+        f"layout: none run on a GPU with the plugin on vLLM {here}"]
+    lines.append("layout: the others run with the plugin, unproven (PP=3, TP x PP, "
+                 "FLASHINFER; docs/deployments.md)")
     for kind, table in (("speculative method", PROVEN_SPECULATIVE),
                         ("KV connector", PROVEN_CONNECTORS)):
         for name, proven in table.items():

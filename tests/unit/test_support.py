@@ -95,3 +95,14 @@ def test_check_lists_each_proven_feature_and_what_stands_aside():
     ("0.29.0", "never run on a GPU with the plugin (CPU suite only)")])
 def test_check_says_whether_the_release_ran_on_a_gpu(version, expected):
     assert support.gpu_evidence(version).startswith(expected)
+
+
+def test_check_lists_the_layouts_proven_on_this_release():
+    lines = support.table_lines()
+    layouts = [line for line in lines if line.startswith("layout: ")]
+    proven = support.PROVEN_LAYOUTS.get(HERE)
+    if proven:
+        assert [f"layout: {p}" for p in proven] == layouts[:len(proven)]
+    else:
+        assert layouts[0] == f"layout: none run on a GPU with the plugin on vLLM {HERE}"
+    assert "unproven" in layouts[-1]
