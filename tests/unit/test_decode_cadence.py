@@ -675,3 +675,78 @@ def test_patch_is_undone_exactly_and_off_when_disabled():
     assert AsyncScheduler.schedule.__wrapped__ is AsyncScheduler.__mro__[1].schedule
     undo()
     assert "schedule" not in AsyncScheduler.__dict__
+
+
+def requests_that_stop_early(count: int) -> tuple[list[Request], dict[str, int]]:
+    """Greedy requests of which every third ends at a stop token (as at EOS), at a
+    position the stand-in last stage samples; the expected output length of each."""
+    from vllm.sampling_params import SamplingParams
+
+    rng = random.Random(7)
+    requests, expected = [], {}
+    for i in range(count):
+        prompt, max_tokens = rng.randint(2, 30), rng.randint(10, 40)
+        stop_at = rng.randint(1, max_tokens - 2) if i % 3 == 0 else None
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                stop_token_ids=[prompt + stop_at] if stop_at else None)
+        requests.append(Request(request_id=str(i), prompt_token_ids=[5] * prompt,
+                                sampling_params=params, pooling_params=None))
+        expected[str(i)] = stop_at + 1 if stop_at else max_tokens
+    return requests, expected
+
+
+@pytest.mark.parametrize("cadence", ["auto", "merge", "balance", "fill"])
+@pytest.mark.parametrize("pp", [2, 4])
+def test_requests_that_stop_early_or_are_aborted_leave_every_output_right(model_dir, cadence,
+                                                                          pp):
+    """Stop tokens (EOS) end requests inside the scheduler; stop strings end them from
+    outside (the engine core aborts them between steps). Under every cadence the
+    others' tokens, and the first stage's inputs, stay exact, and nothing crashes."""
+    from vllm.v1.request import RequestStatus
+
+    undo = _cadence(cadence)
+    try:
+        scheduler = make_scheduler(model_dir, num_blocks=64, pp=pp, max_num_seqs=MAX_REQS)
+        requests, expected = requests_that_stop_early(24)
+        aborted = {"1", "4", "10"}
+        steps = [0]
+
+        original_schedule = scheduler.schedule
+
+        def schedule_and_abort():
+            steps[0] += 1
+            if steps[0] == 12:  # a stop string matched in the output processor
+                scheduler.finish_requests(sorted(aborted), RequestStatus.FINISHED_ABORTED)
+            return original_schedule()
+
+        scheduler.schedule = schedule_and_abort
+        run = serve(scheduler, requests, [i // 4 for i in range(24)])
+    finally:
+        undo()
+    first_stage = [p for p in run.problems if "first stage read" in p]
+    assert first_stage == []
+    cut_short = 0
+    for r in requests:
+        positions = list(range(r.num_prompt_tokens, r.num_prompt_tokens + expected[r.request_id]))
+        out = list(r.output_token_ids)
+        if r.request_id in aborted:
+            assert out == positions[:len(out)], r.request_id
+            cut_short += len(out) < len(positions)
+        else:
+            assert out == positions, (r.request_id, out)
+            assert r.is_finished()
+    assert cut_short, "no abort landed mid-request: nothing was tested"
+
+
+def test_without_async_scheduling_the_schedule_is_vllms():
+    """The cadence hook wraps the async scheduler alone; with async scheduling off vLLM
+    builds its plain Scheduler, whose schedule the plugin leaves untouched."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    before = Scheduler.__dict__["schedule"]
+    undo = _cadence("auto")
+    try:
+        assert Scheduler.__dict__["schedule"] is before
+        assert AsyncScheduler.schedule is not before
+    finally:
+        undo()
