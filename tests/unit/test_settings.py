@@ -68,6 +68,7 @@ def test_unrelated_variables_are_ignored_and_leave_every_default():
     environ = {"VLLM_PLUGINS": "x", "PATH": "/", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}
     assert PPCudaGraphSettings.from_env(environ).model_dump() == {
         "allow_unsupported_vllm": False,
+        "allow_unproven": False,
         "breakable": False,
         "decode_cadence": DecodeCadence.AUTO,
         "kv_update_in_graphs": True,
