@@ -39,9 +39,9 @@ CAPTURE_FAILED_ADVICE = (
 def merge_tp_peers(outcomes: Sequence[CaptureOutcome]) -> CaptureOutcome:
     """One stage's outcome from its tensor-parallel peers': the graphs all of them
     captured, and every peer's failure named by its TP rank."""
-    errors = [f"TP rank {rank}: {o.error}" for rank, o in enumerate(outcomes) if o.error]
     if len(outcomes) == 1:
         return outcomes[0]
+    errors = [f"TP rank {rank}: {o.error}" for rank, o in enumerate(outcomes) if o.error]
     common = frozenset.intersection(*(o.descriptors for o in outcomes))
     return CaptureOutcome(outcomes[0].stage, frozenset() if errors else common,
                           "; ".join(errors) or None)

@@ -58,7 +58,11 @@ PROVEN_CONNECTORS: dict[str, Proven] = {}
 @functools.cache
 def _release_line() -> str | None:
     """The installed vLLM's ``major.minor``, as the table keys releases."""
-    release = compat.parse_release(compat.installed_versions().vllm or "")
+    return _major_minor(compat.installed_versions().vllm)
+
+
+def _major_minor(version: str | None) -> str | None:
+    release = compat.parse_release(version or "")
     return f"{release[0]}.{release[1]}" if release else None
 
 
@@ -74,9 +78,8 @@ def _unproven(kind: str, name: str, table: dict[str, Proven]) -> str | None:
 
 def gpu_evidence(vllm_version: str) -> str:
     """Whether the plugin has run on GPUs on ``vllm_version``'s release, and what."""
-    release = compat.parse_release(vllm_version or "")
-    line = f"{release[0]}.{release[1]}" if release else None
-    return GPU_EVIDENCE.get(line, "never run on a GPU with the plugin (CPU suite only)")
+    return GPU_EVIDENCE.get(_major_minor(vllm_version),
+                            "never run on a GPU with the plugin (CPU suite only)")
 
 
 def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
