@@ -255,7 +255,7 @@ install_test_plugins() {
 
 # Both stages on GPU 0 (shared_gpu/sitecustomize.py): for one-GPU machines.
 shared() {
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=2 "$@"
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=${KIT_SHARED_GPU_STAGES:-2} "$@"
 }
 
 step_shared-batch() {

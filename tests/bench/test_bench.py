@@ -255,15 +255,17 @@ def test_runs_given_several_times_are_summarised_across_engines():
 
 def test_table_shows_values_failures_and_disagreement():
     ok = report("plugin", "piecewise", "c1", output_tok_per_s=5120.0, tpot_mean_ms=3.456,
-                tokens_agree=True)
-    bad = report("plugin", "eager", None, req_per_s=None, tokens_agree=None)
-    differ = report("stock", "piecewise", "c2", tokens_agree=False)
-    table = bench.render_table([ok, bad, differ]).splitlines()
+                tokens_verdict="identical")
+    bad = report("plugin", "eager", None, req_per_s=None, tokens_verdict=None)
+    tie = report("stock", "piecewise", "c3", tokens_verdict="near-ties")
+    differ = report("stock", "piecewise", "c2", tokens_verdict="differ")
+    table = bench.render_table([ok, bad, tie, differ]).splitlines()
     assert table[0].split()[:4] == ["run", "req/s", "spread", "%"]
     assert "plugin:piecewise" in table[2] and "10.00" in table[2] and "3.46" in table[2]
-    assert "yes" in table[2]
+    assert table[2].rstrip().endswith("identical")
     assert "FAILED" in table[3]
-    assert table[4].rstrip().endswith("NO")
+    assert table[4].rstrip().endswith("near-ties")
+    assert table[5].rstrip().endswith("differ")
 
 
 def test_plot_is_a_png_when_matplotlib_is_there(tmp_path):

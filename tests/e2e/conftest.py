@@ -16,21 +16,34 @@ import pytest
 TEST_PLUGINS = ("pp_e2e_models", "pp_e2e_preemption_fix")
 
 
+def shared_gpu_ranks() -> int:
+    """How many ranks the test-only shim (benchmarks/gpu_kit/shared_gpu, loaded as
+    ``sitecustomize``) puts on GPU 0: a correctness check where no multi-GPU host is at
+    hand. 0 without the shim."""
+    return getattr(sys.modules.get("sitecustomize"), "STAGES", 0)
+
+
 def stages_share_one_gpu() -> bool:
-    """Whether this run puts both stages on one GPU (benchmarks/gpu_kit/shared_gpu,
-    loaded as ``sitecustomize``): a correctness check where no 2-GPU host is at hand."""
-    return getattr(sys.modules.get("sitecustomize"), "STAGES", 0) >= 2
+    """Whether this run puts the stages on one GPU through the shim."""
+    return shared_gpu_ranks() >= 2
+
+
+def require_gpus(ranks: int) -> None:
+    """Skip unless ``ranks`` CUDA devices are visible, or one is and the shim puts at least
+    ``ranks`` ranks on it."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < ranks and not (count == 1 and shared_gpu_ranks() >= ranks):
+        pytest.skip(f"needs {ranks} CUDA devices (one per rank), or one with "
+                    f"KIT_SHARED_GPU_STAGES={ranks} and the shim; {count} visible")
 
 
 @pytest.fixture
 def two_gpus() -> None:
     """Skip unless 2 CUDA devices are visible: every check runs PP=2, one GPU per stage
     (or both stages on one, with the shared-GPU shim loaded)."""
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count < 2 and not (count == 1 and stages_share_one_gpu()):
-        pytest.skip(f"needs 2 CUDA devices (PP=2, one per stage); {count} visible")
+    require_gpus(2)
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ on vLLM releases with ``ParallelConfig.get_local_gpu_index`` (0.33). It is found
 - engine arguments: the multiprocess executor (vLLM would otherwise refuse a world
   size above the GPU count) and a fixed KV cache of ``KIT_SHARED_GPU_KV_GIB`` GiB
   (default 4) per stage, as vLLM's memory profiling assumes no other process
-  allocates on its GPU meanwhile;
+  allocates on its GPU meanwhile; with TP, custom all-reduce off (NCCL does the
+  all-reduces);
 - each worker: GPU index 0, and an NCCL host id of its own (``NCCL_HOSTID``), which
   is what NCCL's duplicate-GPU check compares; NCCL then connects the stages as if
   they were on two hosts, over ``lo``;
@@ -51,8 +52,12 @@ def _patch_engine_args(module) -> None:
             self.distributed_executor_backend = "mp"
         if self.kv_cache_memory_bytes is None:
             self.kv_cache_memory_bytes = kv_bytes
+        if self.tensor_parallel_size > 1:
+            # custom all-reduce maps its peers' buffers over CUDA IPC between GPUs
+            self.disable_custom_all_reduce = True
         _say(f"engine args: executor {self.distributed_executor_backend}, "
-             f"KV cache {self.kv_cache_memory_bytes / 2**30:g} GiB per stage")
+             f"KV cache {self.kv_cache_memory_bytes / 2**30:g} GiB per stage"
+             + (", custom all-reduce off" if self.tensor_parallel_size > 1 else ""))
         original(self)
 
     cls.__post_init__ = __post_init__

@@ -28,6 +28,7 @@ from typing import Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.token_judge import record_of
 from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
 from vllm_pp_cudagraph.bench.stats import (
     RequestTiming,
@@ -146,6 +147,10 @@ class RunSpec:
     attention_backend: str | None = "TRITON_ATTN"
     """vLLM's attention backend by name; None leaves the choice to vLLM."""
     gpu_memory_utilization: float = 0.5
+    logprobs: int = 0
+    """Top logprobs recorded per output position (0: none)."""
+    tokens_file: str | None = None
+    """If set: the warm-up's tokens and logprobs are written here (a TokenRecord)."""
     profile_dir: str | None = None
     """If set: after the timed runs, one more pass under torch.profiler, traces here."""
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -261,9 +266,12 @@ def _child(spec: RunSpec) -> dict[str, Any]:
 
     llm, init_s = start_engine(spec)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in make_prompts(spec.prompts, spec.input_len)]
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
+                             logprobs=spec.logprobs or None)
               for n in output_lengths(spec)]
     warmup, outputs = timed_pass(llm, spec, prompts, params)
+    if spec.tokens_file:
+        record_of(outputs).save(Path(spec.tokens_file))
     runs, run_digests = [], []
     for _ in range(spec.repeat):
         run, outs = timed_pass(llm, spec, prompts, params)
