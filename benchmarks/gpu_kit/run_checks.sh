@@ -253,9 +253,14 @@ install_test_plugins() {
     --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
 }
 
-# Both stages on GPU 0 (shared_gpu/sitecustomize.py): for one-GPU machines.
+# Every rank on GPU 0 (shared_gpu/sitecustomize.py): for one-GPU machines. KIT_SHARED_GPU_STAGES
+# (default 2) is the most ranks an engine may have (TP x PP). FlashInfer's sampler is off unless
+# set: its JIT build on first use, in the last stage only, can outlast the engine's start-up
+# time limit while the other stages wait for it.
 shared() {
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" KIT_SHARED_GPU_STAGES=${KIT_SHARED_GPU_STAGES:-2} "$@"
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" \
+    KIT_SHARED_GPU_STAGES=${KIT_SHARED_GPU_STAGES:-2} \
+    VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0} "$@"
 }
 
 step_shared-batch() {

@@ -43,9 +43,11 @@ BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
 
 
 def modes_with_control(modes) -> str:
-    """stock then plugin in each mode, then stock again in the first (the control)."""
-    return ",".join([f"{runner}:{m}" for m in modes for runner in ("stock", "plugin")]
-                    + [f"stock:{modes[0]}"])
+    """stock, the plugin and stock again (the control) in the first mode, then stock and
+    the plugin in each other mode: a run cut short has the control."""
+    first, *rest = modes
+    return ",".join([f"stock:{first}", f"plugin:{first}", f"stock:{first}"]
+                    + [f"{runner}:{m}" for m in rest for runner in ("stock", "plugin")])
 
 
 @pytest.mark.parametrize("name", LAYOUTS)

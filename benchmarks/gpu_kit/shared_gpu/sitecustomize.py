@@ -14,8 +14,9 @@ on vLLM releases with ``ParallelConfig.get_local_gpu_index`` (0.33). It is found
 - engine arguments: the multiprocess executor (vLLM would otherwise refuse a world
   size above the GPU count) and a fixed KV cache of ``KIT_SHARED_GPU_KV_GIB`` GiB
   (default 4) per stage, as vLLM's memory profiling assumes no other process
-  allocates on its GPU meanwhile; with TP, custom all-reduce off (NCCL does the
-  all-reduces);
+  allocates on its GPU meanwhile; with TP, all-reduce by NCCL alone (custom,
+  FlashInfer and symmetric-memory all-reduce and the all-reduce + RMSNorm fusion
+  share buffers between GPUs over CUDA IPC);
 - each worker: GPU index 0, and an NCCL host id of its own (``NCCL_HOSTID``), which
   is what NCCL's duplicate-GPU check compares; NCCL then connects the stages as if
   they were on two hosts, over ``lo``;
@@ -52,13 +53,19 @@ def _patch_engine_args(module) -> None:
             self.distributed_executor_backend = "mp"
         if self.kv_cache_memory_bytes is None:
             self.kv_cache_memory_bytes = kv_bytes
-        if self.tensor_parallel_size > 1:
+        tp = self.tensor_parallel_size > 1
+        if tp:
             # custom all-reduce maps its peers' buffers over CUDA IPC between GPUs
             self.disable_custom_all_reduce = True
         _say(f"engine args: executor {self.distributed_executor_backend}, "
              f"KV cache {self.kv_cache_memory_bytes / 2**30:g} GiB per stage"
-             + (", custom all-reduce off" if self.tensor_parallel_size > 1 else ""))
+             + (", all-reduce by NCCL alone, no all-reduce + RMSNorm fusion" if tp else ""))
         original(self)
+        if tp:
+            # FlashInfer's fused all-reduce sets up a CUDA IPC workspace between the TP
+            # ranks' GPUs: with every rank on one GPU that start-up stalls for minutes
+            # and the engine then dies.
+            self.compilation_config.pass_config.fuse_allreduce_rms = False
 
     cls.__post_init__ = __post_init__
 
@@ -146,6 +153,8 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 if STAGES >= 2:
+    for _name in ("VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_ALLREDUCE_USE_SYMM_MEM"):
+        os.environ.setdefault(_name, "0")
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_IB_DISABLE", "1")
     sys.meta_path.insert(0, _PatchAfterImport())
