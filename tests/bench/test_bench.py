@@ -410,6 +410,8 @@ def test_workload_and_concurrency_sweep_are_parsed():
     (["--speculative-config", "ngram"], "bad --speculative-config 'ngram': use a JSON object"),
     (["--speculative-config", "[3]"], "bad --speculative-config '[3]'"),
     (["--speculative-config", '{"num_speculative_tokens": 3}'], 'with a "method"'),
+    (["--kv-transfer-config", '{"kv_role": "kv_both"}'], 'with a "kv_connector"'),
+    (["--near-tie-nats", "-1"], "--near-tie-nats -1.0 must be at least 0"),
 ])
 def test_impossible_arguments_are_refused_before_anything_starts(flags, message, tmp_path,
                                                                  capsys, monkeypatch):
@@ -527,22 +529,29 @@ def test_a_layout_reaches_the_engine_the_server_and_the_environment(monkeypatch)
     from vllm_pp_cudagraph.bench.serve_run import serve_command
 
     ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    connector = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
     spec = RunSpec("plugin", "piecewise", pp=4, tp=2, layer_partition=[8, 7, 7, 6],
-                   speculative_config=ngram)
+                   speculative_config=ngram, kv_transfer_config=connector,
+                   async_scheduling=False)
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")  # for the parser
     kwargs = engine_kwargs(spec, "/m")
     assert (kwargs["pipeline_parallel_size"], kwargs["tensor_parallel_size"]) == (4, 2)
     assert kwargs["speculative_config"] == ngram
+    assert kwargs["kv_transfer_config"] == connector and kwargs["async_scheduling"] is False
     assert engine_env(spec)["VLLM_PP_LAYER_PARTITION"] == "8,7,7,6"
     served = parse_serve_args(serve_command(spec, "/m", 8000)[4:])
     assert (served.pipeline_parallel_size, served.tensor_parallel_size) == (4, 2)
     assert json.loads(json.dumps(served.speculative_config)) == ngram
+    assert served.kv_transfer_config.kv_connector == "ExampleConnector"
+    assert served.async_scheduling is False
     # vLLM's own split when none is asked for, whatever this shell has set
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
     plain = RunSpec("plugin", "piecewise")
     assert "VLLM_PP_LAYER_PARTITION" not in engine_env(plain)
-    assert "speculative_config" not in engine_kwargs(plain, "/m")
+    assert not {"speculative_config", "kv_transfer_config", "async_scheduling"} & set(
+        engine_kwargs(plain, "/m"))
     assert "--speculative-config" not in serve_command(plain, "/m", 8000)
+    assert parse_serve_args(serve_command(plain, "/m", 8000)[4:]).async_scheduling is None
 
 
 def test_speculative_acceptance_is_summed_over_engines_from_vllms_counters():

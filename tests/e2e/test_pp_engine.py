@@ -165,25 +165,63 @@ def _speculative_config(method: str, tmp_path) -> dict:
     return {"method": method, "model": str(draft), "num_speculative_tokens": 3}
 
 
-@pytest.mark.parametrize("method", ["ngram", "eagle3"])
-def test_speculative_decoding_serves_with_the_tokens_of_a_stock_engine(method, tmp_path,
-                                                                        random_model):
+@pytest.mark.parametrize("method, scheduling", [("ngram", "async"), ("eagle3", "async"),
+                                                ("ngram", "sync"), ("eagle3", "sync")])
+def test_speculative_decoding_serves_with_the_tokens_of_a_stock_engine(method, scheduling,
+                                                                        tmp_path, random_model):
     """With a speculative method the plugin's engine starts on every stage and gives
     stock's greedy tokens, or parts from them only at near ties, as stock's own second
     engine may (EAGLE3 at PP=2 on vLLM 0.33: 17 of 64 requests between two stock
-    engines); its drafts are counted like stock's."""
+    engines); its drafts are counted like stock's. With async scheduling on (vLLM's
+    default) and off."""
     spec = _speculative_config(method, tmp_path)
     modes = "stock:full_and_piecewise,plugin:full_and_piecewise,stock:full_and_piecewise"
+    sync = ["--no-async-scheduling"] if scheduling == "sync" else []
     proc, runs = run_batch_bench(tmp_path / "bench", random_model, modes,
-                                 "--speculative-config", json.dumps(spec))
+                                 "--speculative-config", json.dumps(spec), *sync)
     console = console_of(proc)
     assert_served(runs, 2, console)
     assert [r["spec"]["runner"] for r in runs] == ["stock", "plugin", "stock"], console
     first, plugin, second = runs
     for run in runs:
         assert run["spec"]["speculative_config"]["method"] == method
+        assert run["spec"]["async_scheduling"] is (False if sync else None)
         assert run["spec_decode"] and run["spec_decode"]["draft_tokens"] > 0, run["spec_decode"]
     print(f"{method}: {verdict_line(runs)}; acceptance plugin "
           f"{plugin['spec_decode']['acceptance_rate']}, stock "
           f"{first['spec_decode']['acceptance_rate']} / {second['spec_decode']['acceptance_rate']}")
     assert_tokens_judged_equal(runs)
+
+
+def test_a_kv_connector_stores_and_loads_with_stocks_tokens(tmp_path, random_model):
+    """PP=2 with vLLM's ExampleConnector (KV caches stored in files, one per layer and
+    prompt): the plugin's engine stores every prompt's KV cache, a second plugin engine
+    finds it and loads it, and both give the tokens of a stock engine without the
+    connector (or part from them only at near ties). The plugin stands aside for KV
+    connectors until this passes on a release, so the runs ask for it
+    (``plugin-unproven``)."""
+    from vllm_pp_cudagraph.bench.token_judge import TokenRecord, judge
+
+    plain_proc, plain = run_batch_bench(tmp_path / "plain", random_model,
+                                        "stock:full_and_piecewise", "--input-len", "64")
+    assert_served(plain, 2, console_of(plain_proc))
+    storage = tmp_path / "kv"
+    connector = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                 "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    modes = "plugin-unproven:full_and_piecewise,plugin-unproven:full_and_piecewise"
+    proc, runs = run_batch_bench(tmp_path / "connector", random_model, modes,
+                                 "--input-len", "64", "--kv-transfer-config",
+                                 json.dumps(connector))
+    console = console_of(proc)
+    assert_served(runs, 2, console)
+    assert any(storage.rglob("*.safetensors")), "the first engine stored no KV cache"
+    logs = [(tmp_path / "connector" / name).read_text(errors="replace") for name in
+            ("plugin-unproven-full_and_piecewise.log",
+             "plugin-unproven-full_and_piecewise-run2.log")]
+    assert "External Cache Hit!" not in logs[0], "the first engine found a stored cache"
+    assert "External Cache Hit!" in logs[1], "the second engine loaded nothing"
+    reference = TokenRecord.load(plain[0]["spec"]["tokens_file"])
+    for run in runs:
+        verdict = judge(TokenRecord.load(run["spec"]["tokens_file"]), reference)
+        print(f"{run['spec']['runner']}: {verdict}")
+        assert verdict["verdict"] in ("identical", "near-ties"), verdict

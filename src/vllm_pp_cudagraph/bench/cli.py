@@ -286,6 +286,19 @@ def speculative_config(text: str) -> dict[str, Any]:
     return config
 
 
+def kv_transfer_config(text: str) -> dict[str, Any]:
+    """An argparse type: ``--kv-transfer-config`` as a JSON object with a ``kv_connector``."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        config = None
+    if not isinstance(config, dict) or "kv_connector" not in config:
+        raise argparse.ArgumentTypeError(
+            f'bad --kv-transfer-config {text!r}: use a JSON object with a "kv_connector", '
+            'e.g. {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}')
+    return config
+
+
 def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: float | None,
              shape: str, model: str | None, log_name: str) -> RunSpec:
     """One run of the invocation ``args``: ``runner`` in ``mode`` at its engine layout."""
@@ -297,6 +310,8 @@ def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: floa
         tp=tp,
         layer_partition=args.layer_partition if pp == args.pp else None,
         speculative_config=args.speculative_config,
+        kv_transfer_config=args.kv_transfer_config,
+        async_scheduling=False if args.no_async_scheduling else None,
         prompts=args.prompts,
         input_len=args.input_len,
         output_len=args.output_len,
@@ -385,6 +400,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help='vLLM\'s speculative_config for every run, a JSON object with a "method", e.g. '
         '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\'; '
         "bench.json records the acceptance vLLM counted (engine workloads)")
+    group.add_argument(
+        "--kv-transfer-config", type=kv_transfer_config, default=None,
+        help='vLLM\'s kv_transfer_config for every run, a JSON object with a "kv_connector", '
+        'e.g. \'{"kv_connector": "ExampleConnector", "kv_role": "kv_both", '
+        '"kv_connector_extra_config": {"shared_storage_path": "DIR"}}\'')
+    group.add_argument(
+        "--no-async-scheduling", action="store_true",
+        help="turn vLLM's async scheduling off for every run (default: vLLM's choice)")
     group.add_argument("--max-num-seqs", type=int, default=128,
                        help="vLLM's max_num_seqs: requests batched at once")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.5,
@@ -509,6 +532,8 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--num-requests {args.num_requests} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
         problems.append(f"--gpu-memory-utilization {args.gpu_memory_utilization} must be in (0, 1]")
+    if args.near_tie_nats < 0:
+        problems.append(f"--near-tie-nats {args.near_tie_nats} must be at least 0")
     if args.timeout <= 0:
         problems.append(f"--timeout {args.timeout} must be positive (seconds per engine)")
     if args.deadline is not None and args.deadline < MIN_ENGINE_S:
@@ -622,7 +647,7 @@ def gpu_shortage(pp: int, tp: int, gpus: int) -> str:
 def judge_tokens(args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
     """``tokens_agree`` on every report: judged in the batch workload, else None."""
     if args.workload == "batch":
-        check_agreement(reports, getattr(args, "near_tie_nats", NEAR_TIE_NATS))
+        check_agreement(reports, args.near_tie_nats)
     for report in reports:
         report.setdefault("tokens_agree", None)
 

@@ -67,6 +67,8 @@ RUNNERS: dict[str, dict[str, str]] = {
     "plugin-merge": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "merge"},
     # The plugin with requests in pp_size even groups that take turns.
     "plugin-balance": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DECODE_CADENCE": "balance"},
+    # The plugin where it would stand aside for a feature not yet proven with it.
+    "plugin-unproven": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN": "1"},
     # The plugin handing tensors between stages without vLLM's per-step metadata.
     "plugin-direct": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF": "1"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
@@ -147,6 +149,10 @@ class RunSpec:
     attention_backend: str | None = "TRITON_ATTN"
     """vLLM's attention backend by name; None leaves the choice to vLLM."""
     gpu_memory_utilization: float = 0.5
+    kv_transfer_config: dict[str, Any] | None = None
+    """vLLM's ``kv_transfer_config`` (``{"kv_connector": ...}``); None: no KV connector."""
+    async_scheduling: bool | None = None
+    """vLLM's ``async_scheduling``; None: vLLM's choice."""
     logprobs: int = 0
     """Top logprobs recorded per output position (0: none)."""
     tokens_file: str | None = None
@@ -326,6 +332,10 @@ def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
         kwargs["attention_backend"] = spec.attention_backend
     if spec.speculative_config:
         kwargs["speculative_config"] = spec.speculative_config
+    if spec.kv_transfer_config:
+        kwargs["kv_transfer_config"] = spec.kv_transfer_config
+    if spec.async_scheduling is not None:
+        kwargs["async_scheduling"] = spec.async_scheduling
     return kwargs
 
 

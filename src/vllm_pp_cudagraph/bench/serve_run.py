@@ -74,6 +74,10 @@ def serve_command(
         cmd += ["--attention-backend", spec.attention_backend]
     if spec.speculative_config:
         cmd += ["--speculative-config", json.dumps(spec.speculative_config)]
+    if spec.kv_transfer_config:
+        cmd += ["--kv-transfer-config", json.dumps(spec.kv_transfer_config)]
+    if spec.async_scheduling is False:
+        cmd += ["--no-async-scheduling"]
     return cmd + mode_cli_args(spec.mode) + list(extra_args)
 
 
