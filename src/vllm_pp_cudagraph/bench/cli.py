@@ -407,7 +407,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         '"kv_connector_extra_config": {"shared_storage_path": "DIR"}}\'')
     group.add_argument(
         "--no-async-scheduling", action="store_true",
-        help="turn vLLM's async scheduling off for every run (default: vLLM's choice)")
+        help="turn vLLM's async scheduling off for every run; unset, vLLM chooses")
     group.add_argument("--max-num-seqs", type=int, default=128,
                        help="vLLM's max_num_seqs: requests batched at once")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.5,
