@@ -48,7 +48,8 @@ PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
     "0.26": ("PP=2, TP=1, every graph mode, TRITON_ATTN (a GPU per stage)",),
     "0.33": ("PP=2, TP=1, every graph mode, TRITON_ATTN and FLASH_ATTN (shared GPU; "
              "FULL_AND_PIECEWISE with a GPU per stage)",
-             "PP=4, layers 8/7/7/6, FULL_AND_PIECEWISE (shared GPU)"),
+             "PP=3, vLLM's split, FULL_AND_PIECEWISE and PIECEWISE (shared GPU)",
+             "PP=4, layers 8/7/7/6, FULL_AND_PIECEWISE and PIECEWISE (shared GPU)"),
 }
 
 #: KV connectors proven with the plugin (none has run on a GPU with it yet).
