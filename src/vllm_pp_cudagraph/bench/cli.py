@@ -17,6 +17,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -273,30 +274,27 @@ def asked_backend(name: str) -> str | None:
     return None if name.lower() in ("", "auto") else name
 
 
-def speculative_config(text: str) -> dict[str, Any]:
-    """An argparse type: ``--speculative-config`` as a JSON object with a ``method``."""
-    try:
-        config = json.loads(text)
-    except ValueError:
-        config = None
-    if not isinstance(config, dict) or "method" not in config:
-        raise argparse.ArgumentTypeError(
-            f'bad --speculative-config {text!r}: use a JSON object with a "method", '
-            'e.g. {"method": "ngram", "num_speculative_tokens": 3}')
-    return config
+def json_object_with(flag: str, key: str, example: str) -> Callable[[str], dict[str, Any]]:
+    """An argparse type: ``flag`` as a JSON object holding ``key``."""
+
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            config = json.loads(text)
+        except ValueError:
+            config = None
+        if not isinstance(config, dict) or key not in config:
+            raise argparse.ArgumentTypeError(
+                f'bad {flag} {text!r}: use a JSON object with a "{key}", e.g. {example}')
+        return config
+
+    return parse
 
 
-def kv_transfer_config(text: str) -> dict[str, Any]:
-    """An argparse type: ``--kv-transfer-config`` as a JSON object with a ``kv_connector``."""
-    try:
-        config = json.loads(text)
-    except ValueError:
-        config = None
-    if not isinstance(config, dict) or "kv_connector" not in config:
-        raise argparse.ArgumentTypeError(
-            f'bad --kv-transfer-config {text!r}: use a JSON object with a "kv_connector", '
-            'e.g. {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}')
-    return config
+speculative_config = json_object_with(
+    "--speculative-config", "method", '{"method": "ngram", "num_speculative_tokens": 3}')
+kv_transfer_config = json_object_with(
+    "--kv-transfer-config", "kv_connector",
+    '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}')
 
 
 def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: float | None,
