@@ -19,6 +19,10 @@ simulation reads (the recorded one, from its results folder) and what
 ``2 * kernel_ms(n / 2)`` per token against ``2 * kernel_ms(n)`` run one after the other).
 
     python -m benchmarks.tools.stage_cost --out DIR [--shapes qwen3-32b,...] [--pp 2]
+
+``--layers N`` runs a stage of exactly N layers, ``--model DIR`` any model directory's
+``config.json`` in place of a built-in shape; ``cost_table.py`` runs it at two layer
+counts and fits the cost table ``VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto`` reads.
 """
 
 from __future__ import annotations
@@ -45,14 +49,28 @@ DEFAULT_CONTEXTS = (64, 1024)
 SHORT_OUTPUT = 8
 
 
-def stage_config(shape: str, pp: int) -> dict[str, Any]:
-    """``shape``'s config with one stage's share of its layers (the larger share)."""
+def model_config(shape: str, model_dir: str | None = None) -> dict[str, Any]:
+    """The config of built-in ``shape``, or of the model in ``model_dir`` where given."""
+    if model_dir is not None:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"--model {model_dir}: no config.json there")
+        return json.loads(path.read_text())
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose from {sorted(SHAPES)}")
+    return dict(SHAPES[shape])
+
+
+def stage_config(shape: str, pp: int, layers: int | None = None,
+                 model_dir: str | None = None) -> dict[str, Any]:
+    """``shape``'s config with one stage's share of its layers (the larger share), or
+    exactly ``layers`` of them."""
     if pp < 1:
         raise ValueError(f"--pp {pp}: must be at least 1")
-    config = dict(SHAPES[shape])
-    config["num_hidden_layers"] = -(-config["num_hidden_layers"] // pp)
+    if layers is not None and layers < 1:
+        raise ValueError(f"--layers {layers}: must be at least 1")
+    config = model_config(shape, model_dir)
+    config["num_hidden_layers"] = layers or -(-config["num_hidden_layers"] // pp)
     return config
 
 
@@ -85,7 +103,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     model_dir = out / "model" / args.shape
     model_dir.mkdir(parents=True, exist_ok=True)
-    config = stage_config(args.shape, args.pp)
+    config = stage_config(args.shape, args.pp, args.layers, args.model)
     (model_dir / "config.json").write_text(json.dumps(config, indent=1))
     traces = out / "traces" / args.shape
     shutil.rmtree(traces, ignore_errors=True)
@@ -156,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # one shape, in the child
     parser.add_argument("--pp", type=int, default=2, help="the stage is 1/PP of the layers")
+    parser.add_argument("--layers", type=int, help="the stage's layers (instead of 1/PP)")
+    parser.add_argument("--model", help="a model directory whose config.json is run "
+                        "(dummy weights) instead of --shapes")
     parser.add_argument("--batches", type=positive_int_list("--batches"),
                         default=list(DEFAULT_BATCHES))
     parser.add_argument("--contexts", type=positive_int_list("--contexts"),
@@ -165,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per shape")
     args = parser.parse_args(argv)
     shapes = [args.shape] if args.shape else args.shapes.split(",")
+    if args.model and not args.shape:
+        shapes = [Path(args.model).name]
     for shape in shapes:
         try:
-            stage_config(shape, args.pp)
+            stage_config(shape, args.pp, args.layers, args.model)
         except ValueError as e:
             parser.error(str(e))
     out = Path(args.out)

@@ -5,14 +5,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import json
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 from vllm_pp_cudagraph import __version__, compat, install_check, support
 from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
-from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings, SettingsError
+from vllm_pp_cudagraph.settings import (
+    LayerPartition,
+    PluginConfigError,
+    PPCudaGraphSettings,
+    SettingsError,
+)
 
 EXIT_OK = 0
 #: The installed vLLM is outside the supported range (and no override is set).
@@ -85,12 +93,26 @@ class _Report:
         self.problems.append(code)
 
 
-def check(out=sys.stdout) -> int:
+#: vLLM's default ``max_num_seqs`` on GPUs under 70 GiB and A100s (1024 on H100 and H200).
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """The engine ``check --model`` reports the layer partition for."""
+
+    config: dict
+    pp: int
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+
+
+def check(out=sys.stdout, engine: EngineShape | None = None) -> int:
     """Report whether this install can run the plugin; return the exit code.
 
     The code is that of the first problem found, in this order: the vLLM
     version (1), an install that does not import (4), settings (2), no GPU
-    visible (3); 0 when there is none.
+    visible (3); 0 when there is none. With ``engine``, also which layer
+    partition that engine would use, and why.
     """
     report = _Report(out)
     settings = settings_error = None
@@ -104,6 +126,8 @@ def check(out=sys.stdout) -> int:
     broken = _report_imports(report, versions)
     _report_plugins(report)
     _report_settings(report, settings, settings_error)
+    if settings is not None:
+        _report_partition(report, settings, engine)
     if broken is not None:
         report.say("patches: not listed (vLLM does not import, see above)")
     elif versions.installed and settings is not None:
@@ -175,6 +199,48 @@ def _report_settings(report: _Report, settings, error) -> None:
         report.say(f"  {PPCudaGraphSettings.env_name(name)}={value}")
 
 
+def _report_partition(report: _Report, settings: PPCudaGraphSettings,
+                      engine: EngineShape | None) -> None:
+    from vllm_pp_cudagraph import layer_partition
+
+    setting = settings.layer_partition
+    if engine is None:
+        if hand := layer_partition.hand_set(os.environ):
+            report.say(f"layer partition: hand-set {layer_partition.VLLM_ENV}={hand} "
+                       "(wins over VLLM_PP_CUDAGRAPH_LAYER_PARTITION)")
+        elif setting is LayerPartition.AUTO:
+            report.say("layer partition: auto, chosen per engine at start-up; "
+                       "'check --model DIR --pp N' shows it for a model")
+        else:
+            report.say("layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm)")
+        return
+    try:
+        decision = layer_partition.decide(setting, engine.config, engine.pp,
+                                          engine.max_num_seqs)
+        lines = decision.describe()
+        if decision.source == "vllm" and setting is LayerPartition.VLLM and engine.pp > 1:
+            auto = layer_partition.decide(LayerPartition.AUTO, engine.config, engine.pp,
+                                          engine.max_num_seqs)
+            lines.append(f"with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: {auto.describe()[0]}")
+    except layer_partition.LayerPartitionError as exc:
+        report.say(f"layer partition: REFUSED: {exc}")
+        report.problem(EXIT_MISCONFIGURED)
+        return
+    report.say(f"layer partition: {lines[0]}")
+    for line in lines[1:]:
+        report.say(f"  {line}")
+
+
+def read_model_config(path: str) -> dict:
+    """The Hugging Face config of a model directory (or of a ``config.json``)."""
+    where = Path(path)
+    file = where / "config.json" if where.is_dir() else where
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--model {path}: no readable config.json ({exc})") from None
+
+
 def _report_patches(report: _Report, settings: PPCudaGraphSettings) -> None:
     from vllm_pp_cudagraph.patches import PATCHES, standing
 
@@ -230,20 +296,42 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser(
+    check_parser = sub.add_parser(
         "check",
         help="Report versions, whether torch and vLLM import, whether the plugin is "
         "enabled, which patches apply or stand aside, and GPUs visible. Exit codes: 0 ok, "
         "1 unsupported vLLM, 2 misconfigured, 3 no GPU visible, 4 torch, torchvision or "
         "vLLM does not import.",
     )
+    check_parser.add_argument("--model", metavar="DIR",
+                              help="a model directory (its config.json): also say which "
+                              "layer partition an engine of it at --pp stages uses, and why")
+    check_parser.add_argument("--pp", type=int, metavar="N",
+                              help="the pipeline-parallel size, with --model")
+    check_parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                              metavar="N", help="the engine's max_num_seqs, with --model "
+                              f"(default {DEFAULT_MAX_NUM_SEQS}; vLLM's default is 1024 on "
+                              "H100 and H200)")
     sub.add_parser(
         "bench",
         help="Throughput and latency per CUDA-graph mode at PP, plugin vs stock "
         "(see 'bench --help').",
     )
-    parser.parse_args(argv)  # "check" is the only command parsed here
-    return check()
+    args = parser.parse_args(argv)  # "check" is the only command parsed here
+    return check(engine=_engine_shape(parser, args))
+
+
+def _engine_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineShape | None:
+    if args.model is None and args.pp is None:
+        return None
+    if args.model is None or args.pp is None:
+        parser.error("check: --model and --pp go together")
+    if args.pp < 1 or args.max_num_seqs < 1:
+        parser.error("check: --pp and --max-num-seqs must be at least 1")
+    try:
+        return EngineShape(read_model_config(args.model), args.pp, args.max_num_seqs)
+    except ValueError as exc:
+        parser.error(f"check: {exc}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 PARALLEL_STATE_MODULE = "vllm.distributed.parallel_state"
 #: The (non-MLA) KV-cache-write op vLLM splits piecewise graphs at.
 KV_CACHE_UPDATE_OP = "vllm::unified_kv_cache_update"
+#: vLLM's variable for the layers of each pipeline stage, read by ``get_pp_indices``
+#: (through ``vllm.envs``) where a worker builds its model's layers (``make_layers``).
+LAYER_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,15 @@ SURFACE: tuple[Needed, ...] = (
     # The table of VLLM_* variables vLLM knows; the env-names patch adds the plugin's.
     Needed("vllm", "envs"),
     Needed("vllm.envs", "environment_variables"),
+    # The layer partition (layer_partition.py): vLLM reads it through vllm.envs, whose
+    # module __getattr__ becomes a cache once enable_envs_cache has run.
+    Needed("vllm.envs", "__getattr__"),
+    Needed("vllm.distributed.utils", "get_pp_indices"),
+    Needed("vllm.config", "ModelConfig",
+           members=("get_total_num_hidden_layers", "get_layers_start_end_indices"),
+           instance_attrs=("hf_text_config", "dtype", "quantization")),
+    Needed("vllm.config", "ParallelConfig", instance_attrs=("pipeline_parallel_size",)),
+    Needed("vllm.config", "SchedulerConfig", instance_attrs=("max_num_seqs",)),
     # Its AUX_HIDDEN_STATE_KEY (0.33+) names the slots of EAGLE3 over PP; read if present.
     Needed("vllm.model_executor.models.interfaces", "EagleModelMixin"),
     Needed("vllm.model_executor.models.interfaces", "SupportsPP",
@@ -371,6 +384,29 @@ def admission_cap(scheduler: object) -> int:
     """How many requests may run at once: ``max_num_active_reqs`` from 0.31,
     ``max_num_running_reqs`` before."""
     return getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)
+
+
+def set_vllm_env(name: str, value: str | None) -> None:
+    """Set (or, with None, unset) vLLM's variable ``name`` so that vLLM reads it from now on.
+
+    ``vllm.envs`` reads the environment on each access until ``enable_envs_cache``
+    wraps its module ``__getattr__`` in a cache: in a worker after it has built
+    its model, in the engine core after start-up. A worker forked from a process
+    where that already ran would read the cached value, so the cache is cleared
+    (it stays on). Raises if vLLM still reads another value.
+    """
+    from vllm import envs
+
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    cache_clear = getattr(envs.__getattr__, "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
+    if getattr(envs, name) != value:
+        raise RuntimeError(f"vLLM reads {name}={getattr(envs, name)!r} after it was set to "
+                           f"{value!r} (vllm.envs changed; see compat.py)")
 
 
 def layer_names_are_hoisted() -> bool:

@@ -7,7 +7,9 @@ stage's newer tokens on the first stages before a lifted step
 without ``VLLM_PLUGINS``) would embed stale tokens without any error. So right
 after the engine core has set up its workers' KV caches, and before it
 schedules anything, it asks every worker for its runner class and refuses to
-start, naming the workers, if one is not the plugin's.
+start, naming the workers, if one is not the plugin's. The same holds where
+``VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto`` splits the layers otherwise than
+vLLM: only the plugin's runner hands vLLM that split (layer_partition.py).
 
 Then it logs one line for the engine, at vLLM's default level: the plugin is
 active on all workers (layout, decode cadence, CUDA-graph mode), or it stands
@@ -25,9 +27,9 @@ from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_pp_cudagraph import support
+from vllm_pp_cudagraph import layer_partition, support
 from vllm_pp_cudagraph.decode_cadence import config_cadence, lifts_decodes
-from vllm_pp_cudagraph.settings import DecodeCadence
+from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
 
@@ -74,10 +76,27 @@ def _ask_workers(collective_rpc: Callable[..., list]) -> list[str]:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+def mixed_partition_problem(vllm_config: Any, problems: list[str], num_workers: int,
+                            partition: LayerPartition) -> str | None:
+    """Why some workers would build other layers than the others, or None.
+
+    With ``auto`` the plugin's runner hands vLLM its own split; a worker
+    without it builds vLLM's, so some layers would run twice and others never.
+    """
+    if not problems or len(problems) == num_workers or partition is LayerPartition.VLLM:
+        return None
+    split = layer_partition.decide_for(vllm_config, partition).env_value
+    if split is None:
+        return None
+    return (f"the plugin's workers build the layer split {split} "
+            f"({layer_partition.SETTING}=auto) and the others vLLM's")
+
+
 def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
-                  cadence: DecodeCadence) -> None:
-    """Refuse an engine whose decode ``cadence`` its workers cannot follow; otherwise
-    log the one line that says what the plugin does for this engine."""
+                  cadence: DecodeCadence,
+                  partition: LayerPartition = LayerPartition.VLLM) -> None:
+    """Refuse an engine whose decode ``cadence`` or layer ``partition`` its workers cannot
+    follow; otherwise log the one line that says what the plugin does for this engine."""
     parallel = vllm_config.parallel_config
     if not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
@@ -100,6 +119,13 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
             "VLLM_PLUGINS=pp_cudagraph on every node and worker, or set "
             "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm to keep vLLM's schedule."
         )
+    if mixed := mixed_partition_problem(vllm_config, problems, len(classes), partition):
+        raise WorkerRunnerError(
+            f"Some workers do not run vllm-pp-cudagraph's runner ({'; '.join(problems)}): "
+            f"{mixed}, so some layers would run twice and others never. Install "
+            "vllm-pp-cudagraph and set VLLM_PLUGINS=pp_cudagraph on every node and worker, "
+            f"or set {layer_partition.SETTING}=vllm."
+        )
     layout = (f"PP={parallel.pipeline_parallel_size} x TP={parallel.tensor_parallel_size}")
     if len(problems) == len(classes):
         reason = support.stand_aside_reason(vllm_config) or "no worker runs its runner"
@@ -116,9 +142,10 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
                 ", breakable" if is_breakable_cudagraph_enabled() else "")
 
 
-def checking_workers(original: Callable[..., Any], cadence: DecodeCadence) -> Callable[..., Any]:
+def checking_workers(original: Callable[..., Any], cadence: DecodeCadence,
+                     partition: LayerPartition = LayerPartition.VLLM) -> Callable[..., Any]:
     """Wrap ``EngineCore._initialize_kv_caches``: check the workers once it returns,
-    for the decode ``cadence`` this process's scheduler runs.
+    for the decode ``cadence`` this process's scheduler runs and the layer ``partition``.
 
     On a refusal the executor is shut down before the error propagates, so no
     worker is left running.
@@ -128,7 +155,8 @@ def checking_workers(original: Callable[..., Any], cadence: DecodeCadence) -> Ca
     def _initialize_kv_caches(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         try:
-            check_workers(self.vllm_config, self.model_executor.collective_rpc, cadence)
+            check_workers(self.vllm_config, self.model_executor.collective_rpc, cadence,
+                          partition)
         except WorkerRunnerError:
             self.model_executor.shutdown()
             raise

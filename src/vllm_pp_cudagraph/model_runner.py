@@ -13,7 +13,7 @@ from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat, graph_memory, stage_handoff, support
+from vllm_pp_cudagraph import compat, graph_memory, layer_partition, stage_handoff, support
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -69,8 +69,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     input buffers, measures graph memory before the KV cache is sized,
     runs :class:`PPCudaGraphManager`, on the first stages applies the last
     stage's sampled tokens as soon as a step needs them (first_stage_tokens.py)
-    and compiles that update before serving, and stops its worker when a
-    serving step fails (stage_failure.py).
+    and compiles that update before serving, stops its worker when a serving
+    step fails (stage_failure.py), and with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto
+    hands vLLM the layer partition it chose before the model is built.
     """
 
     cudagraph_manager: PPCudaGraphManager | None
@@ -136,9 +137,18 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         )
 
     def load_model(self, *args, **kwargs) -> None:
+        if self.use_pp:
+            self._choose_layer_partition()
         super().load_model(*args, **kwargs)
         if self.use_pp:
             self._check_stage_handoffs()
+
+    def _choose_layer_partition(self) -> None:
+        """Hand vLLM the layer partition of VLLM_PP_CUDAGRAPH_LAYER_PARTITION before the
+        model is built; every stage decides alike from the same config (layer_partition.py)."""
+        decision = layer_partition.apply_in_worker(self.vllm_config)
+        if decision.noteworthy and self.pp_stage == 0 and get_tp_group().rank_in_group == 0:
+            logger.info("Layer partition %s", "; ".join(decision.describe()))
 
     def _check_stage_handoffs(self, produced: Schema | None = None) -> None:
         """All stages compare what they send with what the next stage expects.

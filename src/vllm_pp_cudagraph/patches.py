@@ -183,7 +183,8 @@ def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.engine_check import checking_workers
 
     engine_core_cls = importlib.import_module(compat.ENGINE_CORE_MODULE).EngineCore
-    wrap = functools.partial(checking_workers, cadence=settings.decode_cadence)
+    wrap = functools.partial(checking_workers, cadence=settings.decode_cadence,
+                             partition=settings.layer_partition)
     return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", wrap)
 
 
@@ -344,6 +345,23 @@ PATCHES: tuple[Patch, ...] = (
         ),
         drop_when="vLLM hands intermediate tensors on without per-step metadata.",
         scope="vllm_pp_cudagraph.stage_handoff.enable",
+    ),
+    Patch(
+        name="layer-partition",
+        target=(
+            f"environment: {compat.LAYER_PARTITION_ENV} in each worker, before its model "
+            "is built (with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto)"
+        ),
+        why=(
+            "vLLM splits the layers evenly over the stages, though the last one also "
+            "runs the LM head and the sampler, and takes another split only from this "
+            "variable (get_pp_indices, when each worker builds its model). The plugin's "
+            "runner sets it to the split it chose from the stages' predicted costs, "
+            "the same on every rank, unless it was set by hand; where vLLM already "
+            "cached its variables, it clears that cache. Details: layer_partition.py."
+        ),
+        drop_when="vLLM balances its split by cost, or takes a split from its config.",
+        scope="vllm_pp_cudagraph.layer_partition.apply_in_worker",
     ),
     Patch(
         name="capture-guard",

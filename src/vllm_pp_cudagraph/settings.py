@@ -60,6 +60,16 @@ class DecodeCadence(str, Enum):
         return self.value
 
 
+class LayerPartition(str, Enum):
+    """How the decoder layers are split over the pipeline stages (see ``layer_partition.py``)."""
+
+    VLLM = "vllm"
+    AUTO = "auto"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 #: Settings that were replaced, with what to set instead.
 REPLACED = {
     "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": (
@@ -134,6 +144,22 @@ class PPCudaGraphSettings(BaseModel):
             "shapes from the scheduler output and receives straight into its input "
             "buffers (stage_handoff.py). Off by default until it has run on GPUs; "
             "stands aside with speculative decoding."
+        ),
+    )
+
+    layer_partition: Annotated[LayerPartition, BeforeValidator(_lower)] = Field(
+        default=LayerPartition.VLLM,
+        description=(
+            "How the decoder layers are split over the pipeline stages. vllm: vLLM's "
+            "own split (even, the remainder on the middle stages). auto: at start-up "
+            "every worker picks the split whose slowest stage has the shortest "
+            "predicted decode step at the engine's batch size (max_num_seqs), the LM "
+            "head and sampler counted on the last stage, from a cost table measured "
+            "for the model's shape or else a model of bytes read and FLOPs; no stage's "
+            "weights may exceed the heaviest stage's under vLLM's split by more than "
+            "5%, and it keeps vLLM's split unless it predicts at least 1% faster "
+            "(layer_partition.py). A split set by hand in VLLM_PP_LAYER_PARTITION "
+            "always wins."
         ),
     )
 

@@ -44,6 +44,8 @@ def test_each_pass_is_the_decode_run_after_its_prefill():
     (["--shapes", "qwen3-65b"], "qwen3-65b"),
     (["--pp", "0"], "--pp"),
     (["--batches", "0,16"], "--batches"),
+    (["--layers", "0"], "--layers"),
+    (["--model", "/nonexistent"], "no config.json"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv, named):
     out = tmp_path / "out"

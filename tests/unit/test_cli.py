@@ -189,3 +189,62 @@ def test_vllm_log_lines_stay_out_of_the_report(clean_env):
     assert "patches when enabled" in proc.stdout
     logged = [line for line in proc.stdout.splitlines() if VLLM_LOG_LINE.match(line)]
     assert logged == []
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    return str(write_model_dir(tmp_path / "m", "qwen3-0.6b"))
+
+
+def check_engine(model_dir: str, pp: int) -> tuple[int, str]:
+    out = io.StringIO()
+    engine = cli.EngineShape(cli.read_model_config(model_dir), pp)
+    return cli.check(out, engine), out.getvalue()
+
+
+def test_check_says_which_layer_partition_a_model_gets_under_auto(gpus, model_dir):
+    gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
+    code, out = check_engine(model_dir, 4)
+    assert code == cli.EXIT_OK
+    assert ("layer partition: auto picks 7,9,9,3 for PP=4 at batch 256 (vLLM's split: "
+            "7,7,7,7)") in out
+    assert "  stage 3: layers 25-27 (3), predicted 0.40 ms per step" in out
+    assert "costs at batch 256 from the bytes/FLOPs model" in out
+
+
+def test_check_says_vllms_split_applies_by_default_and_what_auto_would_pick(gpus, model_dir):
+    code, out = check_engine(model_dir, 2)
+    assert code == cli.EXIT_OK
+    assert "layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm" in out
+    assert "with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: auto picks 15,13" in out
+
+
+def test_check_names_a_hand_set_partition_and_the_setting_without_a_model(gpus):
+    gpus.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
+    assert "layer partition: hand-set VLLM_PP_LAYER_PARTITION=20,8" in run_check()[1]
+    gpus.delenv("VLLM_PP_LAYER_PARTITION")
+    gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
+    assert "layer partition: auto, chosen per engine at start-up" in run_check()[1]
+
+
+def test_check_refuses_more_stages_than_layers_under_auto(gpus, model_dir):
+    gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
+    code, out = check_engine(model_dir, 29)
+    assert code == cli.EXIT_MISCONFIGURED
+    assert ("layer partition: REFUSED: VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto cannot give "
+            "each of 29 pipeline stages a layer") in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["check", "--pp", "2"], "--model and --pp go together"),
+    (["check", "--model", "/nonexistent", "--pp", "2"], "no readable config.json"),
+    (["check", "--model", "M", "--pp", "0"], "at least 1"),
+])
+def test_check_refuses_bad_engine_arguments(clean_env, capsys, model_dir, argv, message):
+    argv = [model_dir if a == "M" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

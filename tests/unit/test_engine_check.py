@@ -17,7 +17,7 @@ from vllm_pp_cudagraph.engine_check import (
     check_workers,
     runner_class_of,
 )
-from vllm_pp_cudagraph.settings import DecodeCadence
+from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
 
 AUTO = DecodeCadence.AUTO
 
@@ -156,3 +156,34 @@ def test_the_probe_runs_on_a_worker_that_lacks_this_package():
     with pytest.raises(Exception):  # by reference it would need the package
         subprocess.run([sys.executable, "-c", script], input=pickle.dumps(runner_class_of),
                        capture_output=True, check=True)
+
+
+@pytest.fixture
+def auto_partition(config, monkeypatch):
+    """The 0.6B shape, where auto splits the layers otherwise than vLLM at PP=2."""
+    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
+    assert engine_check.layer_partition.decide_for(config, LayerPartition.AUTO).env_value
+    return config
+
+
+def test_auto_partition_refuses_workers_that_would_build_vllms_split(auto_partition):
+    rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
+    with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*build the layer split "
+                       r"\d+,\d+ .*some layers would run twice.*LAYER_PARTITION=vllm"):
+        check_workers(auto_partition, rpc, DecodeCadence.BALANCE, LayerPartition.AUTO)
+
+
+@pytest.mark.parametrize("classes, partition", [
+    ([PLUGIN_RUNNER, PLUGIN_RUNNER], LayerPartition.AUTO),  # all build auto's split
+    ([STOCK, STOCK], LayerPartition.AUTO),  # the plugin stands aside everywhere: vLLM's
+    ([PLUGIN_RUNNER, STOCK], LayerPartition.VLLM),  # everyone builds vLLM's split
+])
+def test_workers_that_build_the_same_layers_pass(auto_partition, classes, partition):
+    rpc, _ = rpc_answering(classes)
+    check_workers(auto_partition, rpc, DecodeCadence.BALANCE, partition)
+
+
+def test_a_hand_set_split_is_built_alike_by_every_worker(auto_partition, monkeypatch):
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
+    rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
+    check_workers(auto_partition, rpc, DecodeCadence.BALANCE, LayerPartition.AUTO)

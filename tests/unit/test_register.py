@@ -181,3 +181,16 @@ def test_the_plugins_settings_are_no_unknown_vllm_variables(clean_env):
         patches.undo_all()
     with pytest.raises(ValueError, match="VLLM_PP_CUDAGRAPH_DECODE_CADENCE"):
         _validate_vllm_environ()  # undo leaves vLLM's table as it was
+
+
+def test_the_layer_partition_setting_is_declared_to_vllm_too(clean_env):
+    clean_env.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    plugin.register()
+    try:
+        _validate_vllm_environ()
+        from vllm import envs
+
+        assert envs.environment_variables["VLLM_PP_CUDAGRAPH_LAYER_PARTITION"]() == "auto"
+    finally:
+        patches.undo_all()

@@ -6,7 +6,12 @@ import pytest
 
 from vllm_pp_cudagraph.compat import parse_release
 from vllm_pp_cudagraph.decode_cadence import lifts_decodes
-from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings, SettingsError
+from vllm_pp_cudagraph.settings import (
+    DecodeCadence,
+    LayerPartition,
+    PPCudaGraphSettings,
+    SettingsError,
+)
 
 
 def test_defaults_when_nothing_is_set():
@@ -73,6 +78,7 @@ def test_unrelated_variables_are_ignored_and_leave_every_default():
         "decode_cadence": DecodeCadence.AUTO,
         "kv_update_in_graphs": True,
         "direct_handoff": False,
+        "layer_partition": LayerPartition.VLLM,
     }
 
 

@@ -1,0 +1,314 @@
+"""What each part of a model costs per decode step, to split its layers over the stages.
+
+A pipeline stage's decode step runs its share of the decoder layers, plus the
+embedding on the first stage and the LM head and sampler on the last.
+:func:`stage_costs` says what each of those costs at a batch size, from one of
+two sources:
+
+- a cost table measured on a GPU for the model's shape (``cost_tables/*.json``
+  in this package, written by ``benchmarks/tools/cost_table.py``), keyed by
+  :meth:`ModelShape.signature`;
+- else a model of bytes read and FLOPs (:func:`modelled_costs`). Decode at small
+  batch reads every weight once per step (memory-bound); at larger batch the
+  matrix products' FLOPs take over. Each part costs the larger of the two, plus
+  a fixed time per layer for its many small kernels. A MoE layer reads the
+  experts its tokens pick: ``min(num_experts, batch * top_k)`` of them. The LM
+  head reads ``vocab x hidden`` for every step and writes a logit per token and
+  word; the sampler reads those logits again in fp32. Attention's reads of the
+  KV cache are left out: they grow with the context, which is not known at
+  start-up, and add the same to every layer (with long contexts the layers weigh
+  more against the LM head than predicted).
+
+Everything here is pure arithmetic on the model's config, so every process that
+asks gets the same answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+#: Cost tables shipped with the package, one JSON file per model shape.
+TABLES = Path(__file__).with_name("cost_tables")
+
+# Effective rates of one H200 for decode, fitted to the one-GPU stage costs measured
+# on vLLM 0.33 (benchmarks/results/2026-11-24-vllm033-one-gpu-stage-costs): they give
+# the measured step of a 32-layer Qwen3-32B stage, a 40-layer Llama-3.1-70B stage and
+# a 24-layer Qwen3-30B-A3B stage over one request within 10%. Only ratios between
+# stages decide the partition; the rates set the predicted milliseconds.
+BYTES_PER_S = 4.15e12
+FLOPS_PER_S = 550e12
+#: Fixed time of one decoder layer's kernels (norms, rotary, attention, activations).
+LAYER_FIXED_S = 35e-6
+EMBEDDING_FIXED_S = 5e-6
+LM_HEAD_FIXED_S = 10e-6
+SAMPLER_FIXED_S = 20e-6
+#: Bytes the sampler moves per logit: written in fp32, then read once more.
+SAMPLER_BYTES_PER_LOGIT = 8
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    """``key`` of a Hugging Face config object or of its dict."""
+    if isinstance(config, Mapping):
+        value = config.get(key, default)
+    else:
+        value = getattr(config, key, default)
+    return default if value is None else value
+
+
+def text_config(config: Any) -> Any:
+    """The language model's part of ``config`` (its ``text_config`` where it has one)."""
+    return _get(config, "text_config") or config
+
+
+def num_hidden_layers(config: Any) -> int:
+    """The decoder layers ``config`` declares (0 where it declares none)."""
+    return int(_get(text_config(config), "num_hidden_layers", 0))
+
+
+def unmodelled_reason(config: Any) -> str | None:
+    """Why the bytes/FLOPs model cannot cost ``config``'s layers, or None where it can.
+
+    The model assumes identical decoder layers of grouped-query attention and a
+    gated MLP or MoE, in the config's dtype.
+    """
+    config = text_config(config)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if not _get(config, key):
+            return f"its config has no {key}"
+    if _get(config, "quantization_config"):
+        return "its weights are quantized (their bytes are not modelled)"
+    if _get(config, "kv_lora_rank"):
+        return "its attention is MLA (not modelled)"
+    if _get(config, "layers_block_type") or _get(config, "hybrid_override_pattern"):
+        return "its layers are of several kinds (hybrid)"
+    kinds = set(_get(config, "layer_types", []) or [])
+    if kinds - {"full_attention", "sliding_attention"}:
+        return f"its layers are of several kinds ({', '.join(sorted(map(str, kinds)))})"
+    if _get(config, "mlp_only_layers") or _get(config, "first_k_dense_replace"):
+        return "some of its layers are dense and others MoE"
+    if _get(config, "decoder_sparse_step", 1) != 1:
+        return "some of its layers are dense and others MoE (decoder_sparse_step)"
+    if not _num_experts(config) and not _get(config, "intermediate_size"):
+        return "its config has no intermediate_size"
+    return None
+
+
+def _num_experts(config: Any) -> int:
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if value := _get(config, key):
+            return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a decoder-only model that its decode cost depends on."""
+
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+
+    @classmethod
+    def from_config(cls, config: Any, dtype_bytes: int | None = None) -> ModelShape:
+        """Read a Hugging Face config (object or dict); ``dtype_bytes`` overrides its dtype."""
+        config = text_config(config)
+        hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
+        experts = _num_experts(config)
+        expert_size = _get(config, "moe_intermediate_size") or _get(config, "intermediate_size", 0)
+        if dtype_bytes is None:
+            dtype = _get(config, "torch_dtype") or _get(config, "dtype") or "bfloat16"
+            dtype_bytes = _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
+        return cls(
+            model_type=str(_get(config, "model_type", "unknown")),
+            hidden_size=hidden,
+            num_layers=int(_get(config, "num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=int(_get(config, "num_key_value_heads", heads)),
+            head_dim=int(_get(config, "head_dim", hidden // heads)),
+            intermediate_size=int(_get(config, "intermediate_size", 0)),
+            vocab_size=int(_get(config, "vocab_size")),
+            dtype_bytes=dtype_bytes,
+            num_experts=experts,
+            experts_per_token=int(_get(config, "num_experts_per_tok", 0)) if experts else 0,
+            expert_intermediate_size=int(expert_size) if experts else 0,
+            shared_expert_intermediate_size=int(_get(config, "shared_expert_intermediate_size", 0)),
+        )
+
+    def signature(self) -> str:
+        """The key cost tables are filed under: every field the costs depend on."""
+        moe = (f"-e{self.num_experts}x{self.experts_per_token}i{self.expert_intermediate_size}"
+               f"s{self.shared_expert_intermediate_size}" if self.num_experts else "")
+        return (f"{self.model_type}-h{self.hidden_size}-l{self.num_layers}-a{self.num_heads}"
+                f"kv{self.num_kv_heads}d{self.head_dim}-i{self.intermediate_size}{moe}"
+                f"-v{self.vocab_size}-b{self.dtype_bytes}")
+
+    @property
+    def attention_params(self) -> int:
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return self.hidden_size * (2 * q + 2 * kv)
+
+    @property
+    def _dense_params(self) -> int:
+        """A layer's parameters that every token reads: attention, router, shared expert."""
+        if not self.num_experts:
+            return self.attention_params + 3 * self.hidden_size * self.intermediate_size
+        router = self.hidden_size * self.num_experts
+        shared = 3 * self.hidden_size * self.shared_expert_intermediate_size
+        return self.attention_params + router + shared
+
+    @property
+    def _expert_params(self) -> int:
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def layer_bytes(self) -> int:
+        """Weight bytes of one decoder layer, all its experts included."""
+        return (self._dense_params + self.num_experts * self._expert_params) * self.dtype_bytes
+
+    @property
+    def vocab_bytes(self) -> int:
+        """Weight bytes of the embedding (first stage) and of the LM head (last stage)."""
+        return self.vocab_size * self.hidden_size * self.dtype_bytes
+
+    def layer_bytes_read(self, batch: int) -> int:
+        """Weight bytes one decode step of ``batch`` tokens reads in one layer."""
+        experts = min(self.num_experts, batch * self.experts_per_token)
+        return (self._dense_params + experts * self._expert_params) * self.dtype_bytes
+
+    def layer_flops(self, batch: int) -> int:
+        return 2 * batch * (self._dense_params + self.experts_per_token * self._expert_params)
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Decode-step costs of a model's parts at one batch size (seconds), and weight bytes."""
+
+    batch: int
+    layer_s: float
+    embedding_s: float
+    head_s: float
+    """The LM head and the sampler."""
+    layer_bytes: int
+    vocab_bytes: int
+    source: str
+    """Where the times come from: a measured table, or the bytes/FLOPs model."""
+
+    def stage_s(self, stage: int, num_stages: int, layers: int) -> float:
+        """Predicted decode step of pipeline stage ``stage`` holding ``layers`` layers."""
+        fixed = self.embedding_s if stage == 0 else 0.0
+        if stage == num_stages - 1:
+            fixed += self.head_s
+        return fixed + layers * self.layer_s
+
+    def stage_bytes(self, stage: int, num_stages: int, layers: int) -> int:
+        """Weight bytes of stage ``stage``: its layers, the embedding on the first, the
+        LM head on the last (a copy of the embedding where the two are tied)."""
+        ends = (stage == 0) + (stage == num_stages - 1)
+        return ends * self.vocab_bytes + layers * self.layer_bytes
+
+
+def _roofline_s(bytes_read: float, flops: float) -> float:
+    return max(bytes_read / BYTES_PER_S, flops / FLOPS_PER_S)
+
+
+def modelled_costs(shape: ModelShape, batch: int) -> StageCosts:
+    """The bytes/FLOPs model's costs of ``shape`` at ``batch`` tokens per step."""
+    logits = batch * shape.vocab_size
+    head = (_roofline_s(shape.vocab_bytes + logits * shape.dtype_bytes,
+                        2 * logits * shape.hidden_size) + LM_HEAD_FIXED_S
+            + logits * SAMPLER_BYTES_PER_LOGIT / BYTES_PER_S + SAMPLER_FIXED_S)
+    return StageCosts(
+        batch=batch,
+        layer_s=_roofline_s(shape.layer_bytes_read(batch), shape.layer_flops(batch))
+        + LAYER_FIXED_S,
+        embedding_s=2 * batch * shape.hidden_size * shape.dtype_bytes / BYTES_PER_S
+        + EMBEDDING_FIXED_S,
+        head_s=head,
+        layer_bytes=shape.layer_bytes,
+        vocab_bytes=shape.vocab_bytes,
+        source="the bytes/FLOPs model",
+    )
+
+
+TABLE_FIELDS = ("layer_ms", "embedding_ms", "lm_head_ms")
+
+
+class CostTableError(ValueError):
+    """A cost table file the plugin cannot read."""
+
+
+def read_table(path: Path) -> dict[str, Any]:
+    """Load and check one cost table (format: ``cost_tables/README.md``)."""
+    try:
+        table = json.loads(path.read_text())
+        rows = table["batches"]
+        assert isinstance(table["signature"], str) and rows
+        for row in rows:
+            assert int(row["batch"]) >= 1
+            assert all(float(row[field]) >= 0 for field in TABLE_FIELDS)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
+        raise CostTableError(f"cost table {path.name} is not readable: {exc!r}") from None
+    return table
+
+
+def find_table(shape: ModelShape, directory: Path = TABLES) -> tuple[Path, dict] | None:
+    """The measured table for ``shape`` in ``directory``, or None."""
+    for path in sorted(Path(directory).glob("*.json")):
+        table = read_table(path)
+        if table["signature"] == shape.signature():
+            return path, table
+    return None
+
+
+def _interpolate(rows: list[dict], batch: int, field: str) -> float:
+    """``field`` at ``batch``, linear between the measured batches, the nearest outside."""
+    rows = sorted(rows, key=lambda r: int(r["batch"]))
+    if batch <= int(rows[0]["batch"]):
+        return float(rows[0][field])
+    for low, high in zip(rows, rows[1:]):
+        b0, b1 = int(low["batch"]), int(high["batch"])
+        if batch <= b1:
+            share = (batch - b0) / (b1 - b0)
+            return float(low[field]) + share * (float(high[field]) - float(low[field]))
+    return float(rows[-1][field])
+
+
+def table_costs(shape: ModelShape, table: dict, batch: int, name: str = "") -> StageCosts:
+    """The costs a measured ``table`` gives at ``batch`` (its weight bytes from ``shape``)."""
+    ms = {field: _interpolate(table["batches"], batch, field) / 1e3 for field in TABLE_FIELDS}
+    return StageCosts(
+        batch=batch, layer_s=ms["layer_ms"], embedding_s=ms["embedding_ms"],
+        head_s=ms["lm_head_ms"], layer_bytes=shape.layer_bytes, vocab_bytes=shape.vocab_bytes,
+        source=f"the cost table {name or table['signature']} (measured)",
+    )
+
+
+def stage_costs(shape: ModelShape, batch: int, directory: Path = TABLES) -> StageCosts:
+    """``shape``'s costs at ``batch``: its measured table where one exists, else the model."""
+    found = find_table(shape, directory)
+    if found is None:
+        return modelled_costs(shape, batch)
+    path, table = found
+    return table_costs(shape, table, batch, path.name)
+
+
+def shape_fields(shape: ModelShape) -> dict[str, Any]:
+    """``shape`` as the plain dict a cost table records."""
+    return asdict(shape)

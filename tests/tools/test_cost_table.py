@@ -1,0 +1,92 @@
+"""The cost-table tool's pure parts: the fit over layer counts, the table auto reads, and
+arguments it refuses before starting an engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.layer_partition import decide
+from vllm_pp_cudagraph.settings import LayerPartition
+from vllm_pp_cudagraph.stage_costs import ModelShape, read_table
+
+from benchmarks.tools.cost_table import cost_table, fit_line, fit_rows, main
+from benchmarks.tools.stage_cost import stage_config
+
+CONFIG = SHAPES["qwen3-0.6b"]
+
+
+def run(layers: int, per_layer: dict[int, float], fixed: dict[int, float],
+        profiled: bool = True) -> dict:
+    """A stage_cost.py result for a stage of ``layers`` layers with these costs (ms)."""
+    key = "kernel_ms" if profiled else "step_ms"
+    rows = [{"context": 64, "batch": b, "step_ms": 99.0, key: fixed[b] + layers * per_layer[b]}
+            for b in per_layer]
+    if not profiled:
+        for row in rows:
+            row["kernel_ms"] = None
+    return {"shape": "qwen3-0.6b", "layers": layers, "rows": rows}
+
+
+def test_the_fit_recovers_a_layers_cost_and_the_rest():
+    per_layer, fixed = {1: 0.05, 256: 0.08}, {1: 0.12, 256: 0.4}
+    rows = fit_rows([run(4, per_layer, fixed), run(12, per_layer, fixed)], CONFIG)
+    assert [r["batch"] for r in rows] == [1, 256]
+    for row in rows:
+        b = row["batch"]
+        assert row["layer_ms"] == pytest.approx(per_layer[b])
+        assert row["embedding_ms"] + row["lm_head_ms"] == pytest.approx(fixed[b], abs=1e-4)
+        assert 0 < row["embedding_ms"] < 0.01
+
+
+def test_wall_time_stands_in_where_no_profile_was_taken():
+    rows = fit_rows([run(4, {8: 0.1}, {8: 0.3}, profiled=False),
+                     run(8, {8: 0.1}, {8: 0.3}, profiled=False)], CONFIG)
+    assert rows[0]["layer_ms"] == pytest.approx(0.1)
+
+
+def test_a_fit_needs_two_layer_counts_and_a_positive_slope():
+    with pytest.raises(ValueError, match="two layer counts"):
+        fit_line([(4, 1.0), (4, 1.1)])
+    with pytest.raises(ValueError, match="too noisy"):
+        fit_rows([run(4, {1: 0.1}, {1: 1.0}), run(12, {1: -0.01}, {1: 1.4})], CONFIG)
+
+
+def test_the_table_it_writes_is_the_one_auto_reads(tmp_path):
+    per_layer, fixed = {1: 0.04, 256: 0.05}, {1: 0.3, 256: 0.5}  # LM head: 10 layers
+    table = cost_table(CONFIG, [run(4, per_layer, fixed), run(12, per_layer, fixed)],
+                       {"device": "test"})
+    assert table["signature"] == ModelShape.from_config(CONFIG).signature()
+    path = tmp_path / f"{table['signature']}.json"
+    path.write_text(json.dumps(table))
+    read_table(path)
+    decision = decide(LayerPartition.AUTO, CONFIG, 4, 256, {}, tables=tmp_path)
+    assert decision.costs.source.endswith("(measured)")
+    assert decision.layers == (7, 10, 10, 1)
+
+
+def test_a_stage_of_a_given_layer_count_or_model_directory(tmp_path):
+    assert stage_config("qwen3-32b", 2, layers=4)["num_hidden_layers"] == 4
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "hidden_size": 512}))
+    config = stage_config("ignored", 4, model_dir=str(tmp_path))
+    assert config["hidden_size"] == 512 and config["num_hidden_layers"] == 7
+    with pytest.raises(ValueError, match="--layers 0"):
+        stage_config("qwen3-32b", 2, layers=0)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--shape", "qwen3-65b"], "qwen3-65b"),
+    (["--model", "/nonexistent"], "no config.json"),
+    (["--shape", "qwen3-0.6b", "--layers", "4,4"], "two layer counts"),
+    (["--shape", "qwen3-0.6b", "--model", "x"], "not allowed with"),
+    ([], "one of the arguments --shape --model is required"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv, named):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(out), *argv])
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not out.exists()

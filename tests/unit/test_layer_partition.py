@@ -1,0 +1,331 @@
+"""VLLM_PP_CUDAGRAPH_LAYER_PARTITION: the split auto picks, and how vLLM gets it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from _scheduler import make_scheduler
+from conftest import run_python
+from vllm import envs
+from vllm.distributed.utils import get_pp_indices
+from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+from vllm_pp_cudagraph import compat, layer_partition
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES, write_model_dir
+from vllm_pp_cudagraph.layer_partition import (
+    SETTING,
+    VLLM_ENV,
+    WEIGHT_TOLERANCE,
+    LayerPartitionError,
+    decide,
+    vllm_split,
+)
+from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, SettingsError
+from vllm_pp_cudagraph.stage_costs import (
+    TABLES,
+    CostTableError,
+    ModelShape,
+    modelled_costs,
+    read_table,
+)
+
+AUTO = LayerPartition.AUTO
+BATCH = 256
+
+#: What auto picks for the bench shapes at max_num_seqs=256, from the bytes/FLOPs model.
+PICKS = {
+    ("qwen3-0.6b", 2): (15, 13),
+    ("qwen3-0.6b", 4): (7, 9, 9, 3),
+    ("qwen3-4b", 2): (19, 17),
+    ("qwen3-4b", 4): (9, 10, 10, 7),
+    ("qwen3-32b", 2): (33, 31),
+    ("qwen3-32b", 4): (16, 17, 16, 15),
+    ("llama-3.1-70b", 2): (40, 40),  # vLLM's: one layer moved is under 1% faster
+    ("llama-3.1-70b", 4): (20, 21, 20, 19),
+    ("qwen3-30b-a3b", 2): (24, 24),  # vLLM's: likewise
+    ("qwen3-30b-a3b", 4): (12, 13, 12, 11),
+}
+
+
+@pytest.fixture
+def partition_env(monkeypatch):
+    """No VLLM_PP_LAYER_PARTITION, vLLM's variable cache off, nothing set by the plugin;
+    all of it restored afterwards."""
+    monkeypatch.delenv(VLLM_ENV, raising=False)
+    monkeypatch.delenv(SETTING, raising=False)
+    monkeypatch.setattr(layer_partition, "_set_here", None)
+    yield monkeypatch
+    os.environ.pop(VLLM_ENV, None)  # set by the code under test; monkeypatch restores a prior one
+    envs.disable_envs_cache()
+
+
+def engine_config(tmp_path, shape="qwen3-0.6b", pp=2, max_num_seqs=BATCH):
+    model = write_model_dir(tmp_path / shape, shape)
+    return make_scheduler(str(model), pp=pp, max_num_seqs=max_num_seqs).vllm_config
+
+
+def test_vllms_split_is_the_one_vllm_computes(partition_env):
+    for pp in (1, 2, 3, 4, 5, 8):
+        for num_layers in range(pp, 130):
+            ranges = [get_pp_indices(num_layers, rank, pp) for rank in range(pp)]
+            assert vllm_split(num_layers, pp) == tuple(end - start for start, end in ranges)
+
+
+@pytest.mark.parametrize("shape, pp", PICKS)
+def test_auto_picks_for_the_bench_shapes(shape, pp):
+    decision = decide(AUTO, SHAPES[shape], pp, BATCH, {})
+    num_layers = SHAPES[shape]["num_hidden_layers"]
+    assert decision.layers == PICKS[shape, pp]
+    assert sum(decision.layers) == num_layers and min(decision.layers) >= 1
+    stock = vllm_split(num_layers, pp)
+    assert decision.vllm_layers == stock
+    assert decision.source == ("vllm" if decision.layers == stock else "auto")
+    assert decision.slowest_ms(decision.layers) <= decision.slowest_ms(stock)
+
+
+@pytest.mark.parametrize("shape, pp", PICKS)
+def test_no_stage_outweighs_vllms_heaviest_by_more_than_the_tolerance(shape, pp):
+    decision = decide(AUTO, SHAPES[shape], pp, BATCH, {})
+    costs = decision.costs
+
+    def heaviest(layers):
+        return max(costs.stage_bytes(s, pp, n) for s, n in enumerate(layers))
+
+    assert heaviest(decision.layers) <= (1 + WEIGHT_TOLERANCE) * heaviest(decision.vllm_layers)
+
+
+def test_the_weight_rule_is_what_keeps_the_small_model_from_balancing_further():
+    """Without it, 0.6B at PP=2 would move two layers: its slowest stage is faster."""
+    free = decide(AUTO, SHAPES["qwen3-0.6b"], 2, BATCH, {})
+    costs = free.costs
+    unbounded = min(((n, 28 - n) for n in range(1, 28)),
+                    key=lambda split: max(costs.stage_s(s, 2, k) for s, k in enumerate(split)))
+    assert unbounded == (16, 12)
+    assert free.layers == (15, 13)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_the_last_stage_gets_fewer_layers_where_the_lm_head_is_heavy(pp):
+    config = SHAPES["qwen3-0.6b"]
+    costs = modelled_costs(ModelShape.from_config(config), BATCH)
+    assert costs.head_s > 4 * costs.layer_s  # 152k words x 1024 against a 16M-weight layer
+    decision = decide(AUTO, config, pp, BATCH, {})
+    assert decision.source == "auto"
+    assert decision.layers[-1] < vllm_split(28, pp)[-1]
+    assert decision.slowest_ms(decision.layers) < 0.96 * decision.slowest_ms(decision.vllm_layers)
+
+
+def test_the_model_gives_the_measured_one_request_stage_steps_within_ten_percent():
+    """GPU time per decode step of one request, one H200, vLLM 0.33 (the stage costs in
+    docs/performance.md): a PP=2 stage of each shape with the LM head and sampler."""
+    measured_ms = {"qwen3-32b": 9.055, "llama-3.1-70b": 18.194, "qwen3-30b-a3b": 1.842,
+                   "qwen3-0.6b": 0.709}
+    for shape, ms in measured_ms.items():
+        costs = modelled_costs(ModelShape.from_config(SHAPES[shape]), 1)
+        layers = SHAPES[shape]["num_hidden_layers"] // 2
+        predicted = 1e3 * (costs.stage_s(1, 2, layers) + costs.embedding_s)
+        assert abs(predicted / ms - 1) < 0.10, (shape, predicted, ms)
+
+
+def test_moe_layers_read_the_experts_their_tokens_pick():
+    shape = ModelShape.from_config(SHAPES["qwen3-30b-a3b"])
+    expert = 3 * 2048 * 768 * 2
+    assert shape.layer_bytes_read(2) - shape.layer_bytes_read(1) == 8 * expert
+    assert shape.layer_bytes_read(16) == shape.layer_bytes_read(BATCH)  # all 128 experts
+    assert shape.layer_bytes_read(BATCH) == shape.layer_bytes
+
+
+SCRIPT = """
+import json
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.layer_partition import decide
+from vllm_pp_cudagraph.settings import LayerPartition
+print(json.dumps({f"{s} {pp}": decide(LayerPartition.AUTO, SHAPES[s], pp, 256, {}).layers
+                  for s in SHAPES for pp in (2, 3, 4, 8)}))
+"""
+
+
+def test_every_process_computes_the_same_partition():
+    here = {f"{s} {pp}": list(decide(AUTO, SHAPES[s], pp, BATCH, {}).layers)
+            for s in SHAPES for pp in (2, 3, 4, 8)}
+    assert here == {key: list(decide(AUTO, SHAPES[key.split()[0]], int(key.split()[1]),
+                                     BATCH, {}).layers) for key in here}
+    for seed in ("1", "2"):
+        there, _ = run_python(SCRIPT, {"PYTHONHASHSEED": seed})
+        assert there == here
+
+
+def test_a_hand_set_partition_wins_over_auto():
+    decision = decide(AUTO, SHAPES["qwen3-0.6b"], 2, BATCH, {VLLM_ENV: "20,8"})
+    assert decision.source == "hand-set"
+    assert decision.layers == (20, 8) and decision.env_value is None
+    assert f"{VLLM_ENV}=20,8, which wins over {SETTING}=auto" in decision.why
+
+
+def test_more_stages_than_layers_is_refused_naming_the_setting():
+    config = {**SHAPES["qwen3-0.6b"], "num_hidden_layers": 3}
+    with pytest.raises(LayerPartitionError, match=f"{SETTING}=auto cannot give each of 4 "
+                       "pipeline stages a layer: the model has 3"):
+        decide(AUTO, config, 4, BATCH, {})
+    assert decide(AUTO, config, 3, BATCH, {}).layers == (1, 1, 1)
+    assert decide(LayerPartition.VLLM, config, 4, BATCH, {}).env_value is None
+
+
+@pytest.mark.parametrize("raw", ["balanced", "1", "on"])
+def test_a_bad_setting_is_refused_naming_it_and_its_choices(raw):
+    with pytest.raises(SettingsError) as err:
+        PPCudaGraphSettings.from_env({SETTING: raw})
+    assert f"{SETTING}={raw!r}" in str(err.value)
+    assert "'vllm' or 'auto'" in str(err.value)
+
+
+@pytest.mark.parametrize("raw", ["auto", " AUTO ", "vllm", "Vllm"])
+def test_the_setting_parses(raw):
+    value = PPCudaGraphSettings.from_env({SETTING: raw}).layer_partition
+    assert value.value == raw.strip().lower()
+    assert PPCudaGraphSettings.from_env({}).layer_partition is LayerPartition.VLLM
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantized"),
+    ({"layers_block_type": ["attention", "mamba"]}, "several kinds"),
+    ({"mlp_only_layers": [0]}, "dense and others MoE"),
+])
+def test_models_the_cost_model_does_not_know_keep_vllms_split(change, reason):
+    decision = decide(AUTO, {**SHAPES["qwen3-30b-a3b"], **change}, 4, BATCH, {})
+    assert decision.source == "vllm" and decision.env_value is None
+    assert decision.layers == (12, 12, 12, 12)
+    assert "auto keeps vLLM's split 12,12,12,12" in decision.why and reason in decision.why
+
+
+def write_table(directory, config, layer_ms, head_ms, batches=(1, 512)):
+    shape = ModelShape.from_config(config)
+    rows = [{"batch": b, "layer_ms": layer_ms, "embedding_ms": 0.0, "lm_head_ms": head_ms}
+            for b in batches]
+    (directory / "table.json").write_text(json.dumps({"signature": shape.signature(),
+                                                      "batches": rows}))
+
+
+def test_a_measured_table_replaces_the_model_for_its_shape(tmp_path):
+    config = SHAPES["qwen3-0.6b"]
+    write_table(tmp_path, {**config, "hidden_size": 2048}, 0.1, 1.0)  # another shape
+    other = decide(AUTO, config, 4, BATCH, {}, tables=tmp_path)
+    assert other.costs.source == "the bytes/FLOPs model"
+    write_table(tmp_path, config, 0.1, 0.25)  # the LM head is worth 2.5 layers
+    decision = decide(AUTO, config, 4, BATCH, {}, tables=tmp_path)
+    assert decision.costs.source == "the cost table table.json (measured)"
+    assert decision.layers == (7, 8, 8, 5)
+    assert "costs at batch 256 from the cost table table.json (measured)" in decision.describe()
+
+
+def test_every_stage_keeps_a_layer_however_heavy_the_lm_head(tmp_path):
+    write_table(tmp_path, SHAPES["qwen3-0.6b"], 0.1, 5.0)  # the LM head: 50 layers
+    decision = decide(AUTO, SHAPES["qwen3-0.6b"], 4, BATCH, {}, tables=tmp_path)
+    assert decision.layers[-1] == 1 and sum(decision.layers) == 28
+
+
+def test_a_table_between_batch_sizes_is_interpolated(tmp_path):
+    config = SHAPES["qwen3-0.6b"]
+    shape = ModelShape.from_config(config)
+    rows = [{"batch": 1, "layer_ms": 0.1, "embedding_ms": 0, "lm_head_ms": 0.2},
+            {"batch": 101, "layer_ms": 0.2, "embedding_ms": 0, "lm_head_ms": 1.2}]
+    (tmp_path / "t.json").write_text(json.dumps({"signature": shape.signature(),
+                                                 "batches": rows}))
+    from vllm_pp_cudagraph.stage_costs import stage_costs
+
+    costs = stage_costs(shape, 51, tmp_path)
+    assert costs.layer_s == pytest.approx(0.15e-3) and costs.head_s == pytest.approx(0.7e-3)
+    assert stage_costs(shape, 1000, tmp_path).layer_s == pytest.approx(0.2e-3)
+
+
+def test_an_unreadable_table_is_refused_naming_its_file(tmp_path):
+    (tmp_path / "broken.json").write_text(json.dumps({"signature": "x", "batches": [{}]}))
+    with pytest.raises(CostTableError, match="broken.json"):
+        decide(AUTO, SHAPES["qwen3-0.6b"], 2, BATCH, {}, tables=tmp_path)
+
+
+def test_every_shipped_table_is_readable():
+    for path in TABLES.glob("*.json"):
+        read_table(path)
+
+
+# How the choice reaches vLLM, on a real VllmConfig and vLLM's own get_pp_indices.
+
+
+def vllms_ranges(num_layers, pp):
+    return [get_pp_indices(num_layers, rank, pp) for rank in range(pp)]
+
+
+def test_with_the_default_nothing_changes(partition_env, tmp_path):
+    config = engine_config(tmp_path)
+    decision = layer_partition.apply_in_worker(config)
+    assert decision.source == "vllm" and not decision.noteworthy
+    assert VLLM_ENV not in os.environ
+    assert vllms_ranges(28, 2) == [(0, 14), (14, 28)]
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_auto_hands_vllm_its_split_even_with_vllms_variables_cached(partition_env, tmp_path,
+                                                                    cached):
+    partition_env.setenv(SETTING, "auto")
+    config = engine_config(tmp_path)
+    if cached:  # as in a worker forked from a process that already served
+        envs.enable_envs_cache()
+        assert envs.VLLM_PP_LAYER_PARTITION is None
+    decision = layer_partition.apply_in_worker(config)
+    assert decision.env_value == "15,13"
+    assert vllms_ranges(28, 2) == [(0, 15), (15, 28)]
+    assert config.model_config.get_layers_start_end_indices(config.parallel_config) == (0, 15)
+
+
+def test_a_hand_set_partition_is_left_to_vllm(partition_env, tmp_path):
+    partition_env.setenv(SETTING, "auto")
+    partition_env.setenv(VLLM_ENV, "20,8")
+    assert layer_partition.apply_in_worker(engine_config(tmp_path)).source == "hand-set"
+    assert os.environ[VLLM_ENV] == "20,8"
+    assert vllms_ranges(28, 2) == [(0, 20), (20, 28)]
+
+
+def test_a_later_engine_in_the_process_drops_the_split_it_no_longer_chooses(partition_env,
+                                                                           tmp_path):
+    partition_env.setenv(SETTING, "auto")
+    layer_partition.apply_in_worker(engine_config(tmp_path))
+    assert os.environ[VLLM_ENV] == "15,13"
+    # Its own value is not a hand-set one: the next engine decides again.
+    again = layer_partition.apply_in_worker(engine_config(tmp_path, "qwen3-30b-a3b"))
+    assert again.source == "vllm" and VLLM_ENV not in os.environ
+    assert vllms_ranges(48, 2) == [(0, 24), (24, 48)]
+
+
+def test_more_stages_than_layers_stops_the_worker_before_its_model_is_built(partition_env,
+                                                                          tmp_path):
+    partition_env.setenv(SETTING, "auto")
+    config = engine_config(tmp_path)
+    config.parallel_config.pipeline_parallel_size = 29
+    with pytest.raises(LayerPartitionError, match=SETTING):
+        layer_partition.apply_in_worker(config)
+    assert VLLM_ENV not in os.environ
+
+
+def test_vllm_reading_another_value_is_an_error(partition_env, monkeypatch):
+    monkeypatch.setitem(envs.environment_variables, VLLM_ENV, lambda: "1,1")
+    with pytest.raises(RuntimeError, match="vLLM reads VLLM_PP_LAYER_PARTITION='1,1'"):
+        compat.set_vllm_env(VLLM_ENV, "15,13")
+
+
+def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, tmp_path,
+                                                               monkeypatch):
+    partition_env.setenv(SETTING, "auto")
+    seen = []
+    monkeypatch.setattr(GPUModelRunner, "load_model",
+                        lambda self, *a, **k: seen.append(envs.VLLM_PP_LAYER_PARTITION))
+    monkeypatch.setattr(PPCudaGraphModelRunner, "_check_stage_handoffs", lambda self: None)
+    monkeypatch.setattr("vllm_pp_cudagraph.model_runner.get_tp_group",
+                        lambda: type("TP", (), {"rank_in_group": 0})())
+    runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
+    runner.__dict__.update(use_pp=True, pp_stage=0, vllm_config=engine_config(tmp_path))
+    runner.load_model()
+    assert seen == ["15,13"]
