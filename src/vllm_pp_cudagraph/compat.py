@@ -409,6 +409,15 @@ def set_vllm_env(name: str, value: str | None) -> None:
                            f"{value!r} (vllm.envs changed; see compat.py)")
 
 
+def asked_attention_backends(vllm_config: Any) -> set[str]:
+    """The attention backends named in ``vllm_config`` (``attention_config.backend`` and
+    its per-kind overrides), by name; empty where vLLM chooses for every layer."""
+    attention = getattr(vllm_config, "attention_config", None)
+    asked = [getattr(attention, "backend", None),
+             *(getattr(attention, "backend_per_kind", None) or {}).values()]
+    return {getattr(b, "name", str(b)) for b in asked if b is not None}
+
+
 def layer_names_are_hoisted() -> bool:
     """Whether custom ops take layer names as hoisted opaque values (torch >= 2.11).
 

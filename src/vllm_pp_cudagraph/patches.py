@@ -316,8 +316,9 @@ PATCHES: tuple[Patch, ...] = (
             "which torch 2.11's hoisted layer names allow with the write inside. Once "
             "vLLM has picked the split points itself, the (non-MLA) write is left out "
             "of them under pipeline parallelism without context parallelism, when "
-            "vLLM compiles piecewise itself and layer names are hoisted. Details: "
-            "piecewise_split.py."
+            "vLLM compiles piecewise itself, layer names are hoisted and no attention "
+            "backend is asked for beyond those proven with it (FLASH_ATTN, TRITON_ATTN, "
+            "FLASHINFER). Details: piecewise_split.py."
         ),
         drop_when=(
             "vLLM stops splitting at unified_kv_cache_update when layer names are "

@@ -24,6 +24,11 @@ from typing import Any
 
 from vllm_pp_cudagraph import compat
 
+#: Attention backends the plugin's token checks have run with the KV-cache write inside
+#: its piecewise graphs (docs/deployments.md). A backend asked for by name outside
+#: these keeps vLLM's split; where vLLM chooses, it picks among these on NVIDIA GPUs.
+KV_UPDATE_PROVEN_BACKENDS = frozenset({"FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"})
+
 
 def kv_update_can_stay_in_graphs(vllm_config: Any) -> bool:
     """Whether the KV-cache write may leave ``splitting_ops`` for this config.
@@ -31,7 +36,8 @@ def kv_update_can_stay_in_graphs(vllm_config: Any) -> bool:
     Only where it is proven: pipeline parallelism (the plugin changes nothing
     at PP=1), no context parallelism (MRV2 then writes the cache through its own
     gathered slot mapping), vLLM compiling piecewise itself (not Inductor graph
-    partition), and layer names hoisted as opaque values. The MLA write, whose
+    partition), layer names hoisted as opaque values, and no attention backend
+    asked for outside :data:`KV_UPDATE_PROVEN_BACKENDS`. The MLA write, whose
     metadata is built on the host, is never moved.
     """
     from vllm.config import CompilationMode
@@ -45,6 +51,7 @@ def kv_update_can_stay_in_graphs(vllm_config: Any) -> bool:
         and compilation.mode == CompilationMode.VLLM_COMPILE
         and not compilation.use_inductor_graph_partition
         and compat.layer_names_are_hoisted()
+        and compat.asked_attention_backends(vllm_config) <= KV_UPDATE_PROVEN_BACKENDS
     )
 
 

@@ -80,6 +80,22 @@ def test_with_context_parallelism_vllms_split_is_kept(kv_in_graphs):
     assert kv_update_can_stay_in_graphs(config)
 
 
+@pytest.mark.parametrize("backend, moved", [("FLASH_ATTN", True), ("FLASHINFER", True),
+                                            ("TRITON_ATTN", True), ("FLEX_ATTENTION", False)])
+def test_the_write_moves_into_the_graphs_only_for_backends_proven_with_it(backend, moved,
+                                                                          kv_in_graphs):
+    from vllm.config import AttentionConfig
+
+    config = VllmConfig(
+        device_config=DeviceConfig(device="cpu"),
+        parallel_config=ParallelConfig(pipeline_parallel_size=2),
+        compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
+                                             cudagraph_mode=CUDAGraphMode.PIECEWISE),
+        attention_config=AttentionConfig(backend=backend),
+    )
+    assert (KV_WRITE not in config.compilation_config.splitting_ops) is moved
+
+
 def test_split_points_the_user_gave_are_left_alone(kv_in_graphs):
     chosen = [ATTENTION, KV_WRITE]
     assert build(splitting_ops=list(chosen)).compilation_config.splitting_ops == chosen
