@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.graph_agreement import CAPTURE_FAILED_ADVICE
+from vllm_pp_cudagraph.piecewise_split import KV_UPDATE_PROVEN_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,14 @@ def table_lines() -> list[str]:
     layouts = PROVEN_LAYOUTS.get(here, ())
     lines = [f"layout: {layout}" for layout in layouts] or [
         f"layout: none run on a GPU with the plugin on vLLM {here}"]
-    lines.append("layout: the others run with the plugin, unproven (PP=3, TP x PP, "
-                 "FLASHINFER; docs/deployments.md)")
+    lines.append("layout: the others run with the plugin, unproven (other graph modes at "
+                 "PP=3/4, TP x PP, FLASHINFER; docs/deployments.md)")
+    lines.append("attention backend: the KV-cache write stays inside piecewise graphs with "
+                 f"{', '.join(sorted(KV_UPDATE_PROVEN_BACKENDS))} (or vLLM's own choice); "
+                 "another backend asked for by name keeps vLLM's split")
+    lines.append("CUDA-graph capture failing on any rank: every stage runs eagerly, and each "
+                 "logs which stage (and TP rank) failed and why. "
+                 f"{CAPTURE_FAILED_ADVICE}")
     for kind, table in (("speculative method", PROVEN_SPECULATIVE),
                         ("KV connector", PROVEN_CONNECTORS)):
         for name, proven in table.items():

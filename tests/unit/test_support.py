@@ -106,3 +106,12 @@ def test_check_lists_the_layouts_proven_on_this_release():
     else:
         assert layouts[0] == f"layout: none run on a GPU with the plugin on vLLM {HERE}"
     assert "unproven" in layouts[-1]
+
+
+def test_check_says_which_backends_keep_the_kv_write_in_graphs_and_what_a_capture_failure_does():
+    lines = support.table_lines()
+    (backends,) = [line for line in lines if line.startswith("attention backend: ")]
+    for name in ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"):
+        assert name in backends
+    (capture,) = [line for line in lines if line.startswith("CUDA-graph capture failing")]
+    assert "which stage" in capture and "enforce_eager=True" in capture
