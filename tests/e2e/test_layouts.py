@@ -29,6 +29,8 @@ ALL_MODES = ("full_and_piecewise", "piecewise", "full_decode_only", "eager", "br
 #: name: (pp, tp, layers per stage or None for vLLM's split, graph modes). The shape has
 #: 28 layers; the "light-last" splits leave the stage with the LM head and sampler fewer.
 LAYOUTS = {
+    # no pipeline: the plugin enabled must change nothing
+    "pp1": (1, 1, None, ("full_and_piecewise", "eager")),
     "pp3": (3, 1, None, ALL_MODES),
     "pp3-light-last": (3, 1, "10,10,8", ALL_MODES),
     "pp4": (4, 1, None, ALL_MODES),

@@ -380,7 +380,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "independent of the layers, so use it for speed only)",
     )
     group.add_argument("--pp", type=int, default=2,
-                       help="pipeline-parallel size (stages, each on --tp GPUs)")
+                       help="pipeline-parallel size (stages, each on --tp GPUs; 1: no pipeline)")
     group.add_argument("--tp", type=int, default=1,
                        help="tensor-parallel size inside each pipeline stage; the runs need "
                        "--pp x --tp GPUs")
@@ -500,11 +500,11 @@ def engine_status(report: dict[str, Any], log_name: str) -> str:
     return f"FAILED (rc={report['returncode']}, see {log_name}.log)"
 
 
-#: The fewest pipeline stages the bench runs (one GPU each).
+#: The fewest pipeline stages the bench suggests where GPUs are short (one GPU each).
 MIN_PP = 2
 #: Integer options and the least value a run can use.
 AT_LEAST = (
-    ("pp", "--pp", MIN_PP, "pipeline parallelism needs at least 2 stages, one GPU each"),
+    ("pp", "--pp", 1, "1 runs without a pipeline, where the plugin must change nothing"),
     ("tp", "--tp", 1, ""),
     ("prompts", "--prompts", 1, ""),
     ("input_len", "--input-len", 1, ""),
