@@ -104,6 +104,11 @@ class EngineShape:
     config: dict
     pp: int
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None
+    """None: at least ``max_num_seqs`` (vLLM requires it)."""
+    gpu_memory_bytes: int | None = None
+    """The GPU's total memory; None where not known (``auto`` cannot be predicted)."""
+    gpu_memory_utilization: float = 0.92
 
 
 def check(out=sys.stdout, engine: EngineShape | None = None) -> int:
@@ -214,14 +219,27 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
         else:
             report.say("layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm)")
         return
+    memory = layer_partition.Memory(engine.gpu_memory_bytes, engine.gpu_memory_utilization)
+    unknown = ("auto cannot be predicted here: no GPU is visible to read its memory from; "
+               "pass --gpu-memory-gib (the GPU's total memory in GiB, e.g. 141 for an H200)")
+
+    def decide(chosen: LayerPartition) -> layer_partition.Decision:
+        return layer_partition.decide(chosen, engine.config, engine.pp, engine.max_num_seqs,
+                                      memory=memory,
+                                      max_num_batched_tokens=engine.max_num_batched_tokens)
+
     try:
-        decision = layer_partition.decide(setting, engine.config, engine.pp,
-                                          engine.max_num_seqs)
+        if (setting is LayerPartition.AUTO and engine.pp > 1 and not memory.known
+                and not layer_partition.hand_set(os.environ)):
+            decide(setting)  # refuses more stages than layers all the same
+            report.say(f"layer partition: {unknown}")
+            return
+        decision = decide(setting)
         lines = decision.describe()
         if decision.source == "vllm" and setting is LayerPartition.VLLM and engine.pp > 1:
-            auto = layer_partition.decide(LayerPartition.AUTO, engine.config, engine.pp,
-                                          engine.max_num_seqs)
-            lines.append(f"with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: {auto.describe()[0]}")
+            auto = decide(LayerPartition.AUTO) if memory.known else None
+            lines.append("with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: "
+                         + (auto.describe()[0] if auto else unknown))
     except layer_partition.LayerPartitionError as exc:
         report.say(f"layer partition: REFUSED: {exc}")
         report.problem(EXIT_MISCONFIGURED)
@@ -272,6 +290,18 @@ def _report_proven(report: _Report) -> None:
         report.say(f"  - {line}")
 
 
+def _gpu_memory_bytes() -> int | None:
+    """The first visible GPU's total memory; None where torch sees none."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count():
+            return int(torch.cuda.get_device_properties(0).total_memory)
+    except Exception:  # a broken torch build raises more than ImportError
+        return None
+    return None
+
+
 def _report_gpus(report: _Report) -> None:
     gpus = _gpu_count()
     if gpus is None:
@@ -312,6 +342,15 @@ def main(argv: list[str] | None = None) -> int:
                               metavar="N", help="the engine's max_num_seqs, with --model "
                               f"(default {DEFAULT_MAX_NUM_SEQS}; vLLM's default is 1024 on "
                               "H100 and H200)")
+    check_parser.add_argument("--max-num-batched-tokens", type=int, metavar="N",
+                              help="the engine's max_num_batched_tokens, with --model "
+                              "(default: at least --max-num-seqs, as vLLM requires)")
+    check_parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                              help="each GPU's total memory in GiB, with --model (default: "
+                              "the first visible GPU's); auto's split depends on it")
+    check_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
+                              metavar="F", help="the engine's gpu_memory_utilization, with "
+                              "--model (default 0.92, vLLM's)")
     sub.add_parser(
         "bench",
         help="Throughput and latency per CUDA-graph mode at PP, plugin vs stock "
@@ -328,8 +367,17 @@ def _engine_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("check: --model and --pp go together")
     if args.pp < 1 or args.max_num_seqs < 1:
         parser.error("check: --pp and --max-num-seqs must be at least 1")
+    if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < args.max_num_seqs:
+        parser.error("check: --max-num-batched-tokens must be at least --max-num-seqs")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        parser.error("check: --gpu-memory-utilization must be in (0, 1]")
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        parser.error("check: --gpu-memory-gib must be positive")
+    gpu_bytes = (_gpu_memory_bytes() if args.gpu_memory_gib is None
+                 else int(args.gpu_memory_gib * 2**30))
     try:
-        return EngineShape(read_model_config(args.model), args.pp, args.max_num_seqs)
+        return EngineShape(read_model_config(args.model), args.pp, args.max_num_seqs,
+                           args.max_num_batched_tokens, gpu_bytes, args.gpu_memory_utilization)
     except ValueError as exc:
         parser.error(f"check: {exc}")
 

@@ -146,7 +146,13 @@ SURFACE: tuple[Needed, ...] = (
            members=("get_total_num_hidden_layers", "get_layers_start_end_indices"),
            instance_attrs=("hf_text_config", "dtype", "quantization")),
     Needed("vllm.config", "ParallelConfig", instance_attrs=("pipeline_parallel_size",)),
-    Needed("vllm.config", "SchedulerConfig", instance_attrs=("max_num_seqs",)),
+    # Its KV-capacity rule: the batch sizes, and the memory the engine gives the KV cache.
+    # At profiling, MRV2's sampler computes logits for one token per dummy request,
+    # min(max_num_batched_tokens, max_num_seqs) of them (GPUModelRunner.profile_run).
+    Needed("vllm.config", "SchedulerConfig",
+           instance_attrs=("max_num_seqs", "max_num_batched_tokens")),
+    Needed("vllm.config", "CacheConfig",
+           instance_attrs=("gpu_memory_utilization", "kv_cache_memory_bytes")),
     # Its AUX_HIDDEN_STATE_KEY (0.33+) names the slots of EAGLE3 over PP; read if present.
     Needed("vllm.model_executor.models.interfaces", "EagleModelMixin"),
     Needed("vllm.model_executor.models.interfaces", "SupportsPP",

@@ -85,8 +85,12 @@ def mixed_partition_problem(vllm_config: Any, problems: list[str], num_workers: 
     """
     if not problems or len(problems) == num_workers or partition is LayerPartition.VLLM:
         return None
-    split = layer_partition.decide_for(vllm_config, partition).env_value
-    if split is None:
+    decision = layer_partition.decide_for(vllm_config, partition)
+    if decision.undecided:  # the engine core does not read the GPUs' memory
+        return (f"the plugin's workers may build another layer split than vLLM's "
+                f"({layer_partition.SETTING}=auto decides there, from each GPU's memory) "
+                "and the others vLLM's")
+    if (split := decision.env_value) is None:
         return None
     return (f"the plugin's workers build the layer split {split} "
             f"({layer_partition.SETTING}=auto) and the others vLLM's")

@@ -8,21 +8,32 @@ before it builds its model, the partition whose slowest stage has the shortest
 predicted decode step at the engine's batch size (``max_num_seqs``), from the
 costs of ``stage_costs.py``, and hands it to vLLM through vLLM's own
 ``VLLM_PP_LAYER_PARTITION``. The choice is a pure function of the model's
-config, the pipeline size and the batch size, so every rank makes the same one.
+config, the pipeline size, the batch sizes and the memory the engine gives each
+stage (:class:`Memory`), so every rank makes the same one. In a worker that
+memory is this GPU's total memory times ``gpu_memory_utilization``: ranks on
+GPUs of different models (different total memory) could decide differently;
+the decision's log line names the memory it assumed.
 
 Rules:
 
 - A partition set by hand in ``VLLM_PP_LAYER_PARTITION`` always wins.
 - Every stage gets at least one layer; with more stages than layers ``auto`` is
   refused, naming the setting.
-- Room for the KV cache: vLLM gives every stage the same number of KV blocks,
-  so the stage with the least memory left after its weights limits the cache.
-  No stage's weight bytes (its layers, the embedding on the first stage, the LM
-  head on the last) may exceed the heaviest stage's under vLLM's split by more
-  than :data:`WEIGHT_TOLERANCE`. A stage with more layers also stores more KV
-  bytes per token: where the weights are small next to the GPU's memory, the
-  cache holds fewer tokens in the ratio of the largest stage's layer counts
-  (``check`` prints both).
+- Room for the same KV cache: vLLM gives every stage the same number of KV
+  blocks, so the engine holds ``min over stages of room / (layers x KV bytes
+  per layer and token)`` tokens. A split is allowed only where that capacity is
+  at least ``1 -`` :data:`KV_TOLERANCE` of the capacity under vLLM's split.
+  A stage's room is ``gpu_memory_utilization x`` the GPU's memory less its
+  weights (its layers, the embedding on the first stage, the LM head on the
+  last) and, on the last stage, the fp32 logits of the sampler's profiling run
+  (one token per dummy request: ``min(max_num_batched_tokens, max_num_seqs) x
+  vocab x 4`` bytes). The forward's activation peak, about the same on every
+  stage, is left out. Where the engine fixes the KV cache
+  (``kv_cache_memory_bytes``), every stage's room is that, and no stage may hold
+  more layers than vLLM's most loaded one. KV bytes per layer and token are
+  ``2 x num_key_value_heads x head_dim x`` the weights' dtype bytes (they cancel
+  out of the rule; they set the tokens reported). A config without
+  ``num_key_value_heads``, or with no GPU memory known, keeps vLLM's split.
 - vLLM's split is kept unless another is predicted at least :data:`MIN_GAIN`
   faster; among the fastest, the one that moves the fewest layers wins.
 """
@@ -32,6 +43,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +53,22 @@ from vllm_pp_cudagraph.stage_costs import (
     TABLES,
     ModelShape,
     StageCosts,
+    _get,
     num_hidden_layers,
     stage_costs,
+    text_config,
     unmodelled_reason,
 )
 
 SETTING = PPCudaGraphSettings.env_name("layer_partition")
 VLLM_ENV = compat.LAYER_PARTITION_ENV
-WEIGHT_TOLERANCE = 0.05
+KV_TOLERANCE = 0.01
 MIN_GAIN = 0.01
+#: vLLM's default ``gpu_memory_utilization`` (CacheConfig, 0.26 and 0.33).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+#: Bytes of one logit in the sampler's profiling run (fp32).
+LOGIT_BYTES = 4
+GIB = 2**30
 
 #: The value this process set in ``VLLM_PP_LAYER_PARTITION`` (not a hand-set one).
 _set_here: str | None = None
@@ -67,14 +86,90 @@ def vllm_split(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(split)
 
 
-def _most_layers(costs: StageCosts, pp: int, budget_s: float, cap: float,
+@dataclass(frozen=True)
+class Memory:
+    """The memory an engine gives each stage for weights, activations and KV cache."""
+
+    gpu_bytes: int | None = None
+    """The GPU's total memory; None where it is not known."""
+    utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    kv_cache_bytes: int | None = None
+    """``cache_config.kv_cache_memory_bytes``: where set, every stage's KV room."""
+
+    @property
+    def known(self) -> bool:
+        return self.kv_cache_bytes is not None or self.gpu_bytes is not None
+
+    @property
+    def budget(self) -> int:
+        """``utilization x`` the GPU's memory, in bytes."""
+        assert self.gpu_bytes is not None
+        return int(self.utilization * self.gpu_bytes)
+
+    def describe(self) -> str:
+        if self.kv_cache_bytes is not None:
+            return (f"kv_cache_memory_bytes={self.kv_cache_bytes} "
+                    f"({self.kv_cache_bytes / GIB:.2f} GiB) on every stage")
+        if self.gpu_bytes is None:
+            return "no GPU memory known"
+        return (f"{self.gpu_bytes / GIB:.2f} GiB of GPU memory x gpu_memory_utilization "
+                f"{self.utilization}")
+
+
+@dataclass(frozen=True)
+class KVRoom:
+    """Each stage's room for the KV cache, and the tokens the engine's cache holds."""
+
+    memory: Memory
+    costs: StageCosts
+    bytes_per_layer: int
+    """KV bytes one layer stores per token."""
+    logits_bytes: int
+    """The sampler's profiling peak on the last stage."""
+
+    def room(self, stage: int, pp: int, layers: int) -> int:
+        """Bytes stage ``stage`` of ``pp`` holding ``layers`` layers has for KV."""
+        if self.memory.kv_cache_bytes is not None:
+            return self.memory.kv_cache_bytes
+        peak = self.logits_bytes if stage == pp - 1 else 0
+        return self.memory.budget - self.costs.stage_bytes(stage, pp, layers) - peak
+
+    def per_layer(self, split: tuple[int, ...]) -> Fraction:
+        """The KV bytes per layer every stage of ``split`` can give (the fullest stage's)."""
+        pp = len(split)
+        return min(Fraction(self.room(s, pp, n), n) for s, n in enumerate(split))
+
+    def tokens(self, split: tuple[int, ...]) -> int:
+        """The tokens the engine's KV cache holds under ``split``."""
+        return max(0, int(self.per_layer(split) / self.bytes_per_layer))
+
+    def floor(self, base: tuple[int, ...]) -> Fraction:
+        """The least KV bytes per layer a stage must keep: vLLM's split's, less
+        :data:`KV_TOLERANCE` (none where the cache's bytes are fixed)."""
+        tolerance = 0 if self.memory.kv_cache_bytes is not None else Fraction(KV_TOLERANCE)
+        return (1 - tolerance) * self.per_layer(base)
+
+
+def kv_room(costs: StageCosts, config: Any, memory: Memory, logits_tokens: int,
+            dtype_bytes: int) -> KVRoom:
+    """:class:`KVRoom` of ``config`` (which must name ``num_key_value_heads``)."""
+    text = text_config(config)
+    heads = int(_get(text, "num_attention_heads"))
+    head_dim = int(_get(text, "head_dim", int(_get(text, "hidden_size")) // heads))
+    per_layer = 2 * int(_get(text, "num_key_value_heads")) * head_dim * dtype_bytes
+    logits = logits_tokens * int(_get(text, "vocab_size")) * LOGIT_BYTES
+    return KVRoom(memory, costs, per_layer, logits)
+
+
+def _most_layers(costs: StageCosts, kv: KVRoom, floor: Fraction, pp: int, budget_s: float,
                  num_layers: int) -> list[int]:
-    """For each stage, the most layers it can hold within ``budget_s`` and ``cap`` bytes."""
+    """For each stage, the most layers it can hold within ``budget_s`` and with at least
+    ``floor`` KV bytes per layer."""
     most = []
     for stage in range(pp):
         n = 0
         while (n < num_layers and costs.stage_s(stage, pp, n + 1) <= budget_s
-               and costs.stage_bytes(stage, pp, n + 1) <= cap):
+               and kv.room(stage, pp, n + 1) >= floor * (n + 1)):
             n += 1
         most.append(n)
     return most
@@ -91,19 +186,19 @@ def _fill(costs: StageCosts, base: tuple[int, ...], most: list[int]) -> tuple[in
     return tuple(layers)
 
 
-def balanced_split(costs: StageCosts, num_layers: int, pp: int) -> tuple[int, ...]:
+def balanced_split(costs: StageCosts, kv: KVRoom, num_layers: int, pp: int) -> tuple[int, ...]:
     """The split of ``num_layers`` over ``pp`` stages with the shortest slowest stage.
 
-    Within the weight rule (module docstring), every stage at least one layer;
+    Within the KV rule (module docstring), every stage at least one layer;
     among the fastest, the one closest to vLLM's split (fewest layers moved).
     """
     base = vllm_split(num_layers, pp)
-    cap = (1 + WEIGHT_TOLERANCE) * max(costs.stage_bytes(s, pp, n) for s, n in enumerate(base))
+    floor = kv.floor(base)
     budgets = sorted({costs.stage_s(s, pp, n) for s in range(pp)
                       for n in range(1, num_layers - pp + 2)})
 
     def fits(budget: float) -> list[int] | None:
-        most = _most_layers(costs, pp, budget, cap, num_layers)
+        most = _most_layers(costs, kv, floor, pp, budget, num_layers)
         return most if min(most) >= 1 and sum(most) >= num_layers else None
 
     low, high = 0, len(budgets) - 1  # vLLM's split fits its own slowest stage
@@ -128,6 +223,9 @@ class Decision:
     """Layers per stage; None where vLLM's split applies and is not known here."""
     costs: StageCosts | None = None
     vllm_layers: tuple[int, ...] | None = None
+    kv: KVRoom | None = None
+    undecided: bool = False
+    """``auto`` without the GPU's memory: the workers, which read it, may split otherwise."""
 
     @property
     def noteworthy(self) -> bool:
@@ -155,14 +253,19 @@ class Decision:
         pp = len(self.layers)
         start = 0
         for stage, (n, ms) in enumerate(zip(self.layers, self.stage_ms(self.layers))):
-            gib = self.costs.stage_bytes(stage, pp, n) / 2**30
+            gib = self.costs.stage_bytes(stage, pp, n) / GIB
+            room = "" if self.kv is None else \
+                f", KV room {self.kv.room(stage, pp, n) / GIB:.2f} GiB"
             lines.append(f"stage {stage}: layers {start}-{start + n - 1} ({n}), predicted "
-                         f"{ms:.2f} ms per step, weights {gib:.2f} GiB")
+                         f"{ms:.2f} ms per step, weights {gib:.2f} GiB{room}")
             start += n
         lines.append(f"slowest stage {self.slowest_ms(self.layers):.2f} ms predicted against "
                      f"{self.slowest_ms(self.vllm_layers):.2f} ms under vLLM's split "
-                     f"{','.join(map(str, self.vllm_layers))}; most layers on a stage "
-                     f"{max(self.layers)} against {max(self.vllm_layers)} (KV bytes per token)")
+                     f"{_join(self.vllm_layers)}")
+        if self.kv is not None:
+            lines.append(f"KV cache {self.kv.tokens(self.layers)} tokens predicted against "
+                         f"{self.kv.tokens(self.vllm_layers)} under vLLM's split "
+                         f"({self.kv.memory.describe()})")
         lines.append(f"costs at batch {self.costs.batch} from {self.costs.source}")
         return lines
 
@@ -184,13 +287,16 @@ def _parse(value: str, pp: int) -> tuple[int, ...] | None:
 def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
            environ: Mapping[str, str] | None = None, *, num_layers: int | None = None,
            dtype_bytes: int | None = None, quantized: bool = False,
+           memory: Memory | None = None, max_num_batched_tokens: int | None = None,
            tables: Path = TABLES) -> Decision:
     """The partition an engine of ``config`` (a Hugging Face config, object or dict) at
     ``pp`` stages and ``max_num_seqs=batch`` uses under ``setting``.
 
     ``num_layers`` is vLLM's count of decoder layers where it differs from the
     config's; ``dtype_bytes`` the engine's weight dtype; ``quantized`` whether
-    vLLM quantizes the weights.
+    vLLM quantizes the weights; ``memory`` what the engine gives each stage
+    (``auto`` keeps vLLM's split where it is not known);
+    ``max_num_batched_tokens`` the scheduler's (at least ``batch`` where None).
     """
     environ = os.environ if environ is None else environ
     if (value := hand_set(environ)) is not None:
@@ -206,22 +312,37 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
             f"{SETTING}=auto cannot give each of {pp} pipeline stages a layer: the model has "
             f"{total} decoder layers. Use at most {total} stages, or set {SETTING}=vllm.")
     base = vllm_split(total, pp)
+    memory = memory or Memory()
     reason = unmodelled_reason(config) or ("vLLM quantizes its weights (their bytes are not "
                                            "modelled)" if quantized else None)
+    if reason is None and not _get(text_config(config), "num_key_value_heads"):
+        reason = ("its config has no num_key_value_heads (the KV cache's bytes per token "
+                  "are not known)")
+    if reason is None and not memory.known:
+        reason = "the GPU's memory is not known (the KV cache's room is not modelled)"
     if reason is not None:
         return Decision("vllm", f"auto keeps vLLM's split {_join(base)}: {reason}", base,
-                        vllm_layers=base)
-    costs = stage_costs(ModelShape.from_config(config, dtype_bytes), batch, tables)
-    best = balanced_split(costs, total, pp)
-    decision = Decision("auto", "", best, costs, base)
+                        vllm_layers=base, undecided=not memory.known)
+    shape = ModelShape.from_config(config, dtype_bytes)
+    costs = stage_costs(shape, batch, tables)
+    logits_tokens = min(batch, max_num_batched_tokens or batch)
+    kv = kv_room(costs, config, memory, logits_tokens, shape.dtype_bytes)
+    if kv.per_layer(base) <= 0:
+        return Decision("vllm", f"auto keeps vLLM's split {_join(base)}: a stage has no room "
+                        f"left for the KV cache under it ({memory.describe()})", base, costs,
+                        base, kv)
+    best = balanced_split(costs, kv, total, pp)
+    decision = Decision("auto", "", best, costs, base, kv)
     fastest, stock = decision.slowest_ms(best), decision.slowest_ms(base)
-    if fastest > (1 - MIN_GAIN) * stock:
+    if best == base or fastest > (1 - MIN_GAIN) * stock:
+        other = (f"the best other, {_join(best)}, is predicted {fastest:.2f} against "
+                 f"{stock:.2f} ms, less than {MIN_GAIN:.0%} faster" if best != base else
+                 f"no other split that keeps the KV cache within {KV_TOLERANCE:.0%} of its "
+                 f"capacity under it is predicted faster")
         return Decision("vllm", f"auto keeps vLLM's split {_join(base)} for PP={pp} at batch "
-                        f"{batch}: the best other, {_join(best)}, is predicted {fastest:.2f} "
-                        f"against {stock:.2f} ms, less than {MIN_GAIN:.0%} faster",
-                        base, costs, base)
+                        f"{batch}: {other}", base, costs, base, kv)
     return Decision("auto", f"auto picks {_join(best)} for PP={pp} at batch {batch} (vLLM's "
-                    f"split: {_join(base)})", best, costs, base)
+                    f"split: {_join(base)})", best, costs, base, kv)
 
 
 def _join(layers: tuple[int, ...]) -> str:
@@ -235,7 +356,12 @@ def decide_for(vllm_config: Any, setting: LayerPartition | None = None,
     environ = os.environ if environ is None else environ
     if setting is None:
         setting = PPCudaGraphSettings.from_env(environ).layer_partition
-    model = vllm_config.model_config
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    fixed = cache.kv_cache_memory_bytes
+    needs_gpu = (setting is LayerPartition.AUTO and fixed is None
+                 and vllm_config.parallel_config.pipeline_parallel_size > 1)
+    memory = Memory(gpu_memory_bytes() if needs_gpu else None, cache.gpu_memory_utilization,
+                    fixed)
     return decide(
         setting,
         model.hf_text_config,
@@ -245,7 +371,24 @@ def decide_for(vllm_config: Any, setting: LayerPartition | None = None,
         num_layers=model.get_total_num_hidden_layers(),
         dtype_bytes=getattr(model.dtype, "itemsize", None),
         quantized=model.quantization is not None,
+        memory=memory,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
     )
+
+
+def gpu_memory_bytes() -> int | None:
+    """This process's GPU's total memory; None where this process has not initialized
+    CUDA (the engine core: it is never initialized here). A worker has, for its
+    device, before its runner builds the model.
+
+    The same on every rank where the GPUs are of one model; ranks on GPUs of
+    different models read different values and could choose different splits.
+    """
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 def apply_in_worker(vllm_config: Any) -> Decision:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.layer_partition import decide
+from vllm_pp_cudagraph.layer_partition import Memory, decide
 from vllm_pp_cudagraph.settings import LayerPartition
 from vllm_pp_cudagraph.stage_costs import ModelShape, read_table
 
@@ -62,9 +62,10 @@ def test_the_table_it_writes_is_the_one_auto_reads(tmp_path):
     path = tmp_path / f"{table['signature']}.json"
     path.write_text(json.dumps(table))
     read_table(path)
-    decision = decide(LayerPartition.AUTO, CONFIG, 4, 256, {}, tables=tmp_path)
+    decision = decide(LayerPartition.AUTO, CONFIG, 8, 256, {}, tables=tmp_path,
+                      memory=Memory(141 * 2**30, 0.9))  # an H200
     assert decision.costs.source.endswith("(measured)")
-    assert decision.layers == (7, 10, 10, 1)
+    assert decision.layers == (3, 4, 4, 4, 4, 4, 4, 1)
 
 
 def test_a_stage_of_a_given_layer_count_or_model_directory(tmp_path):

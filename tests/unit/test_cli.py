@@ -198,27 +198,62 @@ def model_dir(tmp_path):
     return str(write_model_dir(tmp_path / "m", "qwen3-0.6b"))
 
 
-def check_engine(model_dir: str, pp: int) -> tuple[int, str]:
+H200_BYTES = 141 * 2**30
+
+
+def check_engine(model_dir: str, pp: int, **memory) -> tuple[int, str]:
     out = io.StringIO()
-    engine = cli.EngineShape(cli.read_model_config(model_dir), pp)
+    engine = cli.EngineShape(cli.read_model_config(model_dir), pp, **memory)
     return cli.check(out, engine), out.getvalue()
 
 
 def test_check_says_which_layer_partition_a_model_gets_under_auto(gpus, model_dir):
     gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
-    code, out = check_engine(model_dir, 4)
+    code, out = check_engine(model_dir, 3, gpu_memory_bytes=H200_BYTES,
+                             gpu_memory_utilization=0.9)
     assert code == cli.EXIT_OK
-    assert ("layer partition: auto picks 7,9,9,3 for PP=4 at batch 256 (vLLM's split: "
-            "7,7,7,7)") in out
-    assert "  stage 3: layers 25-27 (3), predicted 0.40 ms per step" in out
+    assert ("layer partition: auto picks 10,10,8 for PP=3 at batch 256 (vLLM's split: "
+            "9,10,9)") in out
+    assert "  stage 2: layers 20-27 (8), predicted 0.65 ms per step" in out
+    assert ("  KV cache 3311330 tokens predicted against 3318927 under vLLM's split "
+            "(141.00 GiB of GPU memory x gpu_memory_utilization 0.9)") in out
     assert "costs at batch 256 from the bytes/FLOPs model" in out
 
 
+def test_check_without_a_gpu_or_its_memory_names_the_flag(gpus, model_dir, monkeypatch):
+    gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
+    monkeypatch.setattr(cli, "_gpu_memory_bytes", lambda: None)
+    code, out = check_engine(model_dir, 3)
+    assert code == cli.EXIT_OK
+    assert "layer partition: auto cannot be predicted here" in out and "--gpu-memory-gib" in out
+
+
+def test_check_predicts_what_the_worker_decides(gpus, model_dir, monkeypatch, tmp_path):
+    from _scheduler import make_scheduler
+
+    from vllm_pp_cudagraph import layer_partition
+
+    gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
+    monkeypatch.setattr(layer_partition, "_set_here", None)
+    monkeypatch.setattr(layer_partition, "gpu_memory_bytes", lambda: H200_BYTES)
+    for pp in (2, 3, 4):
+        config = make_scheduler(model_dir, pp=pp, max_num_seqs=256).vllm_config
+        config.cache_config.gpu_memory_utilization = 0.9
+        worker = layer_partition.decide_for(config)
+        _, out = check_engine(model_dir, pp, max_num_batched_tokens=256,
+                              gpu_memory_bytes=H200_BYTES, gpu_memory_utilization=0.9)
+        lines = [f"layer partition: {worker.describe()[0]}"] + [
+            f"  {line}" for line in worker.describe()[1:]]
+        assert "\n".join(lines) in out
+        assert worker.layers == {2: (14, 14), 3: (10, 10, 8), 4: (7, 7, 7, 7)}[pp]
+
+
 def test_check_says_vllms_split_applies_by_default_and_what_auto_would_pick(gpus, model_dir):
-    code, out = check_engine(model_dir, 2)
+    code, out = check_engine(model_dir, 3, gpu_memory_bytes=H200_BYTES,
+                             gpu_memory_utilization=0.9)
     assert code == cli.EXIT_OK
     assert "layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm" in out
-    assert "with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: auto picks 15,13" in out
+    assert "with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: auto picks 10,10,8" in out
 
 
 def test_check_names_a_hand_set_partition_and_the_setting_without_a_model(gpus):
@@ -241,6 +276,9 @@ def test_check_refuses_more_stages_than_layers_under_auto(gpus, model_dir):
     (["check", "--pp", "2"], "--model and --pp go together"),
     (["check", "--model", "/nonexistent", "--pp", "2"], "no readable config.json"),
     (["check", "--model", "M", "--pp", "0"], "at least 1"),
+    (["check", "--model", "M", "--pp", "2", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["check", "--model", "M", "--pp", "2", "--max-num-batched-tokens", "8"],
+     "at least --max-num-seqs"),
 ])
 def test_check_refuses_bad_engine_arguments(clean_env, capsys, model_dir, argv, message):
     argv = [model_dir if a == "M" else a for a in argv]

@@ -15,10 +15,12 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 from vllm_pp_cudagraph import compat, layer_partition
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES, write_model_dir
 from vllm_pp_cudagraph.layer_partition import (
+    GIB,
+    KV_TOLERANCE,
     SETTING,
     VLLM_ENV,
-    WEIGHT_TOLERANCE,
     LayerPartitionError,
+    Memory,
     decide,
     vllm_split,
 )
@@ -34,20 +36,43 @@ from vllm_pp_cudagraph.stage_costs import (
 
 AUTO = LayerPartition.AUTO
 BATCH = 256
+TOKENS = 8192  # max_num_batched_tokens
+#: An H200 (141 GiB) at gpu_memory_utilization 0.9.
+H200 = Memory(141 * GIB, 0.9)
+#: The engine's KV cache fixed at 20 GiB a stage (kv_cache_memory_bytes).
+FIXED = Memory(kv_cache_bytes=20 * GIB)
 
-#: What auto picks for the bench shapes at max_num_seqs=256, from the bytes/FLOPs model.
+#: What auto picks for the bench shapes at max_num_seqs=256 on an H200, from the
+#: bytes/FLOPs model. At PP=2 and PP=4 every bench shape splits evenly, and a stage
+#: with one layer more stores 1/n more KV bytes per token: no move keeps the KV
+#: cache within KV_TOLERANCE. Where vLLM's split is uneven (PP=3, PP=8), the stages
+#: with fewer layers have room to take one.
 PICKS = {
-    ("qwen3-0.6b", 2): (15, 13),
-    ("qwen3-0.6b", 4): (7, 9, 9, 3),
-    ("qwen3-4b", 2): (19, 17),
-    ("qwen3-4b", 4): (9, 10, 10, 7),
-    ("qwen3-32b", 2): (33, 31),
-    ("qwen3-32b", 4): (16, 17, 16, 15),
-    ("llama-3.1-70b", 2): (40, 40),  # vLLM's: one layer moved is under 1% faster
-    ("llama-3.1-70b", 4): (20, 21, 20, 19),
-    ("qwen3-30b-a3b", 2): (24, 24),  # vLLM's: likewise
-    ("qwen3-30b-a3b", 4): (12, 13, 12, 11),
+    ("qwen3-0.6b", 2): (14, 14),
+    ("qwen3-0.6b", 3): (10, 10, 8),
+    ("qwen3-0.6b", 4): (7, 7, 7, 7),
+    ("qwen3-0.6b", 8): (3, 4, 4, 4, 4, 4, 4, 1),
+    ("qwen3-4b", 2): (18, 18),
+    ("qwen3-4b", 4): (9, 9, 9, 9),
+    ("qwen3-32b", 2): (32, 32),
+    ("qwen3-32b", 4): (16, 16, 16, 16),
+    ("llama-3.1-70b", 2): (40, 40),
+    ("llama-3.1-70b", 4): (20, 20, 20, 20),
+    ("qwen3-30b-a3b", 2): (24, 24),
+    ("qwen3-30b-a3b", 4): (12, 12, 12, 12),
 }
+#: Where the KV cache is fixed, a split may only even out vLLM's most loaded stages.
+FIXED_PICKS = {
+    ("qwen3-0.6b", 3): (10, 10, 8),
+    ("qwen3-32b", 3): (22, 22, 20),
+    ("qwen3-0.6b", 4): (7, 7, 7, 7),
+    ("qwen3-30b-a3b", 4): (12, 12, 12, 12),
+}
+
+
+def auto(config, pp, batch=BATCH, memory=H200, **kwargs):
+    return decide(AUTO, config, pp, batch, {}, memory=memory, max_num_batched_tokens=TOKENS,
+                  **kwargs)
 
 
 @pytest.fixture
@@ -62,9 +87,17 @@ def partition_env(monkeypatch):
     envs.disable_envs_cache()
 
 
-def engine_config(tmp_path, shape="qwen3-0.6b", pp=2, max_num_seqs=BATCH):
+def engine_config(tmp_path, shape="qwen3-0.6b", pp=3, max_num_seqs=BATCH):
     model = write_model_dir(tmp_path / shape, shape)
-    return make_scheduler(str(model), pp=pp, max_num_seqs=max_num_seqs).vllm_config
+    config = make_scheduler(str(model), pp=pp, max_num_seqs=max_num_seqs).vllm_config
+    config.cache_config.gpu_memory_utilization = H200.utilization
+    return config
+
+
+@pytest.fixture
+def on_h200(monkeypatch):
+    """The worker reads an H200's total memory."""
+    monkeypatch.setattr(layer_partition, "gpu_memory_bytes", lambda: H200.gpu_bytes)
 
 
 def test_vllms_split_is_the_one_vllm_computes(partition_env):
@@ -76,7 +109,7 @@ def test_vllms_split_is_the_one_vllm_computes(partition_env):
 
 @pytest.mark.parametrize("shape, pp", PICKS)
 def test_auto_picks_for_the_bench_shapes(shape, pp):
-    decision = decide(AUTO, SHAPES[shape], pp, BATCH, {})
+    decision = auto(SHAPES[shape], pp)
     num_layers = SHAPES[shape]["num_hidden_layers"]
     assert decision.layers == PICKS[shape, pp]
     assert sum(decision.layers) == num_layers and min(decision.layers) >= 1
@@ -86,36 +119,90 @@ def test_auto_picks_for_the_bench_shapes(shape, pp):
     assert decision.slowest_ms(decision.layers) <= decision.slowest_ms(stock)
 
 
-@pytest.mark.parametrize("shape, pp", PICKS)
-def test_no_stage_outweighs_vllms_heaviest_by_more_than_the_tolerance(shape, pp):
-    decision = decide(AUTO, SHAPES[shape], pp, BATCH, {})
-    costs = decision.costs
-
-    def heaviest(layers):
-        return max(costs.stage_bytes(s, pp, n) for s, n in enumerate(layers))
-
-    assert heaviest(decision.layers) <= (1 + WEIGHT_TOLERANCE) * heaviest(decision.vllm_layers)
+@pytest.mark.parametrize("shape, pp", FIXED_PICKS)
+def test_auto_picks_with_the_kv_cache_fixed(shape, pp):
+    assert auto(SHAPES[shape], pp, memory=FIXED).layers == FIXED_PICKS[shape, pp]
 
 
-def test_the_weight_rule_is_what_keeps_the_small_model_from_balancing_further():
-    """Without it, 0.6B at PP=2 would move two layers: its slowest stage is faster."""
-    free = decide(AUTO, SHAPES["qwen3-0.6b"], 2, BATCH, {})
-    costs = free.costs
+@pytest.mark.parametrize("memory", [H200, FIXED, Memory(24 * GIB, 0.9)])
+@pytest.mark.parametrize("batch", [BATCH, 4096])
+@pytest.mark.parametrize("pp", [2, 3, 4, 8])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_no_pick_lowers_the_kv_capacity_below_the_tolerance(shape, pp, batch, memory):
+    decision = auto(SHAPES[shape], pp, batch, memory)
+    kv = decision.kv
+    assert kv.tokens(decision.layers) >= (1 - KV_TOLERANCE) * kv.tokens(decision.vllm_layers)
+    assert min(decision.layers) >= 1
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 8])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_fixed_kv_cache_lets_no_stage_grow_beyond_vllms_most_loaded(shape, pp):
+    decision = auto(SHAPES[shape], pp, memory=FIXED)
+    assert max(decision.layers) <= max(decision.vllm_layers)
+    assert decision.kv.tokens(decision.layers) == decision.kv.tokens(decision.vllm_layers)
+
+
+def test_the_kv_rule_is_what_keeps_the_small_model_at_vllms_split():
+    """Without it, 0.6B at PP=2 would move two layers: its slowest stage is faster, and
+    the stage of 16 layers would hold an eighth fewer tokens of KV cache."""
+    kept = auto(SHAPES["qwen3-0.6b"], 2)
+    costs = kept.costs
     unbounded = min(((n, 28 - n) for n in range(1, 28)),
                     key=lambda split: max(costs.stage_s(s, 2, k) for s, k in enumerate(split)))
     assert unbounded == (16, 12)
-    assert free.layers == (15, 13)
+    assert kept.layers == (14, 14) and kept.source == "vllm"
+    assert kept.kv.tokens(unbounded) < 0.9 * kept.kv.tokens((14, 14))
+    assert "no other split that keeps the KV cache within 1%" in kept.why
 
 
-@pytest.mark.parametrize("pp", [2, 4])
-def test_the_last_stage_gets_fewer_layers_where_the_lm_head_is_heavy(pp):
+def test_the_last_stage_gets_fewer_layers_where_the_lm_head_is_heavy_and_room_allows():
     config = SHAPES["qwen3-0.6b"]
     costs = modelled_costs(ModelShape.from_config(config), BATCH)
     assert costs.head_s > 4 * costs.layer_s  # 152k words x 1024 against a 16M-weight layer
-    decision = decide(AUTO, config, pp, BATCH, {})
-    assert decision.source == "auto"
-    assert decision.layers[-1] < vllm_split(28, pp)[-1]
-    assert decision.slowest_ms(decision.layers) < 0.96 * decision.slowest_ms(decision.vllm_layers)
+    decision = auto(config, 3)  # vLLM's 9,10,9: the middle stage's 10 layers bound the KV
+    assert decision.source == "auto" and decision.layers == (10, 10, 8)
+    assert decision.slowest_ms(decision.layers) < 0.95 * decision.slowest_ms(decision.vllm_layers)
+
+
+def test_the_last_stages_logits_peak_can_leave_the_others_room_for_a_layer(monkeypatch):
+    """No bench shape at PP=2 or PP=4 on an H200 moves. On a 24 GiB GPU at
+    max_num_seqs=4096, the sampler's profiling logits (4096 x 152k fp32, 2.3 GiB)
+    leave the last stage the least room, so the other stages may take a layer more
+    and the cache still holds as many tokens within the tolerance."""
+    config, small = SHAPES["qwen3-0.6b"], Memory(24 * GIB, 0.9)
+    decision = auto(config, 4, 4096, small)
+    assert decision.kv.logits_bytes == 4096 * 151936 * 4
+    assert decision.layers == (7, 8, 8, 5)
+    monkeypatch.setattr(layer_partition, "LOGIT_BYTES", 0)
+    assert auto(config, 4, 4096, small).layers == (7, 7, 7, 7)
+
+
+def test_the_sampler_profiles_one_logit_per_request():
+    """MRV2's profile_run samples one token per dummy request: min(max_num_batched_tokens,
+    max_num_seqs) of them."""
+    config = SHAPES["qwen3-0.6b"]
+    assert auto(config, 4).kv.logits_bytes == BATCH * 151936 * 4
+    few = decide(AUTO, config, 4, BATCH, {}, memory=H200, max_num_batched_tokens=100)
+    assert few.kv.logits_bytes == 100 * 151936 * 4
+
+
+def test_the_decision_says_the_kv_room_and_capacity_under_both_splits():
+    lines = auto(SHAPES["qwen3-0.6b"], 3).describe()
+    assert lines[0] == "auto picks 10,10,8 for PP=3 at batch 256 (vLLM's split: 9,10,9)"
+    assert any(line.startswith("stage 2: layers 20-27 (8), predicted") and "KV room" in line
+               for line in lines)
+    assert ("KV cache 3311330 tokens predicted against 3318927 under vLLM's split "
+            "(141.00 GiB of GPU memory x gpu_memory_utilization 0.9)") in lines
+
+
+def test_without_the_gpus_memory_or_kv_heads_auto_keeps_vllms_split():
+    config = SHAPES["qwen3-0.6b"]
+    unknown = decide(AUTO, config, 3, BATCH, {})
+    assert unknown.layers == (9, 10, 9) and unknown.source == "vllm"
+    assert "the GPU's memory is not known" in unknown.why
+    no_heads = auto({k: v for k, v in config.items() if k != "num_key_value_heads"}, 3)
+    assert no_heads.layers == (9, 10, 9) and "no num_key_value_heads" in no_heads.why
 
 
 def test_the_model_gives_the_measured_one_request_stage_steps_within_ten_percent():
@@ -143,16 +230,19 @@ import json
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.layer_partition import decide
 from vllm_pp_cudagraph.settings import LayerPartition
-print(json.dumps({f"{s} {pp}": decide(LayerPartition.AUTO, SHAPES[s], pp, 256, {}).layers
+from vllm_pp_cudagraph.layer_partition import Memory
+memory = Memory(141 * 2**30, 0.9)
+print(json.dumps({f"{s} {pp}": decide(LayerPartition.AUTO, SHAPES[s], pp, 256, {},
+                                      memory=memory, max_num_batched_tokens=8192).layers
                   for s in SHAPES for pp in (2, 3, 4, 8)}))
 """
 
 
 def test_every_process_computes_the_same_partition():
-    here = {f"{s} {pp}": list(decide(AUTO, SHAPES[s], pp, BATCH, {}).layers)
+    here = {f"{s} {pp}": list(auto(SHAPES[s], pp).layers)
             for s in SHAPES for pp in (2, 3, 4, 8)}
-    assert here == {key: list(decide(AUTO, SHAPES[key.split()[0]], int(key.split()[1]),
-                                     BATCH, {}).layers) for key in here}
+    assert here == {key: list(auto(SHAPES[key.split()[0]], int(key.split()[1])).layers)
+                    for key in here}
     for seed in ("1", "2"):
         there, _ = run_python(SCRIPT, {"PYTHONHASHSEED": seed})
         assert there == here
@@ -212,18 +302,18 @@ def write_table(directory, config, layer_ms, head_ms, batches=(1, 512)):
 def test_a_measured_table_replaces_the_model_for_its_shape(tmp_path):
     config = SHAPES["qwen3-0.6b"]
     write_table(tmp_path, {**config, "hidden_size": 2048}, 0.1, 1.0)  # another shape
-    other = decide(AUTO, config, 4, BATCH, {}, tables=tmp_path)
+    other = auto(config, 8, tables=tmp_path)
     assert other.costs.source == "the bytes/FLOPs model"
     write_table(tmp_path, config, 0.1, 0.25)  # the LM head is worth 2.5 layers
-    decision = decide(AUTO, config, 4, BATCH, {}, tables=tmp_path)
+    decision = auto(config, 8, tables=tmp_path)
     assert decision.costs.source == "the cost table table.json (measured)"
-    assert decision.layers == (7, 8, 8, 5)
+    assert decision.layers == (4, 4, 3, 4, 4, 4, 4, 1)
     assert "costs at batch 256 from the cost table table.json (measured)" in decision.describe()
 
 
 def test_every_stage_keeps_a_layer_however_heavy_the_lm_head(tmp_path):
     write_table(tmp_path, SHAPES["qwen3-0.6b"], 0.1, 5.0)  # the LM head: 50 layers
-    decision = decide(AUTO, SHAPES["qwen3-0.6b"], 4, BATCH, {}, tables=tmp_path)
+    decision = auto(SHAPES["qwen3-0.6b"], 8, tables=tmp_path)
     assert decision.layers[-1] == 1 and sum(decision.layers) == 28
 
 
@@ -244,7 +334,7 @@ def test_a_table_between_batch_sizes_is_interpolated(tmp_path):
 def test_an_unreadable_table_is_refused_naming_its_file(tmp_path):
     (tmp_path / "broken.json").write_text(json.dumps({"signature": "x", "batches": [{}]}))
     with pytest.raises(CostTableError, match="broken.json"):
-        decide(AUTO, SHAPES["qwen3-0.6b"], 2, BATCH, {}, tables=tmp_path)
+        auto(SHAPES["qwen3-0.6b"], 2, tables=tmp_path)
 
 
 def test_every_shipped_table_is_readable():
@@ -264,40 +354,53 @@ def test_with_the_default_nothing_changes(partition_env, tmp_path):
     decision = layer_partition.apply_in_worker(config)
     assert decision.source == "vllm" and not decision.noteworthy
     assert VLLM_ENV not in os.environ
-    assert vllms_ranges(28, 2) == [(0, 14), (14, 28)]
+    assert vllms_ranges(28, 3) == [(0, 9), (9, 19), (19, 28)]
 
 
 @pytest.mark.parametrize("cached", [False, True])
-def test_auto_hands_vllm_its_split_even_with_vllms_variables_cached(partition_env, tmp_path,
-                                                                    cached):
+def test_auto_hands_vllm_its_split_even_with_vllms_variables_cached(partition_env, on_h200,
+                                                                    tmp_path, cached):
     partition_env.setenv(SETTING, "auto")
     config = engine_config(tmp_path)
     if cached:  # as in a worker forked from a process that already served
         envs.enable_envs_cache()
         assert envs.VLLM_PP_LAYER_PARTITION is None
     decision = layer_partition.apply_in_worker(config)
-    assert decision.env_value == "15,13"
-    assert vllms_ranges(28, 2) == [(0, 15), (15, 28)]
-    assert config.model_config.get_layers_start_end_indices(config.parallel_config) == (0, 15)
+    assert decision.env_value == "10,10,8"
+    assert vllms_ranges(28, 3) == [(0, 10), (10, 20), (20, 28)]
+    assert config.model_config.get_layers_start_end_indices(config.parallel_config) == (0, 10)
 
 
 def test_a_hand_set_partition_is_left_to_vllm(partition_env, tmp_path):
     partition_env.setenv(SETTING, "auto")
     partition_env.setenv(VLLM_ENV, "20,8")
-    assert layer_partition.apply_in_worker(engine_config(tmp_path)).source == "hand-set"
+    assert layer_partition.apply_in_worker(engine_config(tmp_path, pp=2)).source == "hand-set"
     assert os.environ[VLLM_ENV] == "20,8"
     assert vllms_ranges(28, 2) == [(0, 20), (20, 28)]
 
 
 def test_a_later_engine_in_the_process_drops_the_split_it_no_longer_chooses(partition_env,
-                                                                           tmp_path):
+                                                                           on_h200, tmp_path):
     partition_env.setenv(SETTING, "auto")
     layer_partition.apply_in_worker(engine_config(tmp_path))
-    assert os.environ[VLLM_ENV] == "15,13"
+    assert os.environ[VLLM_ENV] == "10,10,8"
     # Its own value is not a hand-set one: the next engine decides again.
     again = layer_partition.apply_in_worker(engine_config(tmp_path, "qwen3-30b-a3b"))
     assert again.source == "vllm" and VLLM_ENV not in os.environ
-    assert vllms_ranges(48, 2) == [(0, 24), (24, 48)]
+    assert vllms_ranges(48, 3) == [(0, 16), (16, 32), (32, 48)]
+
+
+def test_the_worker_decides_from_this_gpus_memory_or_the_fixed_kv_cache(partition_env,
+                                                                       tmp_path, monkeypatch):
+    partition_env.setenv(SETTING, "auto")
+    monkeypatch.setattr(layer_partition, "gpu_memory_bytes", lambda: None)  # no GPU here
+    config = engine_config(tmp_path)
+    unknown = layer_partition.apply_in_worker(config)
+    assert unknown.source == "vllm" and "the GPU's memory is not known" in unknown.why
+    config.cache_config.kv_cache_memory_bytes = FIXED.kv_cache_bytes
+    fixed = layer_partition.apply_in_worker(config)
+    assert fixed.layers == (10, 10, 8) and fixed.kv.memory.kv_cache_bytes == FIXED.kv_cache_bytes
+    assert "kv_cache_memory_bytes=21474836480 (20.00 GiB) on every stage" in fixed.describe()[-2]
 
 
 def test_more_stages_than_layers_stops_the_worker_before_its_model_is_built(partition_env,
@@ -316,8 +419,8 @@ def test_vllm_reading_another_value_is_an_error(partition_env, monkeypatch):
         compat.set_vllm_env(VLLM_ENV, "15,13")
 
 
-def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, tmp_path,
-                                                               monkeypatch):
+def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, on_h200,
+                                                               tmp_path, monkeypatch):
     partition_env.setenv(SETTING, "auto")
     seen = []
     monkeypatch.setattr(GPUModelRunner, "load_model",
@@ -328,4 +431,4 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, t
     runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
     runner.__dict__.update(use_pp=True, pp_stage=0, vllm_config=engine_config(tmp_path))
     runner.load_model()
-    assert seen == ["15,13"]
+    assert seen == ["10,10,8"]
