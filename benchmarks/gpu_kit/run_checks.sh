@@ -10,10 +10,10 @@
 #
 # Steps, in this order whatever order they are named in (default: smoke batch):
 #   smoke        one GPU, PP=1, eager, stock vLLM: does an engine start (smoke.py)
-#   runner-pp1   one GPU, PP=1, random weights: stock then the plugin's runner, each in
+#   runner-pp1   one GPU, PP=1, random weights: stock then the plugin enabled, each in
 #                FULL_AND_PIECEWISE and PIECEWISE (smoke.py); greedy tokens compared
-#                per mode and the plugin's runner log line counted (runner-pp1.json).
-#                (the plugin's graph manager where only one GPU is at hand)
+#                per mode, and the plugin must stand aside (its line counted, its
+#                runner's absent: runner-pp1.json)
 #   batch        PP=2, Qwen3-0.6B shape, random weights, --workload batch: the plugin's
 #                greedy tokens against stock's, FULL_AND_PIECEWISE then PIECEWISE;
 #                bench.json records plugin_stages and tokens_agree per run
@@ -135,7 +135,7 @@ step_smoke() {
   CUDA_VISIBLE_DEVICES=0 timeout -k 10 360 python3 "$here/smoke.py" "$d" eager
 }
 
-# PP=1 on one GPU: the plugin's runner and graph manager against stock, token for token.
+# PP=1 on one GPU: the plugin enabled stands aside, and the tokens are stock's.
 step_runner-pp1() {
   local r rc=0
   for r in stock plugin; do
@@ -151,10 +151,12 @@ res = Path(sys.argv[1])
 runs = {r: json.loads((res / f"pp1-{r}/smoke.json").read_text())["runs"]
         for r in ("stock", "plugin") if (res / f"pp1-{r}/smoke.json").exists()}
 log = (res / "pp1-plugin.log").read_text() if (res / "pp1-plugin.log").exists() else ""
-report = {"plugin_runner_lines": log.count("PPCudaGraphModelRunner on pipeline stage 0 of 1"),
+report = {"plugin_runner_lines": log.count("PPCudaGraphModelRunner on pipeline stage"),
+          "stand_aside_lines": log.count("vllm-pp-cudagraph stands aside for this engine"),
           "stock_runner_lines": (res / "pp1-stock.log").read_text().count("PPCudaGraphModelRunner")
           if (res / "pp1-stock.log").exists() else None, "modes": {}}
-ok = len(runs) == 2 and report["plugin_runner_lines"] >= 2 and report["stock_runner_lines"] == 0
+ok = (len(runs) == 2 and report["plugin_runner_lines"] == 0
+      and report["stand_aside_lines"] >= 2 and report["stock_runner_lines"] == 0)
 for mode in ("full_and_piecewise", "piecewise"):
     s, p = (runs.get(r, {}).get(mode, {}) for r in ("stock", "plugin"))
     agree = bool(s.get("ok") and p.get("ok")) and s["tokens"] == p["tokens"]

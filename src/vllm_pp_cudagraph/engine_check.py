@@ -133,8 +133,9 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
     layout = (f"PP={parallel.pipeline_parallel_size} x TP={parallel.tensor_parallel_size}")
     if len(problems) == len(classes):
         reason = support.stand_aside_reason(vllm_config) or "no worker runs its runner"
-        logger.warning("vllm-pp-cudagraph stands aside for this engine (%s): %s; it runs "
-                       "as stock vLLM.", layout, reason)
+        say = logger.info if support.no_pipeline_reason(vllm_config) else logger.warning
+        say("vllm-pp-cudagraph stands aside for this engine (%s): %s; it runs as stock "
+            "vLLM.", layout, reason)
         return
     if problems:
         logger.warning("vllm-pp-cudagraph runs on %d of %d workers (%s); without it: %s",

@@ -90,6 +90,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         """
         if vllm_config is None:
             return super().__new__(cls)
+        if reason := support.no_pipeline_reason(vllm_config):
+            logger.info("vllm-pp-cudagraph stands aside for this engine: %s; the worker "
+                        "runs vLLM's own runner.", reason)
+            return GPUModelRunner(vllm_config, *args, **kwargs)
         allow = PPCudaGraphSettings.from_env().allow_unproven
         if reason := support.stand_aside_reason(vllm_config, allow):
             logger.warning("vllm-pp-cudagraph stands aside for this engine: %s; the worker "

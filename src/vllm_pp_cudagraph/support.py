@@ -85,11 +85,22 @@ def gpu_evidence(vllm_version: str) -> str:
                             "never run on a GPU with the plugin (CPU suite only)")
 
 
+def no_pipeline_reason(vllm_config: Any) -> str | None:
+    """Why the plugin has nothing to do for an engine without a pipeline, or None."""
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        return None
+    return "no pipeline (PP=1): the plugin only changes pipeline-parallel engines"
+
+
 def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
     """Why the plugin leaves this engine to stock vLLM, or None where it runs.
 
-    ``allow_unproven`` (``VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN``) runs it regardless.
+    Without a pipeline (PP=1) there is nothing for it to do, whatever the settings.
+    ``allow_unproven`` (``VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN``) runs it regardless of
+    what is unproven.
     """
+    if (reason := no_pipeline_reason(vllm_config)) is not None:
+        return reason
     if allow_unproven:
         return None
     speculative = getattr(vllm_config, "speculative_config", None)

@@ -604,11 +604,15 @@ ENGINE_LOG = """\
 def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compiles():
     assert log_findings(ENGINE_LOG) == {
         "plugin_stages": 2,
+        "stand_aside_lines": 0,
         "direct_handoff_stages": 1,
         "cadence_choices": ["merge"],
         "jit_compiles": ["kernel_unified_attention", "_post_update_kernel"],
         "attention_backend_used": "FLASH_ATTN",
     }
+    aside = ("(Worker pid=9) INFO [model_runner.py:95] vllm-pp-cudagraph stands aside for this "
+             "engine: no pipeline (PP=1): the plugin only changes pipeline-parallel engines")
+    assert log_findings(aside)["stand_aside_lines"] == 1
     assert log_findings("")["jit_compiles"] == []
     assert log_findings("")["attention_backend_used"] is None
     asked = "(Worker_PP0 pid=1) INFO [cuda.py:422] Using AttentionBackendEnum.TRITON_ATTN backend."
@@ -812,3 +816,10 @@ def test_an_invocation_cut_short_leaves_every_finished_runs_numbers(tmp_path, mo
     assert _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t2") == 1
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["complete"] is True and len(result["runs"]) == 3
+
+
+def test_at_pp1_a_plugin_run_without_the_plugins_runner_is_expected():
+    """The plugin stands aside without a pipeline; at PP=2 the same run is flagged."""
+    run = report("plugin", "eager", plugin_stages=0)
+    assert bench.plugin_not_loaded(argparse.Namespace(pp=1), [run]) == []
+    assert bench.plugin_not_loaded(argparse.Namespace(pp=2), [run]) == [run]

@@ -29,13 +29,17 @@ def console_of(proc: subprocess.CompletedProcess) -> str:
 
 
 def assert_served(runs: list[dict], ranks: int, console: str) -> None:
-    """Every run served; plugin runs on all ``ranks`` workers, stock runs on none."""
+    """Every run served; plugin runs on all ``ranks`` workers (at PP=1: none, each worker
+    saying the plugin stands aside), stock runs on none."""
     assert runs, console
     for run in runs:
         name = f"{run['spec']['runner']}:{run['spec']['mode']}"
         assert run.get("digest"), f"{name} failed to serve ({run.get('error_tail', '')[-800:]})"
         if run["spec"]["runner"] == "stock":
             assert run.get("plugin_stages", 0) == 0, f"{name} ran with the plugin loaded"
+        elif run["spec"]["pp"] == 1:
+            assert run["plugin_stages"] == 0 and run["stand_aside_lines"] >= ranks, (
+                f"{name}: at PP=1 the plugin must stand aside on every worker")
         else:
             assert run["plugin_stages"] == ranks, (
                 f"{name}: the plugin's runner on {run['plugin_stages']} of {ranks} workers")

@@ -188,3 +188,16 @@ def test_a_hand_set_split_is_built_alike_by_every_worker(auto_partition, monkeyp
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
     rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
     check_workers(auto_partition, rpc, DecodeCadence.BALANCE, LayerPartition.AUTO)
+
+
+def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path, monkeypatch,
+                                                                         caplog):
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=1).vllm_config
+    monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
+    rpc, _ = rpc_answering([STOCK])
+    with caplog.at_level("INFO", logger="vllm.pp_cudagraph.engine_check"):
+        check_workers(config, rpc, AUTO, LayerPartition.AUTO)
+    (record,) = [r for r in caplog.records if "stands aside for this engine" in r.getMessage()]
+    assert record.levelname == "INFO" and "no pipeline (PP=1)" in record.getMessage()

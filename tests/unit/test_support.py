@@ -14,9 +14,10 @@ from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
 
 
 class Config:
-    """The two fields of a VllmConfig the table reads."""
+    """The fields of a VllmConfig the table reads."""
 
-    def __init__(self, method=None, connector=None):
+    def __init__(self, method=None, connector=None, pp=2):
+        self.parallel_config = type("Parallel", (), {"pipeline_parallel_size": pp})()
         self.speculative_config = type("Spec", (), {"method": method})() if method else None
         self.kv_transfer_config = (type("KV", (), {"kv_connector": connector})()
                                    if connector else None)
@@ -74,6 +75,14 @@ def test_the_runner_builds_vllms_own_where_it_stands_aside(monkeypatch):
     config = Config(connector="SharedStorageConnector")
     runner = PPCudaGraphModelRunner(config, torch.device("cpu"))
     assert type(runner) is model_runner.GPUModelRunner and built == [(config, torch.device("cpu"))]
+
+
+def test_without_a_pipeline_the_plugin_stands_aside_whatever_the_settings(monkeypatch):
+    reason = support.stand_aside_reason(Config(pp=1), allow_unproven=True)
+    assert reason and "PP=1" in reason
+    monkeypatch.setattr(model_runner.GPUModelRunner, "__init__", lambda *a: None)
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
+    assert type(PPCudaGraphModelRunner(Config(pp=1), "cpu")) is model_runner.GPUModelRunner
 
 
 def test_the_opt_in_keeps_the_plugins_runner(monkeypatch):

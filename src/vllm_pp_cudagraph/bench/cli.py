@@ -783,8 +783,9 @@ def run_one(args: argparse.Namespace, spec: RunSpec, model: str | None, log_path
 
 def plugin_not_loaded(args: argparse.Namespace,
                       reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plugin runs that logged the plugin's runner on fewer than --pp stages: stock runs."""
-    return [r for r in reports if r["spec"]["runner"].startswith("plugin")
+    """Plugin runs that logged the plugin's runner on fewer than --pp stages: stock runs.
+    None at PP=1, where the plugin stands aside by design."""
+    return [r for r in reports if r["spec"]["runner"].startswith("plugin") and args.pp > 1
             and r.get("plugin_stages", args.pp) < args.pp]
 
 

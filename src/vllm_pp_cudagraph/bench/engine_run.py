@@ -464,10 +464,15 @@ def attention_backend_used(log: str) -> str | None:
     return ", ".join(names) or None
 
 
+#: The line each worker logs where the plugin leaves the engine to vLLM's own runner.
+STAND_ASIDE_LINE = "vllm-pp-cudagraph stands aside for this engine"
+
+
 def log_findings(log: str) -> dict[str, Any]:
     """What a run's log says beyond its numbers."""
     return {
         "plugin_stages": plugin_stages(log),
+        "stand_aside_lines": log.count(STAND_ASIDE_LINE),
         "direct_handoff_stages": log.count(DIRECT_HANDOFF_LINE),
         "cadence_choices": cadence_choices(log),
         "jit_compiles": serving_jit_compiles(log),
