@@ -350,10 +350,12 @@ for name in ("smoke/smoke.json", "smoke-default-sampler/smoke.json", "pp1-stock/
                   f"env={smoke['env']} {run.get('error', '')[:300]}")
 if (res / "runner-pp1.json").exists():
     print("runner-pp1:", (res / "runner-pp1.json").read_text().replace("\n", ""))
-for path in sorted([*res.glob("*/bench.json"), *res.glob("scoreboard-*/*/bench.json")]):
+for path in sorted([*res.glob("*/bench.json"), *res.glob("scoreboard-*/*/bench.json"),
+                    *res.glob("gpu-tests/**/bench.json")]):
     for run in json.loads(path.read_text())["runs"]:
         spec = run["spec"]
-        keys = ("concurrency", "plugin_stages", "direct_handoff_stages", "tokens_agree",
+        keys = ("concurrency", "plugin_stages", "direct_handoff_stages", "tokens_verdict",
+                "tokens_agree",
                 "tokens_reference", "requests_differ", "repeats_itself", "req_per_s",
                 "tpot_mean_ms", "tpot_p50_ms", "init_s", "capture_s", "returncode")
         row = " ".join(f"{k}={run[k]}" for k in keys if k in run)
