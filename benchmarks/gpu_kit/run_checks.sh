@@ -10,6 +10,10 @@
 #
 # Steps, in this order whatever order they are named in (default: smoke batch):
 #   smoke        one GPU, PP=1, eager, stock vLLM: does an engine start (smoke.py)
+#   engine-pp1   one GPU, PP=1, Qwen3-4B shape (dummy weights), vLLM's attention choice,
+#                --workload engine 256 x 256, 3 timed passes: stock, the plugin enabled,
+#                the plugin again, stock again (both orders in one invocation); the
+#                plugin must stand aside, so each pair should be level
 #   runner-pp1   one GPU, PP=1, random weights: stock then the plugin enabled, each in
 #                FULL_AND_PIECEWISE and PIECEWISE (smoke.py); greedy tokens compared
 #                per mode, and the plugin must stand aside (its line counted, its
@@ -100,7 +104,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests"
+STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -199,6 +203,12 @@ serve_cell() {
     --out "$RES/serve-$1" --modes plugin:$FAP,stock:$FAP,v1:$FAP
 }
 
+step_engine-pp1() {
+  CUDA_VISIBLE_DEVICES=0 python3 -m vllm_pp_cudagraph.bench --pp 1 --workload engine \
+    --model qwen3-4b --weights dummy --prompts 256 --input-len 64 --output-len 256 \
+    --max-num-seqs 256 --repeat 3 --timeout 600 --deadline 1500 --out "$RES/engine-pp1" \
+    --modes stock:$FAP,plugin:$FAP,plugin:$FAP,stock:$FAP
+}
 step_engine-0.6b() { engine_cell qwen3-0.6b 128 2 512 128 600; }
 step_engine-32b() { engine_cell qwen3-32b 256 64 256 256 900; }
 step_engine-70b() { engine_cell llama-3.1-70b 256 64 256 256 1200; }
