@@ -632,13 +632,14 @@ def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
 
 def gpu_shortage(pp: int, tp: int, gpus: int) -> str:
     """Why ``--pp pp --tp tp`` cannot run on ``gpus`` GPUs, with only advice the bench accepts."""
-    advice = f"Run it on a host with at least {pp * tp} NVIDIA GPUs"
+    need = f"{pp * tp} NVIDIA GPU" + ("s" if pp * tp > 1 else "")
+    advice = f"Run it on a host with at least {need}"
     if gpus // tp >= MIN_PP:
         advice += f", or with --pp {gpus // tp}" + (" or fewer" if gpus // tp > MIN_PP else "")
     elif tp > 1 and gpus // pp >= 1:
         advice += f", or with --tp {gpus // pp}" + (" or fewer" if gpus // pp > 1 else "")
     asked, per_stage = (f"--pp {pp}", "one") if tp == 1 else (f"--pp {pp} --tp {tp}", str(tp))
-    return (f"{asked} needs {pp * tp} NVIDIA GPUs ({per_stage} per pipeline stage) but {gpus} "
+    return (f"{asked} needs {need} ({per_stage} per pipeline stage) but {gpus} "
             f"{'is' if gpus == 1 else 'are'} visible. {advice}")
 
 
