@@ -27,7 +27,8 @@ TOP_LOGPROBS = 3
 #: at a first divergence for the two to count as a near tie. Stock's own served
 #: tokens lie up to 0.047 below the top choice on the bench's random-weight shape
 #: (three bfloat16 steps of its logits); a token of another request lies 1.4 or
-#: more below it.
+#: more below it. A real checkpoint's larger logits round in larger steps: the bench
+#: takes another bound (``--near-tie-nats``), and stock's control says if it is too tight.
 NEAR_TIE_NATS = 0.1
 
 
