@@ -136,3 +136,31 @@ def test_under_ray_the_local_cluster_counts_a_gpu_per_stage():
     result = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert result["calls"][0] == {"kwargs": {"num_gpus": 2}, "visible": None}
     assert result["visible_after"] == "0"
+
+
+TP_PROBE = r"""
+import json, os
+from vllm.engine.arg_utils import EngineArgs
+tp = EngineArgs(model="m", pipeline_parallel_size=2, tensor_parallel_size=2)
+pp = EngineArgs(model="m", pipeline_parallel_size=2)
+print("RESULT" + json.dumps({
+    "tp": [tp.disable_custom_all_reduce, tp.compilation_config.pass_config.fuse_allreduce_rms],
+    "pp": [pp.disable_custom_all_reduce, pp.compilation_config.pass_config.fuse_allreduce_rms],
+    "env": [os.environ.get(n) for n in ("VLLM_ALLREDUCE_USE_FLASHINFER",
+                                        "VLLM_ALLREDUCE_USE_SYMM_MEM")],
+}))
+"""
+
+
+@pytest.mark.skipif(not _has_local_gpu_index(), reason="this vLLM predates get_local_gpu_index")
+def test_under_tp_all_reduce_is_left_to_nccl():
+    """Custom, FlashInfer and symmetric-memory all-reduce and the fused all-reduce +
+    RMSNorm set up CUDA IPC between the TP ranks' GPUs; with every rank on one GPU that
+    stalled an engine's start-up for minutes and then killed it."""
+    proc = _run(TP_PROBE, KIT_SHARED_GPU_STAGES="4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert result["tp"] == [True, False]
+    assert result["pp"][0] is False  # without TP, vLLM's own choice stays
+    assert result["env"] == ["0", "0"]
+    assert "all-reduce by NCCL alone" in proc.stderr
