@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _refusal import assert_refused
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.layer_partition import Memory, decide
@@ -85,9 +86,4 @@ def test_a_stage_of_a_given_layer_count_or_model_directory(tmp_path):
     ([], "one of the arguments --shape --model is required"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv, named):
-    out = tmp_path / "out"
-    with pytest.raises(SystemExit) as exit_:
-        main(["--out", str(out), *argv])
-    assert exit_.value.code == 2
-    assert named in capsys.readouterr().err
-    assert not out.exists()
+    assert_refused(main, tmp_path / "out", capsys, argv, named)

@@ -4,6 +4,7 @@ and arguments it refuses before starting an engine."""
 from __future__ import annotations
 
 import pytest
+from _refusal import assert_refused
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.bench.trace_analysis import Step
@@ -48,9 +49,4 @@ def test_each_pass_is_the_decode_run_after_its_prefill():
     (["--model", "/nonexistent"], "no config.json"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv, named):
-    out = tmp_path / "out"
-    with pytest.raises(SystemExit) as exit_:
-        main(["--out", str(out), *argv])
-    assert exit_.value.code == 2
-    assert named in capsys.readouterr().err
-    assert not out.exists()
+    assert_refused(main, tmp_path / "out", capsys, argv, named)
