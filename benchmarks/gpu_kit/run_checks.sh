@@ -75,6 +75,10 @@
 #                the Ray executor, both stages on GPU 0 (Ray installed first:
 #                ../install_ray.sh; the shim gives Ray's local cluster a GPU per stage)
 #   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
+#   shared-layouts  tests/e2e/test_layouts.py with every rank on GPU 0, in three pytest
+#                runs side by side (KIT_LAYOUT_STREAM_1..3 to choose their tests); on one
+#                H200 an engine starts in 2-8 minutes there, so the whole set takes
+#                hours: each finished engine is in its test's bench.json (summary.txt)
 #                (both: KIT_TESTS="NODE_ID ..." runs only those tests, in that order)
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95, both
 #                stages on GPU 0 (the shim fixes each stage's KV cache, so this shows the
@@ -104,7 +108,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests"
+STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -328,6 +332,31 @@ step_shared-gpu-tests() {
   shared step_gpu-tests
 }
 
+# The layout tests, every rank on GPU 0, in three pytest runs side by side (each with a
+# copy of the kit's site): an engine takes minutes to start there, so one run would take
+# hours. KIT_LAYOUT_STREAM_1..3 (pytest node ids) replace a run's tests.
+step_shared-layouts() {
+  local L=tests/e2e/test_layouts.py T B i pids=() rc=0
+  T=$L::test_layout_serves_stocks_tokens_in_every_graph_mode
+  B=$L::test_attention_backend_serves_stocks_tokens
+  local streams=(
+    "${KIT_LAYOUT_STREAM_1:-$T[pp4-8776] $T[pp4] $T[pp1]}"
+    "${KIT_LAYOUT_STREAM_2:-$T[pp3] $T[pp3-light-last] $B[FLASHINFER]}"
+    "${KIT_LAYOUT_STREAM_3:-$T[tp2xpp2] $B[TRITON_ATTN] $B[FLASH_ATTN] $T[pp4-light-last]}")
+  for i in 0 1 2; do
+    [ -d "$site-layouts-$i" ] || cp -a "$site" "$site-layouts-$i"
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site-layouts-$i" \
+      KIT_SHARED_GPU_STAGES=4 VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0} \
+      python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/gpu-tests/layouts-$i" \
+      --junitxml "$RES/layouts-$i.xml" ${streams[$i]} >"$RES/layouts-$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done
+  grep -hE '::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR)' "$RES"/layouts-*.txt
+  return $rc
+}
+
 step_shared-lora() {
   shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-lora" \
     --junitxml "$RES/shared-lora.xml" -k "lora_adapters_at_high_memory" tests
@@ -431,6 +460,7 @@ case "${1:-}" in
       exit 3
     fi
     while [ $SECONDS -lt $end ] && ! grep -qs 'CHECKS DONE' "$RES/steps.txt"; do sleep 10; done
+    summary  # the runs finished so far, a step still running included
     cat "$RES/steps.txt" 2>/dev/null
     grep -hE '^===|^\[|^    [0-9.]+ req/s|^    (FAILED|STOPPED)|^RESULT|^\{"mode"|TOKENS DIFFER|PLUGIN NOT LOADED|DIRECT HAND-OFF NOT ON|^[A-Za-z]*Error|smoke failed|rc=|::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR)|^=+ .*(passed|failed|error)' \
       "$RES/console.txt" 2>/dev/null | cut -c1-300 | tail -40
