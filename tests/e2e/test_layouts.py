@@ -29,7 +29,7 @@ ALL_MODES = ("full_and_piecewise", "piecewise", "full_decode_only", "eager", "br
 #: name: (pp, tp, layers per stage or None for vLLM's split, graph modes). The shape has
 #: 28 layers; the "light-last" splits leave the stage with the LM head and sampler fewer.
 LAYOUTS = {
-    # no pipeline: the plugin enabled must change nothing
+    # no pipeline: the plugin enabled stands aside on every worker
     "pp1": (1, 1, None, ("full_and_piecewise", "eager")),
     "pp3": (3, 1, None, ALL_MODES),
     "pp3-light-last": (3, 1, "10,10,8", ALL_MODES),
@@ -54,9 +54,9 @@ def modes_with_control(modes) -> str:
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_layout_serves_stocks_tokens_in_every_graph_mode(name, tmp_path, random_model):
-    """The plugin's runner on every worker of the layout, and its greedy tokens
-    stock's in every graph mode (or parting only at near ties, as stock's own
-    second engine may)."""
+    """The plugin's runner on every worker of the layout (at PP=1: vLLM's, the plugin
+    standing aside), and its greedy tokens stock's in every graph mode (or parting
+    only at near ties, as stock's own second engine may)."""
     pp, tp, partition, modes = LAYOUTS[name]
     require_gpus(pp * tp)
     extra = ["--pp", str(pp), "--tp", str(tp)]
