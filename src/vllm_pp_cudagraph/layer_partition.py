@@ -53,7 +53,7 @@ from vllm_pp_cudagraph.stage_costs import (
     TABLES,
     ModelShape,
     StageCosts,
-    _get,
+    config_value,
     num_hidden_layers,
     stage_costs,
     text_config,
@@ -150,15 +150,12 @@ class KVRoom:
         return (1 - tolerance) * self.per_layer(base)
 
 
-def kv_room(costs: StageCosts, config: Any, memory: Memory, logits_tokens: int,
-            dtype_bytes: int) -> KVRoom:
-    """:class:`KVRoom` of ``config`` (which must name ``num_key_value_heads``)."""
-    text = text_config(config)
-    heads = int(_get(text, "num_attention_heads"))
-    head_dim = int(_get(text, "head_dim", int(_get(text, "hidden_size")) // heads))
-    per_layer = 2 * int(_get(text, "num_key_value_heads")) * head_dim * dtype_bytes
-    logits = logits_tokens * int(_get(text, "vocab_size")) * LOGIT_BYTES
-    return KVRoom(memory, costs, per_layer, logits)
+def kv_room(costs: StageCosts, shape: ModelShape, memory: Memory,
+            logits_tokens: int) -> KVRoom:
+    """:class:`KVRoom` of a model of ``shape`` (from a config that names
+    ``num_key_value_heads``)."""
+    per_layer = 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
+    return KVRoom(memory, costs, per_layer, logits_tokens * shape.vocab_size * LOGIT_BYTES)
 
 
 def _most_layers(costs: StageCosts, kv: KVRoom, floor: Fraction, pp: int, budget_s: float,
@@ -315,7 +312,7 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
     memory = memory or Memory()
     reason = unmodelled_reason(config) or ("vLLM quantizes its weights (their bytes are not "
                                            "modelled)" if quantized else None)
-    if reason is None and not _get(text_config(config), "num_key_value_heads"):
+    if reason is None and not config_value(text_config(config), "num_key_value_heads"):
         reason = ("its config has no num_key_value_heads (the KV cache's bytes per token "
                   "are not known)")
     if reason is None and not memory.known:
@@ -326,7 +323,7 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
     shape = ModelShape.from_config(config, dtype_bytes)
     costs = stage_costs(shape, batch, tables)
     logits_tokens = min(batch, max_num_batched_tokens or batch)
-    kv = kv_room(costs, config, memory, logits_tokens, shape.dtype_bytes)
+    kv = kv_room(costs, shape, memory, logits_tokens)
     if kv.per_layer(base) <= 0:
         return Decision("vllm", f"auto keeps vLLM's split {_join(base)}: a stage has no room "
                         f"left for the KV cache under it ({memory.describe()})", base, costs,

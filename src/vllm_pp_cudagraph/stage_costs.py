@@ -52,7 +52,7 @@ SAMPLER_BYTES_PER_LOGIT = 8
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
+def config_value(config: Any, key: str, default: Any = None) -> Any:
     """``key`` of a Hugging Face config object or of its dict."""
     if isinstance(config, Mapping):
         value = config.get(key, default)
@@ -63,12 +63,12 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
 
 def text_config(config: Any) -> Any:
     """The language model's part of ``config`` (its ``text_config`` where it has one)."""
-    return _get(config, "text_config") or config
+    return config_value(config, "text_config") or config
 
 
 def num_hidden_layers(config: Any) -> int:
     """The decoder layers ``config`` declares (0 where it declares none)."""
-    return int(_get(text_config(config), "num_hidden_layers", 0))
+    return int(config_value(text_config(config), "num_hidden_layers", 0))
 
 
 def unmodelled_reason(config: Any) -> str | None:
@@ -79,29 +79,29 @@ def unmodelled_reason(config: Any) -> str | None:
     """
     config = text_config(config)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-        if not _get(config, key):
+        if not config_value(config, key):
             return f"its config has no {key}"
-    if _get(config, "quantization_config"):
+    if config_value(config, "quantization_config"):
         return "its weights are quantized (their bytes are not modelled)"
-    if _get(config, "kv_lora_rank"):
+    if config_value(config, "kv_lora_rank"):
         return "its attention is MLA (not modelled)"
-    if _get(config, "layers_block_type") or _get(config, "hybrid_override_pattern"):
+    if config_value(config, "layers_block_type") or config_value(config, "hybrid_override_pattern"):
         return "its layers are of several kinds (hybrid)"
-    kinds = set(_get(config, "layer_types", []) or [])
+    kinds = set(config_value(config, "layer_types", []) or [])
     if kinds - {"full_attention", "sliding_attention"}:
         return f"its layers are of several kinds ({', '.join(sorted(map(str, kinds)))})"
-    if _get(config, "mlp_only_layers") or _get(config, "first_k_dense_replace"):
+    if config_value(config, "mlp_only_layers") or config_value(config, "first_k_dense_replace"):
         return "some of its layers are dense and others MoE"
-    if _get(config, "decoder_sparse_step", 1) != 1:
+    if config_value(config, "decoder_sparse_step", 1) != 1:
         return "some of its layers are dense and others MoE (decoder_sparse_step)"
-    if not _num_experts(config) and not _get(config, "intermediate_size"):
+    if not _num_experts(config) and not config_value(config, "intermediate_size"):
         return "its config has no intermediate_size"
     return None
 
 
 def _num_experts(config: Any) -> int:
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if value := _get(config, key):
+        if value := config_value(config, key):
             return int(value)
     return 0
 
@@ -128,26 +128,26 @@ class ModelShape:
     def from_config(cls, config: Any, dtype_bytes: int | None = None) -> ModelShape:
         """Read a Hugging Face config (object or dict); ``dtype_bytes`` overrides its dtype."""
         config = text_config(config)
-        hidden, heads = int(_get(config, "hidden_size")), int(_get(config, "num_attention_heads"))
+        hidden, heads = int(config_value(config, "hidden_size")), int(config_value(config, "num_attention_heads"))
         experts = _num_experts(config)
-        expert_size = _get(config, "moe_intermediate_size") or _get(config, "intermediate_size", 0)
+        expert_size = config_value(config, "moe_intermediate_size") or config_value(config, "intermediate_size", 0)
         if dtype_bytes is None:
-            dtype = _get(config, "torch_dtype") or _get(config, "dtype") or "bfloat16"
+            dtype = config_value(config, "torch_dtype") or config_value(config, "dtype") or "bfloat16"
             dtype_bytes = _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
         return cls(
-            model_type=str(_get(config, "model_type", "unknown")),
+            model_type=str(config_value(config, "model_type", "unknown")),
             hidden_size=hidden,
-            num_layers=int(_get(config, "num_hidden_layers")),
+            num_layers=int(config_value(config, "num_hidden_layers")),
             num_heads=heads,
-            num_kv_heads=int(_get(config, "num_key_value_heads", heads)),
-            head_dim=int(_get(config, "head_dim", hidden // heads)),
-            intermediate_size=int(_get(config, "intermediate_size", 0)),
-            vocab_size=int(_get(config, "vocab_size")),
+            num_kv_heads=int(config_value(config, "num_key_value_heads", heads)),
+            head_dim=int(config_value(config, "head_dim", hidden // heads)),
+            intermediate_size=int(config_value(config, "intermediate_size", 0)),
+            vocab_size=int(config_value(config, "vocab_size")),
             dtype_bytes=dtype_bytes,
             num_experts=experts,
-            experts_per_token=int(_get(config, "num_experts_per_tok", 0)) if experts else 0,
+            experts_per_token=int(config_value(config, "num_experts_per_tok", 0)) if experts else 0,
             expert_intermediate_size=int(expert_size) if experts else 0,
-            shared_expert_intermediate_size=int(_get(config, "shared_expert_intermediate_size", 0)),
+            shared_expert_intermediate_size=int(config_value(config, "shared_expert_intermediate_size", 0)),
         )
 
     def signature(self) -> str:
