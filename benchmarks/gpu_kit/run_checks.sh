@@ -346,10 +346,10 @@ step_shared-layouts() {
   for i in 0 1 2; do
     [ -d "$site-layouts-$i" ] || cp -a "$site" "$site-layouts-$i"
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site-layouts-$i" \
-      KIT_SHARED_GPU_STAGES=4 VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0} \
-      python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/gpu-tests/layouts-$i" \
-      --junitxml "$RES/layouts-$i.xml" ${streams[$i]} >"$RES/layouts-$i.txt" 2>&1 &
+    (site="$site-layouts-$i" KIT_SHARED_GPU_STAGES=4 \
+      shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider \
+      --basetemp "$RES/gpu-tests/layouts-$i" --junitxml "$RES/layouts-$i.xml" ${streams[$i]} \
+      >"$RES/layouts-$i.txt" 2>&1) &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; done

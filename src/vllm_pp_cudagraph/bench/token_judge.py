@@ -78,7 +78,7 @@ class Divergence:
 
 
 def _margin(position: dict[int, float], other: int | None) -> float | None:
-    if other is None or other not in position or not position:
+    if other not in position:  # None (a run that stopped), or beyond the recorded top k
         return None
     return round(max(position.values()) - position[other], 6)
 
