@@ -166,9 +166,11 @@ def _validate_vllm_environ() -> None:
         envs.validate_environ(True)
 
 
-def test_the_plugins_settings_are_no_unknown_vllm_variables(clean_env):
-    clean_env.setenv("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "merge")
-    with pytest.raises(ValueError, match="VLLM_PP_CUDAGRAPH_DECODE_CADENCE"):
+@pytest.mark.parametrize("name, value", [("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "merge"),
+                                         ("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")])
+def test_the_plugins_settings_are_no_unknown_vllm_variables(name, value, clean_env):
+    clean_env.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
         _validate_vllm_environ()  # stock vLLM refuses a VLLM_* name it does not know
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     plugin.register()
@@ -176,21 +178,8 @@ def test_the_plugins_settings_are_no_unknown_vllm_variables(clean_env):
         _validate_vllm_environ()
         from vllm import envs
 
-        assert envs.environment_variables["VLLM_PP_CUDAGRAPH_DECODE_CADENCE"]() == "merge"
+        assert envs.environment_variables[name]() == value
     finally:
         patches.undo_all()
-    with pytest.raises(ValueError, match="VLLM_PP_CUDAGRAPH_DECODE_CADENCE"):
+    with pytest.raises(ValueError, match=name):
         _validate_vllm_environ()  # undo leaves vLLM's table as it was
-
-
-def test_the_layer_partition_setting_is_declared_to_vllm_too(clean_env):
-    clean_env.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
-    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
-    plugin.register()
-    try:
-        _validate_vllm_environ()
-        from vllm import envs
-
-        assert envs.environment_variables["VLLM_PP_CUDAGRAPH_LAYER_PARTITION"]() == "auto"
-    finally:
-        patches.undo_all()
