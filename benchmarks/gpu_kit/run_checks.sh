@@ -334,7 +334,8 @@ step_shared-gpu-tests() {
 
 # The layout tests, every rank on GPU 0, in three pytest runs side by side (each with a
 # copy of the kit's site): an engine takes minutes to start there, so one run would take
-# hours. KIT_LAYOUT_STREAM_1..3 (pytest node ids) replace a run's tests.
+# hours. KIT_LAYOUT_STREAM_1..3 (pytest node ids) replace a run's tests; a fourth run
+# takes KIT_LAYOUT_STREAM_4 where set.
 step_shared-layouts() {
   local L=tests/e2e/test_layouts.py T B i pids=() rc=0
   T=$L::test_layout_serves_stocks_tokens_in_every_graph_mode
@@ -342,8 +343,11 @@ step_shared-layouts() {
   local streams=(
     "${KIT_LAYOUT_STREAM_1:-$T[pp4-8776] $T[pp4] $T[pp1]}"
     "${KIT_LAYOUT_STREAM_2:-$T[pp3] $T[pp3-light-last] $B[FLASHINFER]}"
-    "${KIT_LAYOUT_STREAM_3:-$T[tp2xpp2] $B[TRITON_ATTN] $B[FLASH_ATTN] $T[pp4-light-last]}")
-  for i in 0 1 2; do
+    "${KIT_LAYOUT_STREAM_3:-$T[tp2xpp2] $B[TRITON_ATTN] $B[FLASH_ATTN] $T[pp4-light-last]}"
+    "${KIT_LAYOUT_STREAM_4:-}")
+  mkdir -p "$RES/gpu-tests"  # pytest makes --basetemp but not its parent
+  for i in 0 1 2 3; do
+    [ -n "${streams[$i]}" ] || continue
     [ -d "$site-layouts-$i" ] || cp -a "$site" "$site-layouts-$i"
     # shellcheck disable=SC2086
     (site="$site-layouts-$i" KIT_SHARED_GPU_STAGES=4 \

@@ -70,6 +70,10 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 LOGIT_BYTES = 4
 GIB = 2**30
 
+#: How stage 0's line of the partition an engine uses begins (:meth:`Decision.log_line`;
+#: the bench reads it, ``bench/engine_run.layer_partition_used``).
+LOG_PREFIX = "Layer partition "
+
 #: The value this process set in ``VLLM_PP_LAYER_PARTITION`` (not a hand-set one).
 _set_here: str | None = None
 
@@ -226,7 +230,9 @@ class Decision:
 
     @property
     def noteworthy(self) -> bool:
-        """Whether it says more than that vLLM's split applies by default."""
+        """Whether it says more than that vLLM's split applies by default: always under
+        ``auto`` at PP > 1 (its decisions all name the split, kept or not) and where a
+        split is set by hand."""
         return self.source != "vllm" or self.vllm_layers is not None
 
     @property
@@ -240,6 +246,13 @@ class Decision:
 
     def slowest_ms(self, layers: tuple[int, ...]) -> float:
         return max(self.stage_ms(layers))
+
+    def log_line(self) -> str:
+        """The one line stage 0 logs (``model_runner``): :data:`LOG_PREFIX`, the split the
+        engine uses and its stage count where known, then :meth:`describe`'s lines, e.g.
+        ``Layer partition 10,10,8 over 3 stages; auto picks 10,10,8 for PP=3 ...``."""
+        used = f"{_join(self.layers)} over {len(self.layers)} stages; " if self.layers else ""
+        return LOG_PREFIX + used + "; ".join(self.describe())
 
     def describe(self) -> list[str]:
         """Lines that say which partition, why, and (costed) what each stage is predicted

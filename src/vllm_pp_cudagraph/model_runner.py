@@ -94,6 +94,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             logger.info("vllm-pp-cudagraph stands aside for this engine: %s; the worker "
                         "runs vLLM's own runner.", reason)
             return GPUModelRunner(vllm_config, *args, **kwargs)
+        if failure := support.known_failure(vllm_config):
+            raise support.KnownStockFailureError(f"vllm-pp-cudagraph refuses this engine: "
+                                                 f"{failure}.")
         allow = PPCudaGraphSettings.from_env().allow_unproven
         if reason := support.stand_aside_reason(vllm_config, allow):
             logger.warning("vllm-pp-cudagraph stands aside for this engine: %s; the worker "
@@ -149,10 +152,12 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def _choose_layer_partition(self) -> None:
         """Hand vLLM the layer partition of VLLM_PP_CUDAGRAPH_LAYER_PARTITION before the
-        model is built; every stage decides alike from the same config (layer_partition.py)."""
+        model is built; every stage decides alike from the same config (layer_partition.py).
+        Stage 0 logs one line naming the split used (``Decision.log_line``) under ``auto``
+        and for a hand-set split; with the default and nothing set by hand, none."""
         decision = layer_partition.apply_in_worker(self.vllm_config)
         if decision.noteworthy and self.pp_stage == 0 and get_tp_group().rank_in_group == 0:
-            logger.info("Layer partition %s", "; ".join(decision.describe()))
+            logger.info("%s", decision.log_line())
 
     def _check_stage_handoffs(self, produced: Schema | None = None) -> None:
         """All stages compare what they send with what the next stage expects.

@@ -57,9 +57,21 @@ PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
 #: KV connectors proven with the plugin (none has run on a GPU with it yet).
 PROVEN_CONNECTORS: dict[str, Proven] = {}
 
+#: Releases where stock vLLM itself fails speculative decoding under PP with async
+#: scheduling off, and how: the plugin refuses such an engine at start rather than let
+#: it die on its first step.
+SPECULATIVE_SYNC_PP_FAILS: dict[str, str] = {
+    "0.33": "stock vLLM 0.33.0 fails on its first step (an assertion in the first "
+            "stage's prepare_inputs, then a 5-minute RPC timeout), ngram and EAGLE3 alike",
+}
+
+
+class KnownStockFailureError(ValueError):
+    """An engine stock vLLM is known to fail on this release, refused at start."""
+
 
 @functools.cache
-def _release_line() -> str | None:
+def release_line() -> str | None:
     """The installed vLLM's ``major.minor``, as the table keys releases."""
     return _major_minor(compat.installed_versions().vllm)
 
@@ -71,7 +83,7 @@ def _major_minor(version: str | None) -> str | None:
 
 def _unproven(kind: str, name: str, table: dict[str, Proven]) -> str | None:
     proven = table.get(name)
-    here = _release_line()
+    here = release_line()
     if proven is not None and here in proven.releases:
         return None
     where = (f"proven on vLLM {', '.join(proven.releases)} only, not {here}"
@@ -90,6 +102,20 @@ def no_pipeline_reason(vllm_config: Any) -> str | None:
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         return None
     return "no pipeline (PP=1): the plugin only changes pipeline-parallel engines"
+
+
+def known_failure(vllm_config: Any) -> str | None:
+    """Why stock vLLM of this release fails this engine, with what to change, or None."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    if (vllm_config.parallel_config.pipeline_parallel_size < 2 or speculative is None
+            or getattr(scheduler, "async_scheduling", None) is not False):
+        return None
+    if (how := SPECULATIVE_SYNC_PP_FAILS.get(release_line())) is None:
+        return None
+    return (f"speculative decoding under pipeline parallelism with async scheduling off: "
+            f"{how}. Turn async scheduling back on (drop --no-async-scheduling / "
+            "async_scheduling=False), or serve without speculative_config")
 
 
 def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
@@ -116,7 +142,7 @@ def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | 
 
 def table_lines() -> list[str]:
     """One line per proven layout and feature, and what stands aside, for ``check``."""
-    here = _release_line()
+    here = release_line()
     layouts = PROVEN_LAYOUTS.get(here, ())
     lines = [f"layout: {layout}" for layout in layouts] or [
         f"layout: none run on a GPU with the plugin on vLLM {here}"]
@@ -128,6 +154,10 @@ def table_lines() -> list[str]:
     lines.append("CUDA-graph capture failing on any rank: every stage runs eagerly, and each "
                  "logs which stage (and TP rank) failed and why. "
                  f"{CAPTURE_FAILED_ADVICE}")
+    for release, how in SPECULATIVE_SYNC_PP_FAILS.items():
+        state = "refused at start here" if release == here else "not refused here"
+        lines.append(f"speculative decoding under PP with async scheduling off: {state} "
+                     f"(vLLM {release}: {how})")
     for kind, table in (("speculative method", PROVEN_SPECULATIVE),
                         ("KV connector", PROVEN_CONNECTORS)):
         for name, proven in table.items():

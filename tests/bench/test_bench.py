@@ -553,6 +553,43 @@ def test_a_layout_reaches_the_engine_the_server_and_the_environment(monkeypatch)
     assert parse_serve_args(serve_command(plain, "/m", 8000)[4:]).async_scheduling is None
 
 
+@pytest.mark.parametrize("mode", ["full_and_piecewise", "piecewise", "eager"])
+def test_deterministic_compile_and_max_model_len_reach_the_engine_and_the_server(
+        mode, monkeypatch):
+    """``--deterministic-compile`` asks Inductor not to time kernels (a vLLM setting and
+    the environment its workers inherit), keeping the mode's graph settings;
+    ``--max-model-len`` is vLLM's. Neither is set unless asked, whatever the shell says."""
+    import vllm.platforms
+    from _serve_parser import parse_serve_args
+
+    from vllm_pp_cudagraph.bench.engine_run import MODES, engine_env, engine_kwargs
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
+    args = bench.build_parser().parse_args(["--deterministic-compile", "--max-model-len",
+                                            "4096", "--modes", f"plugin:{mode}"])
+    spec = bench.run_spec(args, "plugin", mode, None, "qwen3-0.6b", None, "x")
+    kwargs = engine_kwargs(spec, "/m")
+    served = parse_serve_args(serve_command(spec, "/m", 8000)[4:])
+    assert kwargs["max_model_len"] == served.max_model_len == 4096
+    assert engine_env(spec)["TORCHINDUCTOR_DETERMINISTIC"] == "1"
+    graphs = MODES[mode][0].get("compilation_config", {})
+    if MODES[mode][0].get("enforce_eager"):
+        assert "compilation_config" not in kwargs and served.enforce_eager
+    else:
+        assert kwargs["compilation_config"] == {
+            **graphs, "inductor_compile_config": {"deterministic": True}}
+        assert served.compilation_config.inductor_compile_config["deterministic"] is True
+        assert served.compilation_config.cudagraph_mode.name == graphs["cudagraph_mode"]
+    monkeypatch.setenv("TORCHINDUCTOR_DETERMINISTIC", "1")
+    plain = bench.run_spec(bench.build_parser().parse_args([]), "plugin", mode, None,
+                           "qwen3-0.6b", None, "x")
+    assert "TORCHINDUCTOR_DETERMINISTIC" not in engine_env(plain)
+    assert "max_model_len" not in engine_kwargs(plain, "/m")
+    assert engine_kwargs(plain, "/m").get("compilation_config") == MODES[mode][0].get(
+        "compilation_config")
+
+
 def test_speculative_acceptance_is_summed_over_engines_from_vllms_counters():
     from vllm.v1.metrics.reader import Counter, Gauge, Vector
 
@@ -609,6 +646,7 @@ def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compil
         "cadence_choices": ["merge"],
         "jit_compiles": ["kernel_unified_attention", "_post_update_kernel"],
         "attention_backend_used": "FLASH_ATTN",
+        "layer_partition_used": None,
     }
     aside = ("(Worker pid=9) INFO [model_runner.py:95] vllm-pp-cudagraph stands aside for this "
              "engine: no pipeline (PP=1): the plugin only changes pipeline-parallel engines")
@@ -617,6 +655,67 @@ def test_a_runs_log_tells_its_plugin_stages_hand_offs_cadence_choices_and_compil
     assert log_findings("")["attention_backend_used"] is None
     asked = "(Worker_PP0 pid=1) INFO [cuda.py:422] Using AttentionBackendEnum.TRITON_ATTN backend."
     assert log_findings(asked)["attention_backend_used"] == "TRITON_ATTN"
+
+
+#: Stage 0's line of the split its engine used (layer_partition.Decision.log_line).
+AUTO_PICKS = ("(Worker_PP0 pid=7) INFO 11-26 10:02:11 [model_runner.py:157] Layer partition "
+              "10,10,8 over 3 stages; auto picks 10,10,8 for PP=3 at batch 128 (vLLM's split: "
+              "9,10,9); stage 0: layers 0-9 (10), predicted 0.41 ms per step, weights 0.52 GiB")
+AUTO_KEEPS = ("(Worker_PP0 pid=7) INFO 11-26 10:02:11 [model_runner.py:157] Layer partition "
+              "14,14 over 2 stages; auto keeps vLLM's split 14,14 for PP=2 at batch 128: no "
+              "other split that keeps the KV cache within 1% of its capacity under it is "
+              "predicted faster; stage 0: layers 0-13 (14), predicted 0.52 ms per step")
+HAND_SET = ("(Worker_PP0 pid=7) INFO [model_runner.py:157] Layer partition 20,8 over 2 "
+            "stages; set by hand: VLLM_PP_LAYER_PARTITION=20,8")
+
+
+@pytest.mark.parametrize("log, used", [
+    (AUTO_PICKS, [10, 10, 8]),
+    (AUTO_KEEPS, [14, 14]),  # auto's line names the split where it keeps vLLM's too
+    (HAND_SET, [20, 8]),
+    (ENGINE_LOG, None),  # the plugin's default setting logs no partition
+    (AUTO_KEEPS + "\n" + AUTO_PICKS, [10, 10, 8]),  # the last engine's
+    # before the split led the line; a count that is not the stages'
+    ("INFO Layer partition auto picks 10,10,8 for PP=3 at batch 128", None),
+    ("INFO Layer partition 10,10 over 3 stages; auto picks", None),
+])
+def test_a_runs_log_tells_the_layer_partition_its_engine_used(log, used):
+    from vllm_pp_cudagraph.bench.engine_run import layer_partition_used
+
+    assert layer_partition_used(log) == used
+    assert log_findings(log)["layer_partition_used"] == used
+
+
+def test_the_auto_split_runner_is_the_plugins_defaults_with_auto_layer_partition(monkeypatch):
+    from vllm_pp_cudagraph.bench.engine_run import RUNNERS, engine_env, runner_cadence
+    from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings
+
+    settings = PPCudaGraphSettings.from_env(RUNNERS["plugin-auto-split"])
+    assert settings.layer_partition is LayerPartition.AUTO
+    assert settings.model_copy(update={"layer_partition": LayerPartition.VLLM}) == (
+        PPCudaGraphSettings.from_env({}))
+    assert runner_cadence("plugin-auto-split") == "auto"
+    # neither this shell's plugin settings nor its split reach the engine: auto decides
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "vllm")
+    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
+    env = engine_env(RunSpec("plugin-auto-split", "full_and_piecewise", pp=3))
+    assert env["VLLM_PP_CUDAGRAPH_LAYER_PARTITION"] == "auto"
+    assert env["VLLM_PLUGINS"] == "pp_cudagraph" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert "VLLM_PP_LAYER_PARTITION" not in env
+    # a split asked for is set by hand, which wins over auto (and is logged as such)
+    asked = engine_env(RunSpec("plugin-auto-split", "eager", layer_partition=[20, 8]))
+    assert asked["VLLM_PP_LAYER_PARTITION"] == "20,8"
+
+
+def test_the_console_names_the_split_a_run_chose_beside_vllms(capsys):
+    args = argparse.Namespace(pp=3)
+    chose = report("plugin-auto-split", "full_and_piecewise", layer_partition_used=[10, 10, 8])
+    asked = {**report("plugin", "eager", layer_partition_used=[8, 10, 10]),
+             "spec": {"runner": "plugin", "mode": "eager", "layer_partition": [8, 10, 10]}}
+    bench.print_findings(args, [chose, asked, report("stock", "eager")], [])
+    assert capsys.readouterr().out.splitlines() == [
+        "layer partition: plugin-auto-split:full_and_piecewise used 10,10,8 "
+        "(vLLM's split: 9,10,9)"]
 
 
 @pytest.mark.parametrize("flags, asked", [([], None), (["--attention-backend", "auto"], None),

@@ -9,6 +9,12 @@ import sys
 from pathlib import Path
 
 
+#: Every token check compiles in Inductor's deterministic mode: engines built alike
+#: then run the same kernels instead of ones timed at start (bench --help), and a short
+#: max_model_len keeps the fixed KV cache of stages sharing one GPU enough at PP=1.
+TOKEN_CHECK_FLAGS = ("--deterministic-compile", "--max-model-len", "4096")
+
+
 def run_batch_bench(out: Path, model, modes: str, *extra: str, env: dict | None = None,
                     timeout_s: int = 3000) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """``bench --workload batch`` with ``modes`` (64 prompts x 64 tokens unless ``extra``
@@ -16,7 +22,7 @@ def run_batch_bench(out: Path, model, modes: str, *extra: str, env: dict | None 
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
          "--model", str(model), "--modes", modes, "--prompts", "64", "--output-len", "64",
-         "--repeat", "0", "--timeout", "600", "--out", str(out), *extra],
+         "--repeat", "0", "--timeout", "600", "--out", str(out), *TOKEN_CHECK_FLAGS, *extra],
         capture_output=True, text=True, timeout=timeout_s, env=env,
     )
     path = out / "bench.json"
@@ -71,3 +77,13 @@ def verdict_line(runs: list[dict]) -> str:
         + (f" ({r['divergence']['requests_differ']}/{r['divergence']['requests']}, largest "
            f"{r['divergence']['largest_margin']})" if r.get("divergence") else "")
         for r in runs)
+
+
+def judged_against(reference: dict, runs: list[dict]) -> list[dict]:
+    """The token judge's verdict (``bench/token_judge.py``) on each of ``runs``' greedy
+    tokens against ``reference``'s: for runs of separate bench invocations, which the
+    bench does not judge against each other."""
+    from vllm_pp_cudagraph.bench.token_judge import TokenRecord, judge
+
+    theirs = TokenRecord.load(reference["spec"]["tokens_file"])
+    return [judge(TokenRecord.load(run["spec"]["tokens_file"]), theirs) for run in runs]

@@ -4,9 +4,10 @@ Each check is one ``bench --workload batch`` invocation: per graph mode a stock
 engine and the plugin's (its defaults), plus a second stock engine as the control,
 with 64 requests of 64 greedy tokens queued as one batch. The plugin's tokens must
 equal stock's, or part from them only at near ties, as stock's control may
-(``bench/token_judge.py``). Skipped without a GPU per rank; on one GPU run them
-through the shared-GPU shim with ``KIT_SHARED_GPU_STAGES`` at least the ranks needed
-(benchmarks/README.md, "GPU tests").
+(``bench/token_judge.py``). The check of ``VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto``
+takes two: the plugin's, then stock's with the split the plugin logged. Skipped
+without a GPU per rank; on one GPU run them through the shared-GPU shim with
+``KIT_SHARED_GPU_STAGES`` at least the ranks needed (benchmarks/README.md, "GPU tests").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from e2e.bench_runs import (
     assert_served,
     assert_tokens_judged_equal,
     console_of,
+    judged_against,
     run_batch_bench,
     verdict_line,
 )
@@ -91,3 +93,32 @@ def test_attention_backend_serves_stocks_tokens(backend, tmp_path, random_model)
     print(f"{backend}: {verdict_line(runs)}")
     assert_tokens_judged_equal(runs)
     assert proc.returncode == 0, console
+
+
+@pytest.mark.parametrize("pp", [2, 3], ids=["pp2", "pp3"])
+def test_auto_layer_partition_serves_stocks_tokens(pp, tmp_path, random_model):
+    """With VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto (``plugin-auto-split``) the engine
+    serves on every stage with the split stage 0 logged, and its greedy tokens are those
+    of a stock engine given that split by hand (or part only at near ties, as a second
+    stock engine, the control, may from the first). The 0.6B shape has 28 layers."""
+    require_gpus(pp)
+    proc, runs = run_batch_bench(tmp_path / "auto", random_model,
+                                 "plugin-auto-split:full_and_piecewise", "--pp", str(pp))
+    assert_served(runs, pp, console_of(proc))
+    used = runs[0].get("layer_partition_used")
+    assert used and len(used) == pp and sum(used) == 28 and min(used) > 0, (
+        f"the plugin's split: {used}")
+    stock_proc, stock = run_batch_bench(
+        tmp_path / "stock", random_model, "stock:full_and_piecewise,stock:full_and_piecewise",
+        "--pp", str(pp), "--layer-partition", ",".join(map(str, used)))
+    assert_served(stock, pp, console_of(stock_proc))
+    assert [r["spec"]["layer_partition"] for r in stock] == [used, used]
+    plugin, control = judged_against(stock[0], [runs[0], stock[1]])
+    print(f"pp{pp}: auto split {used}; plugin vs stock {plugin['verdict']} "
+          f"({plugin['requests_differ']}/{plugin['requests']}), control {control['verdict']} "
+          f"({control['requests_differ']}/{control['requests']})")
+    assert control["verdict"] in ("identical", "near-ties"), (
+        f"stock differs from itself beyond a near tie: the check cannot decide ({control})")
+    assert plugin["verdict"] in ("identical", "near-ties"), plugin
+    assert proc.returncode == 0, console_of(proc)
+    assert stock_proc.returncode == 0, console_of(stock_proc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -432,3 +433,32 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
     runner.__dict__.update(use_pp=True, pp_stage=0, vllm_config=engine_config(tmp_path))
     runner.load_model()
     assert seen == ["10,10,8"]
+
+
+@pytest.mark.parametrize("pp, setting, hand, used", [
+    (3, "auto", None, [10, 10, 8]),
+    (2, "auto", None, [14, 14]),  # auto keeps vLLM's split, and says which
+    (2, "vllm", "20,8", [20, 8]),
+    (2, "vllm", None, None),  # the default: nothing to say
+])
+def test_stage_zero_logs_one_line_naming_the_split_the_bench_reads(
+        partition_env, on_h200, tmp_path, monkeypatch, caplog, pp, setting, hand, used):
+    from vllm_pp_cudagraph.bench.engine_run import layer_partition_used
+
+    partition_env.setenv(SETTING, setting)
+    if hand:
+        partition_env.setenv(VLLM_ENV, hand)
+    monkeypatch.setattr(GPUModelRunner, "load_model", lambda self, *a, **k: None)
+    monkeypatch.setattr(PPCudaGraphModelRunner, "_check_stage_handoffs", lambda self: None)
+    monkeypatch.setattr("vllm_pp_cudagraph.model_runner.get_tp_group",
+                        lambda: type("TP", (), {"rank_in_group": 0})())
+    config = engine_config(tmp_path, pp=pp)
+    for stage in range(pp):  # every stage decides; stage 0 alone logs
+        runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
+        runner.__dict__.update(use_pp=True, pp_stage=stage, vllm_config=config)
+        with caplog.at_level(logging.INFO, logger="vllm.pp_cudagraph"):
+            runner.load_model()
+    lines = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith(layer_partition.LOG_PREFIX)]
+    assert len(lines) == (0 if used is None else 1), lines
+    assert layer_partition_used("\n".join(lines)) == used

@@ -16,8 +16,9 @@ from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
 class Config:
     """The fields of a VllmConfig the table reads."""
 
-    def __init__(self, method=None, connector=None, pp=2):
+    def __init__(self, method=None, connector=None, pp=2, async_scheduling=True):
         self.parallel_config = type("Parallel", (), {"pipeline_parallel_size": pp})()
+        self.scheduler_config = type("Scheduler", (), {"async_scheduling": async_scheduling})()
         self.speculative_config = type("Spec", (), {"method": method})() if method else None
         self.kv_transfer_config = (type("KV", (), {"kv_connector": connector})()
                                    if connector else None)
@@ -75,6 +76,24 @@ def test_the_runner_builds_vllms_own_where_it_stands_aside(monkeypatch):
     config = Config(connector="SharedStorageConnector")
     runner = PPCudaGraphModelRunner(config, torch.device("cpu"))
     assert type(runner) is model_runner.GPUModelRunner and built == [(config, torch.device("cpu"))]
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_speculation_under_pp_without_async_scheduling_is_refused_where_stock_fails(
+        method, monkeypatch):
+    """Stock vLLM 0.33 dies on the first step of such an engine: the plugin's runner
+    refuses it at start, naming the setting, whatever the opt-in says."""
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
+    monkeypatch.setitem(support.SPECULATIVE_SYNC_PP_FAILS, HERE, "it fails")
+    with pytest.raises(support.KnownStockFailureError, match="async scheduling back on"):
+        PPCudaGraphModelRunner(Config(method=method, async_scheduling=False),
+                               torch.device("cpu"))
+    for fine in (Config(method=method), Config(method=method, async_scheduling=None),
+                 Config(async_scheduling=False),
+                 Config(method=method, async_scheduling=False, pp=1)):
+        assert support.known_failure(fine) is None
+    monkeypatch.delitem(support.SPECULATIVE_SYNC_PP_FAILS, HERE)
+    assert support.known_failure(Config(method=method, async_scheduling=False)) is None
 
 
 def test_without_a_pipeline_the_plugin_stands_aside_whatever_the_settings(monkeypatch):

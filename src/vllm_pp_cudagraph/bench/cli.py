@@ -42,6 +42,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, run_vllm_bench_sweep
 from vllm_pp_cudagraph.bench.token_judge import NEAR_TIE_NATS, TOP_LOGPROBS, TokenRecord, judge
+from vllm_pp_cudagraph.layer_partition import vllm_split
 
 DEFAULT_MODES = [
     f"{runner}:{mode}"
@@ -310,6 +311,8 @@ def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: floa
         speculative_config=args.speculative_config,
         kv_transfer_config=args.kv_transfer_config,
         async_scheduling=False if args.no_async_scheduling else None,
+        max_model_len=args.max_model_len,
+        deterministic_compile=args.deterministic_compile,
         prompts=args.prompts,
         input_len=args.input_len,
         output_len=args.output_len,
@@ -406,6 +409,13 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-async-scheduling", action="store_true",
         help="turn vLLM's async scheduling off for every run; unset, vLLM chooses")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="vLLM's max_model_len for every run; unset, the model's")
+    group.add_argument(
+        "--deterministic-compile", action="store_true",
+        help="compile with Inductor's deterministic mode (kernels chosen without timing "
+        "them), so engines built alike run the same kernels: token checks compare like "
+        "with like. Slower kernels: not for speed runs")
     group.add_argument("--max-num-seqs", type=int, default=128,
                        help="vLLM's max_num_seqs: requests batched at once")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.5,
@@ -429,7 +439,9 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
         help=f"comma list of RUNNER:MODE[@UTIL], RUNNER in {sorted(RUNNERS)}, MODE in "
         f"{sorted(MODES)}, UTIL a per-run --gpu-memory-utilization; runner 'tp' is stock "
         "vLLM on the same GPUs by tensor parallelism alone (tensor_parallel_size --pp x "
-        "--tp, no pipeline, no plugin)",
+        "--tp, no pipeline, no plugin); 'plugin-auto-split' is the plugin with "
+        "VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto, and bench.json's layer_partition_used the "
+        "split its engine logged (give stock the same with --layer-partition)",
     )
     group.add_argument("--prompts", type=int, default=128, help="requests per timed run")
     group.add_argument("--input-len", type=int, default=2, help="prompt length in tokens")
@@ -802,6 +814,11 @@ def print_findings(args: argparse.Namespace, reports: list[dict[str, Any]],
         if r["spec"]["runner"] == "plugin-direct" and r.get("direct_handoff_stages", 0) < args.pp:
             print(f"DIRECT HAND-OFF NOT ON: {r['spec']['mode']} logged it on "
                   f"{r.get('direct_handoff_stages', 0)} of {args.pp} stages")
+        if r.get("layer_partition_used") and not r["spec"].get("layer_partition"):
+            used = r["layer_partition_used"]
+            print(f"layer partition: {r['spec']['runner']}:{r['spec']['mode']} used "
+                  f"{','.join(map(str, used))} (vLLM's split: "
+                  f"{','.join(map(str, vllm_split(sum(used), len(used))))})")
         if r.get("jit_compiles"):
             print(f"compiled while serving: {r['spec']['runner']}:{r['spec']['mode']}: "
                   f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")

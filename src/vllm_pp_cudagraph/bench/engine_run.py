@@ -71,6 +71,9 @@ RUNNERS: dict[str, dict[str, str]] = {
     "plugin-unproven": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN": "1"},
     # The plugin handing tensors between stages without vLLM's per-step metadata.
     "plugin-direct": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF": "1"},
+    # The plugin choosing the layer partition from the stages' predicted costs
+    # (layer_partition.py); the split it used is the run's layer_partition_used.
+    "plugin-auto-split": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_LAYER_PARTITION": "auto"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
     "plugin-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     # Both: the plugin's runner and graphs with vLLM's schedule and vLLM's split.
@@ -153,6 +156,11 @@ class RunSpec:
     """vLLM's ``kv_transfer_config`` (``{"kv_connector": ...}``); None: no KV connector."""
     async_scheduling: bool | None = None
     """vLLM's ``async_scheduling``; None: vLLM's choice."""
+    max_model_len: int | None = None
+    """vLLM's ``max_model_len``; None: the model's."""
+    deterministic_compile: bool = False
+    """Inductor's deterministic mode: compiled kernels chosen without timing them, so
+    engines built alike run the same kernels (see :func:`mode_options`)."""
     logprobs: int = 0
     """Top logprobs recorded per output position (0: none)."""
     tokens_file: str | None = None
@@ -326,7 +334,7 @@ def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         "seed": 0,
         "disable_log_stats": False,  # per-request timestamps for TTFT / TPOT
-        **MODES[spec.mode][0],
+        **mode_options(spec),
     }
     if spec.attention_backend:
         kwargs["attention_backend"] = spec.attention_backend
@@ -336,7 +344,27 @@ def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
         kwargs["kv_transfer_config"] = spec.kv_transfer_config
     if spec.async_scheduling is not None:
         kwargs["async_scheduling"] = spec.async_scheduling
+    if spec.max_model_len is not None:
+        kwargs["max_model_len"] = spec.max_model_len
     return kwargs
+
+
+def mode_options(spec: RunSpec) -> dict[str, Any]:
+    """The engine options of ``spec``'s graph mode, with Inductor's deterministic mode
+    where ``spec.deterministic_compile`` asks for it.
+
+    Inductor otherwise picks some compiled kernels (reduction block sizes, vLLM's
+    combined kernels) by timing candidates on the GPU as the engine starts. Candidates
+    that sum in another order round differently, so two engines built alike can run
+    different kernels and part at near-tied greedy tokens. A mode without compilation
+    (eager) is unchanged.
+    """
+    options = dict(MODES[spec.mode][0])
+    if spec.deterministic_compile and not options.get("enforce_eager"):
+        compilation = dict(options.get("compilation_config", {}))
+        compilation["inductor_compile_config"] = {"deterministic": True}
+        options["compilation_config"] = compilation
+    return options
 
 
 #: vLLM's speculative-decoding counters, summed over engines, and what they count.
@@ -400,6 +428,9 @@ def engine_env(spec: RunSpec) -> dict[str, str]:
     env.pop("VLLM_PP_LAYER_PARTITION", None)  # the spec's split, or vLLM's: as recorded
     if spec.layer_partition:
         env["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, spec.layer_partition))
+    env.pop("TORCHINDUCTOR_DETERMINISTIC", None)
+    if spec.deterministic_compile:
+        env["TORCHINDUCTOR_DETERMINISTIC"] = "1"
     env.update(spec.extra_env)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
@@ -464,6 +495,20 @@ def attention_backend_used(log: str) -> str | None:
     return ", ".join(names) or None
 
 
+# "Layer partition 10,10,8 over 3 stages; auto picks 10,10,8 ..." (layer_partition.LOG_PREFIX,
+# Decision.log_line), logged by stage 0 under the plugin's auto setting or a hand-set split.
+_LAYER_PARTITION = re.compile(r"Layer partition (\d+(?:,\d+)*) over (\d+) stages;")
+
+
+def layer_partition_used(log: str) -> list[int] | None:
+    """Layers per stage of the split the plugin's runner logged it used (the last line
+    where there are several), or None: none logged (stock runners, or the plugin with
+    the default setting and no split set by hand)."""
+    found = [[int(n) for n in layers.split(",")] for layers, stages
+             in _LAYER_PARTITION.findall(log) if layers.count(",") + 1 == int(stages)]
+    return found[-1] if found else None
+
+
 #: The line each worker logs where the plugin leaves the engine to vLLM's own runner.
 STAND_ASIDE_LINE = "vllm-pp-cudagraph stands aside for this engine"
 
@@ -477,6 +522,7 @@ def log_findings(log: str) -> dict[str, Any]:
         "cadence_choices": cadence_choices(log),
         "jit_compiles": serving_jit_compiles(log),
         "attention_backend_used": attention_backend_used(log),
+        "layer_partition_used": layer_partition_used(log),
     }
 
 

@@ -27,6 +27,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     RunSpec,
     engine_env,
     log_findings,
+    mode_options,
     profiler_settings,
     spec_record,
     stop_process_group,
@@ -42,10 +43,12 @@ from vllm_pp_cudagraph.bench.stats import median_run, output_digest
 from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
 
 
-def mode_cli_args(mode: str) -> list[str]:
-    """``vllm serve`` flags for a graph mode (the CLI form of its engine kwargs)."""
+def mode_cli_args(mode: str | RunSpec) -> list[str]:
+    """``vllm serve`` flags for a graph mode, or a run's (the CLI form of its engine
+    kwargs: :func:`~vllm_pp_cudagraph.bench.engine_run.mode_options`)."""
     args: list[str] = []
-    for key, value in MODES[mode][0].items():
+    options = MODES[mode][0] if isinstance(mode, str) else mode_options(mode)
+    for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             args.append(flag)
@@ -78,7 +81,9 @@ def serve_command(
         cmd += ["--kv-transfer-config", json.dumps(spec.kv_transfer_config)]
     if spec.async_scheduling is False:
         cmd += ["--no-async-scheduling"]
-    return cmd + mode_cli_args(spec.mode) + list(extra_args)
+    if spec.max_model_len is not None:
+        cmd += ["--max-model-len", str(spec.max_model_len)]
+    return cmd + mode_cli_args(spec) + list(extra_args)
 
 
 def serve_and_call(

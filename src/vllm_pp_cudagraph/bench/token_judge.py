@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 #: Top logprobs each output position records for the judge.
-TOP_LOGPROBS = 3
+TOP_LOGPROBS = 8
 
 #: How far below an engine's top choice, in nats, the other engine's token may lie
 #: at a first divergence for the two to count as a near tie. Stock's own served
