@@ -30,10 +30,12 @@ class Proven:
 
 #: Speculative methods (vLLM's ``speculative_config.method``) proven with the plugin.
 PROVEN_SPECULATIVE: dict[str, Proven] = {
-    "ngram": Proven(("0.33",), "PP=2, both stages on one H200: tokens and acceptance "
-                    "equal two stock engines' (results 2026-11-24, spec-decode-layouts)"),
-    "eagle3": Proven(("0.33",), "PP=2, both stages on one H200, random one-layer draft: "
-                     "tokens and drafts equal two stock engines' (same results)"),
+    "ngram": Proven(("0.33",), "PP=2, both stages on one H200, async scheduling on: tokens "
+                    "and acceptance equal two stock engines' (results 2026-11-24, "
+                    "spec-decode-layouts)"),
+    "eagle3": Proven(("0.33",), "PP=2, both stages on one H200, async scheduling on, random "
+                     "one-layer draft: tokens and drafts equal two stock engines' (results "
+                     "2026-11-24 and 2026-11-25, shared-gpu-layouts-decided)"),
 }
 
 #: Releases the plugin has run on GPUs, and what ran; the others pass its CPU suite only.
@@ -49,13 +51,23 @@ GPU_EVIDENCE: dict[str, str] = {
 PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
     "0.26": ("PP=2, TP=1, every graph mode, TRITON_ATTN (a GPU per stage)",),
     "0.33": ("PP=2, TP=1, every graph mode, TRITON_ATTN and FLASH_ATTN (shared GPU; "
-             "FULL_AND_PIECEWISE with a GPU per stage)",
-             "PP=3, vLLM's split, FULL_AND_PIECEWISE and PIECEWISE (shared GPU)",
-             "PP=4, layers 8/7/7/6, FULL_AND_PIECEWISE and PIECEWISE (shared GPU)"),
+             "FULL_AND_PIECEWISE with a GPU per stage); FLASHINFER in FULL_AND_PIECEWISE "
+             "(shared GPU)",
+             "PP=3, vLLM's split and 10/10/8, every graph mode (shared GPU)",
+             "PP=4, 8/8/7/5 in every graph mode; vLLM's split and 8/7/7/6 in "
+             "FULL_AND_PIECEWISE and PIECEWISE (shared GPU)",
+             "TP=2 x PP=2, FULL_AND_PIECEWISE and eager (shared GPU)",
+             "VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto at PP=2 and PP=3, FULL_AND_PIECEWISE "
+             "(shared GPU)"),
 }
 
-#: KV connectors proven with the plugin (none has run on a GPU with it yet).
-PROVEN_CONNECTORS: dict[str, Proven] = {}
+#: KV connectors proven with the plugin.
+PROVEN_CONNECTORS: dict[str, Proven] = {
+    "ExampleConnector": Proven(("0.33",), "PP=2, both stages on one H200: one engine "
+                               "stored every prompt's KV cache, a second loaded it, both "
+                               "with a stock engine's tokens without the connector, or "
+                               "near ties (results 2026-11-25, shared-gpu-layouts-decided)"),
+}
 
 #: Releases where stock vLLM itself fails speculative decoding under PP with async
 #: scheduling off, and how: the plugin refuses such an engine at start rather than let
@@ -146,8 +158,9 @@ def table_lines() -> list[str]:
     layouts = PROVEN_LAYOUTS.get(here, ())
     lines = [f"layout: {layout}" for layout in layouts] or [
         f"layout: none run on a GPU with the plugin on vLLM {here}"]
-    lines.append("layout: the others run with the plugin, unproven (other graph modes at "
-                 "PP=3/4, TP x PP, FLASHINFER; docs/deployments.md)")
+    lines.append("layout: the others run with the plugin, unproven (other graph modes and "
+                 "splits at PP=4, other TP x PP shapes, a GPU per rank beyond PP=2, PP "
+                 "across nodes; docs/deployments.md)")
     lines.append("attention backend: the KV-cache write stays inside piecewise graphs with "
                  f"{', '.join(sorted(KV_UPDATE_PROVEN_BACKENDS))} (or vLLM's own choice); "
                  "another backend asked for by name keeps vLLM's split")

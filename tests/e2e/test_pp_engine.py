@@ -18,6 +18,7 @@ from e2e.bench_runs import (
     assert_served,
     assert_tokens_judged_equal,
     console_of,
+    judged_against,
     run_batch_bench,
     verdict_line,
 )
@@ -218,11 +219,9 @@ def test_a_kv_connector_stores_and_loads_with_stocks_tokens(tmp_path, random_mod
     """PP=2 with vLLM's ExampleConnector (KV caches stored in files, one per layer and
     prompt): the plugin's engine stores every prompt's KV cache, a second plugin engine
     finds it and loads it, and both give the tokens of a stock engine without the
-    connector (or part from them only at near ties). The plugin stands aside for KV
-    connectors until this passes on a release, so the runs ask for it
-    (``plugin-unproven``)."""
-    from vllm_pp_cudagraph.bench.token_judge import TokenRecord, judge
-
+    connector (or part from them only at near ties). The plugin stands aside for a KV
+    connector until this passes on a release (support.PROVEN_CONNECTORS), so the runs
+    ask for it (``plugin-unproven``): the same test proves it on the next release."""
     plain_proc, plain = run_batch_bench(tmp_path / "plain", random_model,
                                         "stock:full_and_piecewise", "--input-len", "64")
     assert_served(plain, 2, console_of(plain_proc))
@@ -241,8 +240,6 @@ def test_a_kv_connector_stores_and_loads_with_stocks_tokens(tmp_path, random_mod
              "plugin-unproven-full_and_piecewise-run2.log")]
     assert "External Cache Hit!" not in logs[0], "the first engine found a stored cache"
     assert "External Cache Hit!" in logs[1], "the second engine loaded nothing"
-    reference = TokenRecord.load(plain[0]["spec"]["tokens_file"])
-    for run in runs:
-        verdict = judge(TokenRecord.load(run["spec"]["tokens_file"]), reference)
+    for run, verdict in zip(runs, judged_against(plain[0], runs)):
         print(f"{run['spec']['runner']}: {verdict}")
         assert verdict["verdict"] in ("identical", "near-ties"), verdict

@@ -113,9 +113,22 @@ def test_the_opt_in_keeps_the_plugins_runner(monkeypatch):
 
 def test_check_lists_each_proven_feature_and_what_stands_aside():
     lines = support.table_lines()
-    for name in support.PROVEN_SPECULATIVE:
-        assert any(line.startswith(f"speculative method {name}: ") for line in lines)
-    assert any("KV connector: every one stands aside" in line for line in lines)
+    for kind, table in (("speculative method", support.PROVEN_SPECULATIVE),
+                        ("KV connector", support.PROVEN_CONNECTORS)):
+        for name, proven in table.items():
+            state = "runs with the plugin" if HERE in proven.releases else "stands aside here"
+            assert any(line.startswith(f"{kind} {name}: {state}") for line in lines)
+        assert any(line.startswith(f"{kind}: every other one stands aside") for line in lines)
+
+
+def test_a_proven_connector_runs_with_the_plugin_only_on_its_releases():
+    proven = support.PROVEN_CONNECTORS["ExampleConnector"]
+    reason = support.stand_aside_reason(Config(connector="ExampleConnector"))
+    if HERE in proven.releases:
+        assert reason is None
+    else:
+        assert reason == (f"KV connector 'ExampleConnector' is proven on vLLM "
+                          f"{', '.join(proven.releases)} only, not {HERE}")
 
 
 @pytest.mark.parametrize("version, expected", [
