@@ -78,6 +78,18 @@ SPECULATIVE_SYNC_PP_FAILS: dict[str, str] = {
 }
 
 
+#: Releases where stock vLLM cannot load an EAGLE (EAGLE-1) draft on the last stage
+#: when that stage's own layer count is one of its layer indices (at PP=2 whenever the
+#: last stage holds half the layers or more): every EAGLE-1 draft class numbers its
+#: layers from ``get_num_layers(parallel_config)``, the stage's count, where EAGLE3's
+#: numbers past the whole model's.
+EAGLE_DRAFT_NAME_CLASH: dict[str, str] = {
+    "0.33": "stock vLLM 0.33.0 fails to load the draft on the last stage: it names the "
+            "draft's layer after that stage's layer count, a name the stage's own layers "
+            "already hold ('Duplicate layer name')",
+}
+
+
 class KnownStockFailureError(ValueError):
     """An engine stock vLLM is known to fail on this release, refused at start."""
 
@@ -119,15 +131,32 @@ def no_pipeline_reason(vllm_config: Any) -> str | None:
 def known_failure(vllm_config: Any) -> str | None:
     """Why stock vLLM of this release fails this engine, with what to change, or None."""
     speculative = getattr(vllm_config, "speculative_config", None)
+    if vllm_config.parallel_config.pipeline_parallel_size < 2 or speculative is None:
+        return None
     scheduler = getattr(vllm_config, "scheduler_config", None)
-    if (vllm_config.parallel_config.pipeline_parallel_size < 2 or speculative is None
-            or getattr(scheduler, "async_scheduling", None) is not False):
-        return None
-    if (how := SPECULATIVE_SYNC_PP_FAILS.get(release_line())) is None:
-        return None
-    return (f"speculative decoding under pipeline parallelism with async scheduling off: "
-            f"{how}. Turn async scheduling back on (drop --no-async-scheduling / "
-            "async_scheduling=False), or serve without speculative_config")
+    if getattr(scheduler, "async_scheduling", None) is False and (
+            how := SPECULATIVE_SYNC_PP_FAILS.get(release_line())):
+        return (f"speculative decoding under pipeline parallelism with async scheduling "
+                f"off: {how}. Turn async scheduling back on (drop --no-async-scheduling / "
+                "async_scheduling=False), or serve without speculative_config")
+    if getattr(speculative, "method", None) == "eagle" and (
+            how := EAGLE_DRAFT_NAME_CLASH.get(release_line())):
+        if (clash := eagle_draft_layer_clash(vllm_config)) is not None:
+            return (f"an EAGLE draft under pipeline parallelism: {how} (here "
+                    f"model.layers.{clash}). Serve without the draft, or with an EAGLE3 "
+                    "draft, which vLLM numbers past the model's layers")
+    return None
+
+
+def eagle_draft_layer_clash(vllm_config: Any) -> int | None:
+    """The layer index an EAGLE-1 draft would take on the last stage, where that stage
+    already holds it (VLLM_PP_LAYER_PARTITION as set now), else None."""
+    from vllm.distributed.utils import get_pp_indices
+
+    pp = vllm_config.parallel_config.pipeline_parallel_size
+    start, end = get_pp_indices(vllm_config.model_config.get_total_num_hidden_layers(),
+                                pp - 1, pp)
+    return end - start if start <= end - start < end else None
 
 
 def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
@@ -167,10 +196,13 @@ def table_lines() -> list[str]:
     lines.append("CUDA-graph capture failing on any rank: every stage runs eagerly, and each "
                  "logs which stage (and TP rank) failed and why. "
                  f"{CAPTURE_FAILED_ADVICE}")
-    for release, how in SPECULATIVE_SYNC_PP_FAILS.items():
-        state = "refused at start here" if release == here else "not refused here"
-        lines.append(f"speculative decoding under PP with async scheduling off: {state} "
-                     f"(vLLM {release}: {how})")
+    for what, table in (("speculative decoding under PP with async scheduling off",
+                         SPECULATIVE_SYNC_PP_FAILS),
+                        ("an EAGLE (EAGLE-1) draft under PP, last stage holding half the "
+                         "layers or more", EAGLE_DRAFT_NAME_CLASH)):
+        for release, how in table.items():
+            state = "refused at start here" if release == here else "not refused here"
+            lines.append(f"{what}: {state} (vLLM {release}: {how})")
     for kind, table in (("speculative method", PROVEN_SPECULATIVE),
                         ("KV connector", PROVEN_CONNECTORS)):
         for name, proven in table.items():

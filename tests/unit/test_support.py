@@ -16,8 +16,10 @@ from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
 class Config:
     """The fields of a VllmConfig the table reads."""
 
-    def __init__(self, method=None, connector=None, pp=2, async_scheduling=True):
+    def __init__(self, method=None, connector=None, pp=2, async_scheduling=True, layers=28):
         self.parallel_config = type("Parallel", (), {"pipeline_parallel_size": pp})()
+        self.model_config = type("Model", (), {
+            "get_total_num_hidden_layers": lambda self: layers})()
         self.scheduler_config = type("Scheduler", (), {"async_scheduling": async_scheduling})()
         self.speculative_config = type("Spec", (), {"method": method})() if method else None
         self.kv_transfer_config = (type("KV", (), {"kv_connector": connector})()
@@ -94,6 +96,33 @@ def test_speculation_under_pp_without_async_scheduling_is_refused_where_stock_fa
         assert support.known_failure(fine) is None
     monkeypatch.delitem(support.SPECULATIVE_SYNC_PP_FAILS, HERE)
     assert support.known_failure(Config(method=method, async_scheduling=False)) is None
+
+
+@pytest.mark.parametrize("pp, partition, clash", [
+    (2, None, 14), (2, "13,15", 15), (2, "15,13", None), (4, None, None),
+    (4, "4,4,4,16", 16), (3, "10,10,8", None)])
+def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
+        pp, partition, clash, monkeypatch):
+    """Stock vLLM 0.33 names an EAGLE-1 draft's layer after the last stage's layer
+    count: where the stage holds that index, loading fails ('Duplicate layer name'). The
+    plugin refuses exactly those engines, naming the layer, whatever the opt-in says."""
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
+    monkeypatch.setitem(support.EAGLE_DRAFT_NAME_CLASH, HERE, "it fails")
+    if partition:
+        monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", partition)
+    else:
+        monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
+    engine = Config(method="eagle", pp=pp)
+    reason = support.known_failure(engine)
+    if clash is None:
+        assert reason is None
+    else:
+        assert f"(here model.layers.{clash})" in reason and "EAGLE3" in reason
+        with pytest.raises(support.KnownStockFailureError, match="EAGLE draft"):
+            PPCudaGraphModelRunner(engine, torch.device("cpu"))
+    assert support.known_failure(Config(method="eagle3", pp=pp)) is None
+    monkeypatch.delitem(support.EAGLE_DRAFT_NAME_CLASH, HERE)
+    assert support.known_failure(engine) is None
 
 
 def test_without_a_pipeline_the_plugin_stands_aside_whatever_the_settings(monkeypatch):
