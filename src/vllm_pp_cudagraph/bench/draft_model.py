@@ -19,6 +19,7 @@ verification, all with the target's greedy tokens unchanged.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +78,20 @@ def draft_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def write_eagle3_draft(directory: str | Path, shape: str = "qwen3-0.6b") -> Path:
     """Write an EAGLE3 draft for the built-in ``shape`` (config and random weights)."""
+    return _write_draft(directory, shape, "EAGLE3", draft_config, draft_weight_shapes)
+
+
+def _write_draft(directory: str | Path, shape: str, kind: str,
+                 make_config: Callable[[dict[str, Any]], dict[str, Any]],
+                 weight_shapes: Callable[[dict[str, Any]], dict[str, tuple[int, ...]]]) -> Path:
     target = SHAPES.get(shape)
     if target is None or target["architectures"] != ["Qwen3ForCausalLM"]:
-        raise ValueError(f"EAGLE3 drafts are written for dense Qwen3 shapes; not {shape!r}.")
+        raise ValueError(f"{kind} drafts are written for dense Qwen3 shapes; not {shape!r}.")
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    config = draft_config(target)
+    config = make_config(target)
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    write_tensors(path, draft_weight_shapes(config), config.get("torch_dtype", "bfloat16"))
+    write_tensors(path, weight_shapes(config), config.get("torch_dtype", "bfloat16"))
     return path
 
 
@@ -145,12 +152,4 @@ def eagle_draft_weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ..
 
 def write_eagle_draft(directory: str | Path, shape: str = "qwen3-0.6b") -> Path:
     """Write an EAGLE-1 draft for the built-in ``shape`` (config and random weights)."""
-    target = SHAPES.get(shape)
-    if target is None or target["architectures"] != ["Qwen3ForCausalLM"]:
-        raise ValueError(f"EAGLE drafts are written for dense Qwen3 shapes; not {shape!r}.")
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    config = eagle_draft_config(target)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    write_tensors(path, eagle_draft_weight_shapes(config), config.get("torch_dtype", "bfloat16"))
-    return path
+    return _write_draft(directory, shape, "EAGLE", eagle_draft_config, eagle_draft_weight_shapes)
