@@ -83,6 +83,11 @@
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95, both
 #                stages on GPU 0 (the shim fixes each stage's KV cache, so this shows the
 #                start, the serving and each stage's graph memory, not the KV sizing)
+#   cost-tables  one GPU, alone: the layer-partition cost tables of the Qwen3-0.6B and
+#                Qwen3-30B-A3B shapes (../tools/cost_table.py: stock vLLM at PP=1, dummy
+#                weights, 4 and 12 layers fitted per batch size); copy
+#                cost-tables/*/*.json into src/vllm_pp_cudagraph/cost_tables/ to ship them.
+#                KIT_COST_SHAPES names other shapes
 #   stage-cost   one GPU: what one PP=2 stage of the 0.6B, 32B, 70B and 30B-A3B shapes
 #                costs per decode step, by batch size and context (../tools/stage_cost.py,
 #                stock vLLM at PP=1 with half the layers); about 15 minutes
@@ -108,7 +113,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -364,6 +369,15 @@ step_shared-layouts() {
 step_shared-lora() {
   shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-lora" \
     --junitxml "$RES/shared-lora.xml" -k "lora_adapters_at_high_memory" tests
+}
+
+step_cost-tables() {
+  local shape rc=0
+  for shape in ${KIT_COST_SHAPES:-qwen3-0.6b qwen3-30b-a3b}; do
+    CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.cost_table \
+      --out "$RES/cost-tables/$shape" --shape "$shape" || rc=1
+  done
+  return $rc
 }
 
 step_stage-cost() {
