@@ -134,8 +134,7 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
     if len(problems) == len(classes):
         reason = support.stand_aside_reason(vllm_config) or "no worker runs its runner"
         say = logger.info if support.no_pipeline_reason(vllm_config) else logger.warning
-        say("vllm-pp-cudagraph stands aside for this engine (%s): %s; it runs as stock "
-            "vLLM.", layout, reason)
+        say("%s (%s): %s; it runs as stock vLLM.", support.STAND_ASIDE, layout, reason)
         return
     if problems:
         logger.warning("vllm-pp-cudagraph runs on %d of %d workers (%s); without it: %s",

@@ -91,17 +91,17 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if vllm_config is None:
             return super().__new__(cls)
         if reason := support.no_pipeline_reason(vllm_config):
-            logger.info("vllm-pp-cudagraph stands aside for this engine: %s; the worker "
-                        "runs vLLM's own runner.", reason)
+            logger.info("%s: %s; the worker runs vLLM's own runner.", support.STAND_ASIDE,
+                        reason)
             return GPUModelRunner(vllm_config, *args, **kwargs)
         if failure := support.known_failure(vllm_config):
             raise support.KnownStockFailureError(f"vllm-pp-cudagraph refuses this engine: "
                                                  f"{failure}.")
         allow = PPCudaGraphSettings.from_env().allow_unproven
         if reason := support.stand_aside_reason(vllm_config, allow):
-            logger.warning("vllm-pp-cudagraph stands aside for this engine: %s; the worker "
-                           "runs vLLM's own runner (VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to "
-                           "run the plugin anyway).", reason)
+            logger.warning("%s: %s; the worker runs vLLM's own runner "
+                           "(VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to run the plugin anyway).",
+                           support.STAND_ASIDE, reason)
             return GPUModelRunner(vllm_config, *args, **kwargs)
         return super().__new__(cls)
 

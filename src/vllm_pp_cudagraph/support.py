@@ -90,6 +90,11 @@ EAGLE_DRAFT_NAME_CLASH: dict[str, str] = {
 }
 
 
+#: How every line begins that says the plugin leaves an engine to stock vLLM (each
+#: worker's, and the engine check's); the bench counts them.
+STAND_ASIDE = "vllm-pp-cudagraph stands aside for this engine"
+
+
 class KnownStockFailureError(ValueError):
     """An engine stock vLLM is known to fail on this release, refused at start."""
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.layer_partition import LOG_PREFIX
+from vllm_pp_cudagraph.support import STAND_ASIDE
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.token_judge import record_of
 from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
@@ -495,9 +497,9 @@ def attention_backend_used(log: str) -> str | None:
     return ", ".join(names) or None
 
 
-# "Layer partition 10,10,8 over 3 stages; auto picks 10,10,8 ..." (layer_partition.LOG_PREFIX,
-# Decision.log_line), logged by stage 0 under the plugin's auto setting or a hand-set split.
-_LAYER_PARTITION = re.compile(r"Layer partition (\d+(?:,\d+)*) over (\d+) stages;")
+# "Layer partition 10,10,8 over 3 stages; auto picks 10,10,8 ..." (Decision.log_line),
+# logged by stage 0 under the plugin's auto setting or a hand-set split.
+_LAYER_PARTITION = re.compile(re.escape(LOG_PREFIX) + r"(\d+(?:,\d+)*) over (\d+) stages;")
 
 
 def layer_partition_used(log: str) -> list[int] | None:
@@ -509,15 +511,13 @@ def layer_partition_used(log: str) -> list[int] | None:
     return found[-1] if found else None
 
 
-#: The line each worker logs where the plugin leaves the engine to vLLM's own runner.
-STAND_ASIDE_LINE = "vllm-pp-cudagraph stands aside for this engine"
 
 
 def log_findings(log: str) -> dict[str, Any]:
     """What a run's log says beyond its numbers."""
     return {
         "plugin_stages": plugin_stages(log),
-        "stand_aside_lines": log.count(STAND_ASIDE_LINE),
+        "stand_aside_lines": log.count(STAND_ASIDE),
         "direct_handoff_stages": log.count(DIRECT_HANDOFF_LINE),
         "cadence_choices": cadence_choices(log),
         "jit_compiles": serving_jit_compiles(log),
