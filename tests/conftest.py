@@ -60,6 +60,13 @@ def run_python(script: str, env_overrides: dict[str, str | None]) -> tuple[dict,
     return json.loads(report), "\n".join(log) + "\n" + proc.stderr
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--graph-modes", default="",
+        help="GPU layout checks: run only these graph modes, comma-separated (the first "
+             "takes stock's control engine); default every mode the layout lists")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip themselves where no CUDA device is visible."""
     import torch

@@ -78,7 +78,9 @@
 #   shared-layouts  tests/e2e/test_layouts.py with every rank on GPU 0, in three pytest
 #                runs side by side (KIT_LAYOUT_STREAM_1..3 to choose their tests); on one
 #                H200 an engine starts in 2-8 minutes there, so the whole set takes
-#                hours: each finished engine is in its test's bench.json (summary.txt)
+#                hours: each finished engine is in its test's bench.json (summary.txt).
+#                A stream's pytest arguments may name --graph-modes=MODE,... first: its
+#                layout tests then run only those graph modes
 #                (both: KIT_TESTS="NODE_ID ..." runs only those tests, in that order)
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95, both
 #                stages on GPU 0 (the shim fixes each stage's KV cache, so this shows the

@@ -54,12 +54,28 @@ def modes_with_control(modes) -> str:
                     + [f"{runner}:{m}" for m in rest for runner in ("stock", "plugin")])
 
 
+def chosen_modes(config: pytest.Config, modes: tuple[str, ...]) -> tuple[str, ...]:
+    """``modes`` narrowed to those ``--graph-modes`` names, in its order; all without it."""
+    wanted = [m for m in config.getoption("--graph-modes").split(",") if m]
+    if not wanted:
+        return modes
+    unknown = set(wanted) - set(ALL_MODES)
+    if unknown:
+        pytest.fail(f"--graph-modes: unknown {sorted(unknown)}; choose from {ALL_MODES}")
+    picked = tuple(m for m in wanted if m in modes)
+    if not picked:
+        pytest.skip(f"--graph-modes {','.join(wanted)}: none of this layout's {modes}")
+    return picked
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_layout_serves_stocks_tokens_in_every_graph_mode(name, tmp_path, random_model):
+def test_layout_serves_stocks_tokens_in_every_graph_mode(name, tmp_path, random_model,
+                                                         request):
     """The plugin's runner on every worker of the layout (at PP=1: vLLM's, the plugin
     standing aside), and its greedy tokens stock's in every graph mode (or parting
     only at near ties, as stock's own second engine may)."""
     pp, tp, partition, modes = LAYOUTS[name]
+    modes = chosen_modes(request.config, modes)
     require_gpus(pp * tp)
     extra = ["--pp", str(pp), "--tp", str(tp)]
     if partition:
