@@ -54,8 +54,8 @@ PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
              "FULL_AND_PIECEWISE with a GPU per stage); FLASHINFER in FULL_AND_PIECEWISE "
              "(shared GPU)",
              "PP=3, vLLM's split and 10/10/8, every graph mode (shared GPU)",
-             "PP=4, 8/8/7/5 in every graph mode; vLLM's split and 8/7/7/6 in "
-             "FULL_AND_PIECEWISE and PIECEWISE (shared GPU)",
+             "PP=4, 8/8/7/5 and 8/7/7/6 in every graph mode; vLLM's split in "
+             "FULL_AND_PIECEWISE, eager and breakable (shared GPU)",
              "TP=2 x PP=2, FULL_AND_PIECEWISE and eager (shared GPU)",
              "VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto at PP=2 and PP=3, FULL_AND_PIECEWISE "
              "(shared GPU)"),
