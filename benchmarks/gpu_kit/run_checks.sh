@@ -76,7 +76,8 @@
 #                ../install_ray.sh; the shim gives Ray's local cluster a GPU per stage)
 #   shared-gpu-tests  gpu-tests with both stages on GPU 0 (as long as gpu-tests or longer)
 #   shared-layouts  tests/e2e/test_layouts.py with every rank on GPU 0, in three pytest
-#                runs side by side (KIT_LAYOUT_STREAM_1..3 to choose their tests); on one
+#                runs side by side (KIT_LAYOUT_STREAM_1..3 to choose their tests, empty to
+#                drop one; on an 80 GB card at most three PP=4 runs fit); on one
 #                H200 an engine starts in 2-8 minutes there, so the whole set takes
 #                hours: each finished engine is in its test's bench.json (summary.txt).
 #                A stream's pytest arguments may name --graph-modes=MODE,... first: its
@@ -341,16 +342,16 @@ step_shared-gpu-tests() {
 
 # The layout tests, every rank on GPU 0, in three pytest runs side by side (each with a
 # copy of the kit's site): an engine takes minutes to start there, so one run would take
-# hours. KIT_LAYOUT_STREAM_1..3 (pytest node ids) replace a run's tests; a fourth run
-# takes KIT_LAYOUT_STREAM_4 where set.
+# hours. KIT_LAYOUT_STREAM_1..3 (pytest node ids) replace a run's tests, set but empty
+# drop that run; a fourth run takes KIT_LAYOUT_STREAM_4 where set.
 step_shared-layouts() {
   local L=tests/e2e/test_layouts.py T B i pids=() rc=0
   T=$L::test_layout_serves_stocks_tokens_in_every_graph_mode
   B=$L::test_attention_backend_serves_stocks_tokens
   local streams=(
-    "${KIT_LAYOUT_STREAM_1:-$T[pp4-8776] $T[pp4] $T[pp1]}"
-    "${KIT_LAYOUT_STREAM_2:-$T[pp3] $T[pp3-light-last] $B[FLASHINFER]}"
-    "${KIT_LAYOUT_STREAM_3:-$T[tp2xpp2] $B[TRITON_ATTN] $B[FLASH_ATTN] $T[pp4-light-last]}"
+    "${KIT_LAYOUT_STREAM_1-$T[pp4-8776] $T[pp4] $T[pp1]}"
+    "${KIT_LAYOUT_STREAM_2-$T[pp3] $T[pp3-light-last] $B[FLASHINFER]}"
+    "${KIT_LAYOUT_STREAM_3-$T[tp2xpp2] $B[TRITON_ATTN] $B[FLASH_ATTN] $T[pp4-light-last]}"
     "${KIT_LAYOUT_STREAM_4:-}")
   mkdir -p "$RES/gpu-tests"  # pytest makes --basetemp but not its parent
   for i in 0 1 2 3; do
