@@ -214,7 +214,7 @@ def test_check_says_which_layer_partition_a_model_gets_under_auto(gpus, model_di
     assert code == cli.EXIT_OK
     assert ("layer partition: auto picks 10,10,8 for PP=3 at batch 256 (vLLM's split: "
             "9,10,9)") in out
-    assert "  stage 2: layers 20-27 (8), predicted " in out
+    assert "  stage 2: layers 20-27 (8), predicted 1.04 ms per step" in out
     assert ("  KV cache 3311330 tokens predicted against 3318927 under vLLM's split "
             "(141.00 GiB of GPU memory x gpu_memory_utilization 0.9)") in out
     # the 0.6B shape's cost table ships with the plugin
