@@ -54,8 +54,8 @@ PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
              "FULL_AND_PIECEWISE with a GPU per stage); FLASHINFER in FULL_AND_PIECEWISE "
              "(shared GPU)",
              "PP=3, vLLM's split and 10/10/8, every graph mode (shared GPU)",
-             "PP=4, 8/8/7/5 and 8/7/7/6 in every graph mode; vLLM's split in "
-             "FULL_AND_PIECEWISE, eager and breakable (shared GPU)",
+             "PP=4, vLLM's split (7/7/7/7), 8/8/7/5 and 8/7/7/6, every graph mode "
+             "(shared GPU)",
              "TP=2 x PP=2, FULL_AND_PIECEWISE and eager (shared GPU)",
              "VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto at PP=2 and PP=3, FULL_AND_PIECEWISE "
              "(shared GPU)"),
@@ -192,8 +192,8 @@ def table_lines() -> list[str]:
     layouts = PROVEN_LAYOUTS.get(here, ())
     lines = [f"layout: {layout}" for layout in layouts] or [
         f"layout: none run on a GPU with the plugin on vLLM {here}"]
-    lines.append("layout: the others run with the plugin, unproven (other graph modes and "
-                 "splits at PP=4, other TP x PP shapes, a GPU per rank beyond PP=2, PP "
+    lines.append("layout: the others run with the plugin, unproven (other splits at "
+                 "PP=4, other TP x PP shapes, a GPU per rank beyond PP=2, PP "
                  "across nodes; docs/deployments.md)")
     lines.append("attention backend: the KV-cache write stays inside piecewise graphs with "
                  f"{', '.join(sorted(KV_UPDATE_PROVEN_BACKENDS))} (or vLLM's own choice); "

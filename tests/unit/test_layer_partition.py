@@ -44,7 +44,7 @@ H200 = Memory(141 * GIB, 0.9)
 FIXED = Memory(kv_cache_bytes=20 * GIB)
 
 #: What auto picks for the bench shapes at max_num_seqs=256 on an H200, from the
-#: bytes/FLOPs model. At PP=2 and PP=4 every bench shape splits evenly, and a stage
+#: shipped cost tables (0.6B, 30B-A3B) or the bytes/FLOPs model. At PP=2 and PP=4 every bench shape splits evenly, and a stage
 #: with one layer more stores 1/n more KV bytes per token: no move keeps the KV
 #: cache within KV_TOLERANCE. Where vLLM's split is uneven (PP=3, PP=8), the stages
 #: with fewer layers have room to take one.
@@ -156,6 +156,33 @@ def test_the_kv_rule_is_what_keeps_the_small_model_at_vllms_split():
     assert kept.layers == (14, 14) and kept.source == "vllm"
     assert kept.kv.tokens(unbounded) < 0.94 * kept.kv.tokens((14, 14))
     assert "no other split that keeps the KV cache within 1%" in kept.why
+
+
+MOE_TABLE = "qwen3_moe-h2048-l48-a32kv4d128-i6144-e128x8i768s0-v151936-b2.json"
+
+
+@pytest.mark.parametrize("pp, batch, stage_ms", [
+    (2, 256, [12.49, 12.89]), (4, 256, [6.25, 6.24, 6.24, 6.65]), (2, 1, [1.93, 2.19])])
+def test_the_moe_shapes_shipped_table_keeps_vllms_split(pp, batch, stage_ms):
+    """Its measured MoE layer (0.52 ms at batch 256) costs more than the LM head and
+    sampler (0.41 ms): the last stage is a few percent slower, not a layer."""
+    decision = auto(SHAPES["qwen3-30b-a3b"], pp, batch)
+    assert decision.costs.source == f"the cost table {MOE_TABLE} (measured)"
+    assert decision.layers == decision.vllm_layers and decision.source == "vllm"
+    assert [round(ms, 2) for ms in decision.stage_ms(decision.layers)] == stage_ms
+
+
+def test_at_one_request_the_kv_rule_keeps_the_moe_shape_even():
+    """At one request its LM head weighs 3.4 layers: 26,22 is faster but holds 10% fewer
+    tokens."""
+    kept = auto(SHAPES["qwen3-30b-a3b"], 2, 1)
+    costs = kept.costs
+    unbounded = min(((n, 48 - n) for n in range(1, 48)),
+                    key=lambda split: max(costs.stage_s(s, 2, k) for s, k in enumerate(split)))
+    assert unbounded == (26, 22)
+    assert kept.slowest_ms(unbounded) < 0.96 * kept.slowest_ms((24, 24))
+    assert kept.layers == (24, 24)
+    assert kept.kv.tokens(unbounded) < 0.91 * kept.kv.tokens((24, 24))
 
 
 def test_the_last_stage_gets_fewer_layers_where_the_lm_head_is_heavy_and_room_allows():
