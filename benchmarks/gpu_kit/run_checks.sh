@@ -86,11 +86,12 @@
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95, both
 #                stages on GPU 0 (the shim fixes each stage's KV cache, so this shows the
 #                start, the serving and each stage's graph memory, not the KV sizing)
-#   cost-tables  one GPU, alone: the layer-partition cost tables of the Qwen3-0.6B and
-#                Qwen3-30B-A3B shapes (../tools/cost_table.py: stock vLLM at PP=1, dummy
-#                weights, 4 and 12 layers fitted per batch size); copy
-#                cost-tables/*/*.json into src/vllm_pp_cudagraph/cost_tables/ to ship them.
-#                KIT_COST_SHAPES names other shapes
+#   cost-tables  one GPU, alone: the layer-partition cost tables of the shapes that ship
+#                none yet, Qwen3-4B, Qwen3-32B and Llama-3.1-70B (../tools/cost_table.py:
+#                stock vLLM at PP=1, dummy weights, 4 and 12 layers fitted per batch size;
+#                the 30B-A3B shape took 9 minutes on an H100); copy cost-tables/*/*.json into
+#                src/vllm_pp_cudagraph/cost_tables/ to ship them. KIT_COST_SHAPES names
+#                others (qwen3-0.6b and qwen3-30b-a3b ship already)
 #   stage-cost   one GPU: what one PP=2 stage of the 0.6B, 32B, 70B and 30B-A3B shapes
 #                costs per decode step, by batch size and context (../tools/stage_cost.py,
 #                stock vLLM at PP=1 with half the layers); about 15 minutes
@@ -376,7 +377,7 @@ step_shared-lora() {
 
 step_cost-tables() {
   local shape rc=0
-  for shape in ${KIT_COST_SHAPES:-qwen3-0.6b qwen3-30b-a3b}; do
+  for shape in ${KIT_COST_SHAPES:-qwen3-4b qwen3-32b llama-3.1-70b}; do
     CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.cost_table \
       --out "$RES/cost-tables/$shape" --shape "$shape" || rc=1
   done
