@@ -193,8 +193,8 @@ def table_lines() -> list[str]:
     lines = [f"layout: {layout}" for layout in layouts] or [
         f"layout: none run on a GPU with the plugin on vLLM {here}"]
     lines.append("layout: the others run with the plugin, unproven (other splits at "
-                 "PP=4, other TP x PP shapes, a GPU per rank beyond PP=2, PP "
-                 "across nodes; docs/deployments.md)")
+                 "PP=4, PP above 4, other TP x PP shapes, a GPU per rank beyond PP=2, "
+                 "PP across nodes; docs/deployments.md)")
     lines.append("attention backend: the KV-cache write stays inside piecewise graphs with "
                  f"{', '.join(sorted(KV_UPDATE_PROVEN_BACKENDS))} (or vLLM's own choice); "
                  "another backend asked for by name keeps vLLM's split")
