@@ -8,12 +8,22 @@ import difflib
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from vllm_pp_cudagraph import __version__, compat, install_check, support
+from vllm_pp_cudagraph.exit_status import (
+    EXIT_BROKEN_INSTALL,
+    EXIT_MISCONFIGURED,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    EXIT_UNSUPPORTED,
+    TABLE,
+    ArgumentParser,
+)
 from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
 from vllm_pp_cudagraph.settings import (
     LayerPartition,
@@ -22,15 +32,9 @@ from vllm_pp_cudagraph.settings import (
     SettingsError,
 )
 
-EXIT_OK = 0
-#: The installed vLLM is outside the supported range (and no override is set).
-EXIT_UNSUPPORTED = 1
-#: A setting is wrong: a plugin setting, a misspelt VLLM_PLUGINS, V1 forced with the plugin.
-EXIT_MISCONFIGURED = 2
-#: Everything is in order except that no NVIDIA GPU is visible.
-EXIT_NO_GPU = 3
-#: torch, torchvision or vLLM is installed but does not import (or lacks what the plugin reads).
-EXIT_BROKEN_INSTALL = 4
+#: The fast report's note on what only --full does.
+FULL_ONLY = ("vLLM's import and the patch list: not tried (check --full imports vLLM's "
+             "model-runner stack and lists the patches; about a minute on 2 cores)")
 
 
 def _near_misses(value: str) -> list[str]:
@@ -61,22 +65,30 @@ def _gpu_count() -> int | None:
 
 
 @contextlib.contextmanager
-def _vllm_logs_to_stderr() -> Iterator[None]:
-    """vLLM logs to stdout; while it is first imported, point its handler at stderr.
+def _output_held_back(held: list[str]) -> Iterator[None]:
+    """Hold back what imports print (vLLM's log, torch's warnings) until the report is out.
 
-    vLLM reads ``VLLM_LOGGING_STREAM`` once, when its logger is set up on
-    first import, so its later lines (from the probes behind the patch list)
-    go to stderr too and the report on stdout stays whole.
+    vLLM logs to stdout and torch's C++ code writes to file descriptor 2, so
+    both descriptors are pointed at one temporary file; its text is appended
+    to ``held``.
     """
-    before = os.environ.get("VLLM_LOGGING_STREAM")
-    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("VLLM_LOGGING_STREAM", None)
-        else:
-            os.environ["VLLM_LOGGING_STREAM"] = before
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile(mode="w+") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            held.append(sink.read())
 
 
 class _Report:
@@ -111,34 +123,41 @@ class EngineShape:
     gpu_memory_utilization: float = 0.92
 
 
-def check(out=sys.stdout, engine: EngineShape | None = None) -> int:
-    """Report whether this install can run the plugin; return the exit code.
+def check(out=None, engine: EngineShape | None = None, full: bool = False) -> int:
+    """Report whether this install can run the plugin; return the exit status.
 
-    The code is that of the first problem found, in this order: the vLLM
-    version (1), an install that does not import (4), settings (2), no GPU
-    visible (3); 0 when there is none. With ``engine``, also which layer
-    partition that engine would use, and why.
+    The status is that of the first problem found, in this order: the vLLM
+    version, an install that does not import, settings, no GPU visible
+    (``exit_status``). With ``engine``, also which layer partition that engine
+    would use, and why. ``full`` also imports vLLM's model-runner stack and
+    lists the patches (slow); what those imports print comes after the report.
     """
-    report = _Report(out)
+    report = _Report(out or sys.stdout)
     settings = settings_error = None
     try:
         settings = PPCudaGraphSettings.from_env()
     except SettingsError as exc:
         settings_error = exc
     versions = compat.installed_versions()
+    held: list[str] = []
     report.say(f"vllm-pp-cudagraph {__version__}")
     _report_vllm(report, versions, settings)
-    broken = _report_imports(report, versions)
+    broken = _report_imports(report, versions, full, held)
     _report_plugins(report)
     _report_settings(report, settings, settings_error)
     if settings is not None:
         _report_partition(report, settings, engine)
     if broken is not None:
-        report.say("patches: not listed (vLLM does not import, see above)")
+        report.say("patches: not listed (an import fails, see above)")
+    elif not full:
+        report.say(FULL_ONLY)
     elif versions.installed and settings is not None:
-        _report_patches(report, settings)
+        _report_patches(report, _patch_rows(report, settings, held))
+    if versions.installed:
         _report_proven(report)
     _report_gpus(report)
+    if "".join(held).strip():
+        print("\n-- printed by the imports above --\n" + "".join(held).rstrip(), file=sys.stderr)
     return report.problems[0] if report.problems else EXIT_OK
 
 
@@ -157,17 +176,21 @@ def _report_vllm(report: _Report, versions: compat.VersionInfo, settings) -> Non
         report.say(f"vLLM: {where}  UNSUPPORTED: install a supported vLLM, or set "
                    "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try anyway")
         report.problem(EXIT_UNSUPPORTED)
-    report.say(f"torch: {versions.torch or 'not installed'}")
+    evidence = support.torch_evidence(versions.vllm, versions.torch)
+    report.say(f"torch: {versions.torch or 'not installed'}" + (f"; {evidence}" if evidence else ""))
 
 
-def _report_imports(report: _Report, versions: compat.VersionInfo):
-    """Whether torch, torchvision and vLLM import; the failure, or None."""
+def _report_imports(report: _Report, versions: compat.VersionInfo, full: bool,
+                    held: list[str]):
+    """Whether torch, torchvision (and with ``full`` vLLM) import; the failure, or None."""
     if not versions.installed:
         return None
-    with _vllm_logs_to_stderr():
-        broken = install_check.import_failure()
+    packages = install_check.PACKAGES if full else install_check.PACKAGES[:2]
+    with _output_held_back(held):
+        broken = install_check.import_failure(packages)
+    names = ", ".join("vLLM" if p == "vllm" else p for p in packages)
     if broken is None:
-        report.say("imports: OK")
+        report.say(f"imports: {names} OK")
     else:
         report.say(f"imports: BROKEN: {broken.message()}")
         report.problem(EXIT_BROKEN_INSTALL)
@@ -178,6 +201,11 @@ def _report_plugins(report: _Report) -> None:
     plugins_value = os.environ.get("VLLM_PLUGINS")
     if is_enabled():
         report.say(f"VLLM_PLUGINS={plugins_value!r}: plugin ENABLED")
+        try:
+            check_runner_choice()
+        except PluginConfigError as exc:
+            report.say(f"  ERROR: {exc}")
+            report.problem(EXIT_MISCONFIGURED)
     elif plugins_value is None:
         report.say("VLLM_PLUGINS is unset: plugin INACTIVE (vLLM loads it, and it stays "
                    f"inert). Set VLLM_PLUGINS={PLUGIN_NAME} to enable it.")
@@ -250,25 +278,39 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
 
 
 def read_model_config(path: str) -> dict:
-    """The Hugging Face config of a model directory (or of a ``config.json``)."""
+    """The Hugging Face config of a model directory, a ``config.json`` or a built-in shape."""
+    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+
+    if path in SHAPES and not Path(path).exists():
+        return dict(SHAPES[path])
     where = Path(path)
     file = where / "config.json" if where.is_dir() else where
     try:
         return json.loads(file.read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--model {path}: no readable config.json ({exc})") from None
+        raise ValueError(f"--model {path}: no readable config.json ({exc}), and not a "
+                         f"built-in shape ({', '.join(sorted(SHAPES))})") from None
 
 
-def _report_patches(report: _Report, settings: PPCudaGraphSettings) -> None:
-    from vllm_pp_cudagraph.patches import PATCHES, standing
+def _patch_rows(report: _Report, settings: PPCudaGraphSettings, held: list[str]) -> list | None:
+    """Each patch and why it stands aside (None: it applies); None where vLLM's internals moved."""
+    from vllm_pp_cudagraph.patches import standing
 
     try:
-        rows = standing(settings)
+        with _output_held_back(held):
+            return standing(settings)
     except Exception as exc:  # a vLLM whose internals differ from SURFACE's
         missing = compat.missing_surface()
         report.say(f"patches: could not be listed: {install_check.describe(exc)}"
                    + (f". Missing from this vLLM: {'; '.join(missing)}" if missing else ""))
         report.problem(EXIT_BROKEN_INSTALL)
+        return None
+
+
+def _report_patches(report: _Report, rows: list | None) -> None:
+    from vllm_pp_cudagraph.patches import PATCHES
+
+    if rows is None:
         return
     report.say("patches when enabled, on this vLLM with these settings:")
     for patch, why in rows:
@@ -276,12 +318,6 @@ def _report_patches(report: _Report, settings: PPCudaGraphSettings) -> None:
         report.say(f"  - {patch.name}: {state}  [{patch.target}]")
     for scoped in [p for p in PATCHES if p.scope]:
         report.say(f"  - {scoped.name}: applied later by {scoped.scope}  [{scoped.target}]")
-    if is_enabled():
-        try:
-            check_runner_choice()
-        except PluginConfigError as exc:
-            report.say(f"  ERROR: {exc}")
-            report.problem(EXIT_MISCONFIGURED)
 
 
 def _report_proven(report: _Report) -> None:
@@ -320,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_pp_cudagraph.bench import cli as bench
 
         return bench.main(argv[1:])
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="vllm-pp-cudagraph",
         description="Pipeline-parallel CUDA graphs for vLLM Model Runner V2.",
     )
@@ -328,14 +364,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check_parser = sub.add_parser(
         "check",
-        help="Report versions, whether torch and vLLM import, whether the plugin is "
-        "enabled, which patches apply or stand aside, and GPUs visible. Exit codes: 0 ok, "
-        "1 unsupported vLLM, 2 misconfigured, 3 no GPU visible, 4 torch, torchvision or "
-        "vLLM does not import.",
+        help="Report versions, whether torch and torchvision import, whether the plugin "
+        "is enabled, the settings, what is proven and the GPUs visible, in seconds. " + TABLE,
+        description="Report whether this install can run the plugin. " + TABLE,
     )
+    check_parser.add_argument("--full", action="store_true",
+                              help="also import vLLM's model-runner stack and list which "
+                              "patches apply or stand aside (about a minute on 2 cores)")
     check_parser.add_argument("--model", metavar="DIR",
-                              help="a model directory (its config.json): also say which "
-                              "layer partition an engine of it at --pp stages uses, and why")
+                              help="a model directory (its config.json) or a built-in shape "
+                              "(as for bench --model): also say which layer partition an "
+                              "engine of it at --pp stages uses, and why")
     check_parser.add_argument("--pp", type=int, metavar="N",
                               help="the pipeline-parallel size, with --model")
     check_parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
@@ -357,10 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         "(see 'bench --help').",
     )
     args = parser.parse_args(argv)  # "check" is the only command parsed here
-    return check(engine=_engine_shape(parser, args))
+    return check(engine=_engine_shape(parser, args), full=args.full)
 
 
-def _engine_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> EngineShape | None:
+def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineShape | None:
     if args.model is None and args.pp is None:
         return None
     if args.model is None or args.pp is None:

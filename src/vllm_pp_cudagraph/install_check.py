@@ -21,11 +21,13 @@ INDEX_ONLY_PIP = "env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/
 
 #: What is imported per package; for vLLM also the module the plugin patches
 #: first, which pulls in its model-runner stack (transformers, torchvision).
-IMPORTS = (
-    ("torch", ("torch",)),
-    ("torchvision", ("torchvision",)),
-    ("vllm", ("vllm", compat.V2_RUNNER_MODULE)),
-)
+IMPORTS = {
+    "torch": ("torch",),
+    "torchvision": ("torchvision",),
+    "vllm": ("vllm", compat.V2_RUNNER_MODULE),
+}
+#: The packages, in the order they depend on each other.
+PACKAGES = tuple(IMPORTS)
 
 
 @dataclass(frozen=True)
@@ -77,18 +79,18 @@ def fix_command(package: str) -> str:
     return f'pip uninstall -y {" ".join(broken)} && {INDEX_ONLY_PIP} "vllm=={vllm}"'
 
 
-def import_failure() -> ImportFailure | None:
-    """The first installed package of torch, torchvision and vLLM that fails to import.
+def import_failure(packages: tuple[str, ...] = PACKAGES) -> ImportFailure | None:
+    """The first installed package of ``packages`` that fails to import.
 
     Packages that are not installed are skipped: whether vLLM is installed is
     reported on its own, and torchvision is only needed where vLLM pulls it in.
     """
-    for package, modules in IMPORTS:
+    for package in packages:
         version = compat.dist_version(package)
         if version is None:
             continue
         try:
-            for module in modules:
+            for module in IMPORTS[package]:
                 importlib.import_module(module)
         except Exception as exc:  # a broken build raises RuntimeError, OSError, ...
             return ImportFailure(package, version, describe(exc), fix_command(package))

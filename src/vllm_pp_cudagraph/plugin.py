@@ -9,11 +9,11 @@ once it knows it is active.
 from __future__ import annotations
 
 import os
+import sys
 
 from vllm_pp_cudagraph import compat
 
 PLUGIN_NAME = "pp_cudagraph"
-
 
 
 def _logger():
@@ -79,6 +79,27 @@ def check_runner_choice(environ: dict[str, str] | os._Environ[str] | None = None
         )
 
 
+def report_without_traceback(*errors: type[BaseException]) -> None:
+    """Print ``errors``, when nothing catches them, as one line on stderr.
+
+    A bad setting is raised while vLLM parses ``vllm serve``'s arguments; the
+    traceback through vLLM's parser would bury the one line that says what to
+    change. Other exceptions, and ``except`` clauses, see no difference.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "reports_without_traceback", ()) == errors:
+        return
+
+    def hook(kind, value, traceback):
+        if issubclass(kind, errors):
+            print(f"vllm-pp-cudagraph: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, traceback)
+
+    hook.reports_without_traceback = errors  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def register() -> None:
     """Entry point vLLM calls; re-entrant and inert unless enabled."""
     global _inactive_logged
@@ -93,10 +114,11 @@ def register() -> None:
         return
 
     from vllm_pp_cudagraph import patches
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings, SettingsError
 
     if patches.is_applied():
         return
+    report_without_traceback(SettingsError, PluginConfigError, UnsupportedVLLMError)
     settings = PPCudaGraphSettings.from_env()
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()

@@ -8,6 +8,7 @@ plugin runs there, so that is where settings live.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from enum import Enum
 from typing import Annotated, Any
@@ -45,6 +46,18 @@ EnvBool = Annotated[bool, BeforeValidator(_parse_bool)]
 
 def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
+
+
+def _partition_choice(value: Any) -> Any:
+    """``vllm`` or ``auto``; a list of layer counts is pointed to vLLM's own variable."""
+    value = _lower(value)
+    if isinstance(value, str) and re.fullmatch(r"[\d\s,]+", value) and any(c.isdigit() for c in value):
+        split = re.sub(r"\s", "", value)
+        raise ValueError(
+            "expected 'vllm' or 'auto'; a split set by hand goes in vLLM's own "
+            f"VLLM_PP_LAYER_PARTITION={split} (which wins over this setting)"
+        )
+    return value
 
 
 class DecodeCadence(str, Enum):
@@ -147,7 +160,7 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
-    layer_partition: Annotated[LayerPartition, BeforeValidator(_lower)] = Field(
+    layer_partition: Annotated[LayerPartition, BeforeValidator(_partition_choice)] = Field(
         default=LayerPartition.VLLM,
         description=(
             "How the decoder layers are split over the pipeline stages. vllm: vLLM's "

@@ -46,6 +46,9 @@ GPU_EVIDENCE: dict[str, str] = {
             "decoding",
 }
 
+#: The torch release every GPU run of the plugin used, per vLLM release.
+GPU_TORCH: dict[str, str] = {"0.26": "2.11", "0.33": "2.11"}
+
 #: Layouts and attention backends the plugin has run with on GPUs, release by release
 #: ("shared GPU": every rank on one GPU, correctness only). docs/deployments.md has more.
 PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
@@ -124,6 +127,18 @@ def gpu_evidence(vllm_version: str) -> str:
     """Whether the plugin has run on GPUs on ``vllm_version``'s release, and what."""
     return GPU_EVIDENCE.get(_major_minor(vllm_version),
                             "never run on a GPU with the plugin (CPU suite only)")
+
+
+def torch_evidence(vllm_version: str | None, torch_version: str | None) -> str:
+    """Whether the plugin's GPU runs on this vLLM used this torch release."""
+    proven = GPU_TORCH.get(_major_minor(vllm_version))
+    here = _major_minor(torch_version)
+    if proven is None or here is None:
+        return ""
+    if here == proven:
+        return f"the torch of the GPU runs on vLLM {_major_minor(vllm_version)}"
+    return (f"GPU runs on vLLM {_major_minor(vllm_version)} used torch {proven}; with "
+            f"{here} only the CPU suite has run (docs/deployments.md, Versions)")
 
 
 def no_pipeline_reason(vllm_config: Any) -> str | None:

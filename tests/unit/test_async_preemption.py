@@ -11,6 +11,7 @@ of what it knows, the token's own position, so a request's output must read
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 from _scheduler import drive, make_requests, make_scheduler, wrong_outputs
@@ -19,6 +20,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request
 
 from vllm_pp_cudagraph import compat, patches
+from vllm_pp_cudagraph.async_preemption import dropping_stale_output_on_resume
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
@@ -104,3 +106,25 @@ def test_patch_is_undone_exactly():
     assert AsyncScheduler._update_after_schedule.__wrapped__ is original
     undo()
     assert AsyncScheduler.__dict__["_update_after_schedule"] is original
+
+
+@patch_applies
+@pytest.mark.parametrize("draft_tokens, discarded", [(0, 4), (3, 0)])
+def test_a_resumed_speculative_request_keeps_its_placeholders(model_dir, draft_tokens, discarded):
+    """Placeholders count frames only without draft tokens.
+
+    A speculative frame holds one placeholder per draft token besides the sampled
+    one; counting them as frames would discard that many good tokens when the
+    frame returns, so a speculative request keeps vLLM's own handling.
+    """
+    scheduler = make_scheduler(model_dir)
+    scheduler.num_spec_tokens = draft_tokens
+    request = Request(request_id="r", prompt_token_ids=[5] * 20, pooling_params=None,
+                      sampling_params=SamplingParams(max_tokens=10, ignore_eos=True))
+    scheduler.add_request(request)
+    request.num_output_placeholders = 4
+    resumed = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="r")],
+                              scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=[]))
+    dropping_stale_output_on_resume(lambda self, output: None)(scheduler, resumed)
+    assert request.async_tokens_to_discard == discarded
+    assert request.num_output_placeholders == 4 - discarded

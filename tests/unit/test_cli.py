@@ -21,9 +21,9 @@ def gpus(clean_env):
     return clean_env
 
 
-def run_check() -> tuple[int, str]:
+def run_check(full: bool = False) -> tuple[int, str]:
     out = io.StringIO()
-    code = cli.check(out)
+    code = cli.check(out, full=full)
     return code, out.getvalue()
 
 
@@ -34,6 +34,17 @@ def test_supported_install_enabled(gpus):
     assert f"vLLM: {compat.installed_versions().vllm}" in out and "OK" in out
     assert "plugin ENABLED" in out
     assert "filters every other vLLM plugin" in out
+    assert "imports: torch, torchvision OK" in out
+    assert cli.FULL_ONLY in out
+    assert "GPUs visible: 2" in out
+
+
+def test_full_check_lists_the_patches(gpus):
+    gpus.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    code, out = run_check(full=True)
+    assert code == cli.EXIT_OK
+    assert "imports: torch, torchvision, vLLM OK" in out
+    assert cli.FULL_ONLY not in out
     assert "v2-runner-class: applies  [vllm.v1.worker.gpu.model_runner.GPUModelRunner]" in out
     assert "breakable-env: stands aside: VLLM_PP_CUDAGRAPH_BREAKABLE is off" in out
     assert "GPUs visible: 2" in out
@@ -124,7 +135,7 @@ def test_a_vllm_whose_internals_moved_is_reported_not_raised(gpus, monkeypatch):
         raise AttributeError("type object 'AsyncScheduler' has no attribute 'schedule'")
 
     monkeypatch.setattr(patches, "standing", standing)
-    code, out = run_check()
+    code, out = run_check(full=True)
     assert code == cli.EXIT_BROKEN_INSTALL
     assert ("patches: could not be listed: AttributeError: type object 'AsyncScheduler' "
             "has no attribute 'schedule'") in out
@@ -144,37 +155,39 @@ class Broken(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Broken())
 from vllm_pp_cudagraph.cli import main
-sys.exit(main(["check"]))
+sys.exit(main({argv!r}))
 """
 
 
-def check_with_broken(module: str, error: str) -> subprocess.CompletedProcess:
+def check_with_broken(module: str, error: str, argv=("check",)) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("VLLM_PP_CUDAGRAPH_") and k != "VLLM_PLUGINS"}
-    script = BROKEN_IMPORT.format(module=module, error=error)
+    script = BROKEN_IMPORT.format(module=module, error=error, argv=list(argv))
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("module, error, cause, fix", [
+@pytest.mark.parametrize("module, error, cause, fix, argv", [
     ("torchvision", 'RuntimeError("operator torchvision::nms does not exist")',
      "torchvision {torchvision} is installed but does not import: "
-     "RuntimeError: operator torchvision::nms does not exist", "torchvision"),
+     "RuntimeError: operator torchvision::nms does not exist", "torchvision", ["check"]),
     ("torch", 'OSError("libtorch_cuda.so: cannot open shared object file")',
-     "torch {torch} is installed but does not import: OSError: libtorch_cuda.so", "torch"),
+     "torch {torch} is installed but does not import: OSError: libtorch_cuda.so", "torch",
+     ["check"]),
     ("vllm.v1.worker.gpu.model_runner", 'ImportError("undefined symbol: _ZN3c10")',
-     "vLLM {vllm} is installed but does not import: ImportError: undefined symbol", "vllm"),
+     "vLLM {vllm} is installed but does not import: ImportError: undefined symbol", "vllm",
+     ["check", "--full"]),
 ])
-def test_a_package_that_does_not_import_is_named_with_its_fix(module, error, cause, fix):
+def test_a_package_that_does_not_import_is_named_with_its_fix(module, error, cause, fix, argv):
     from importlib import metadata
 
-    proc = check_with_broken(module, error)
+    proc = check_with_broken(module, error, argv)
     versions = {n: metadata.version(n) for n in ("torch", "torchvision", "vllm")}
     assert proc.returncode == cli.EXIT_BROKEN_INSTALL, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert cause.format(**versions) in proc.stdout
     assert "\n    " + install_check.fix_command(fix) + "\n" in proc.stdout
-    assert "patches: not listed (vLLM does not import, see above)" in proc.stdout
+    assert "patches: not listed (an import fails, see above)" in proc.stdout
     if module == "torch":
         assert "GPUs visible: unknown" in proc.stdout
 
@@ -183,12 +196,23 @@ VLLM_LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\
 
 
 def test_vllm_log_lines_stay_out_of_the_report(clean_env):
+    """What vLLM's import prints comes after the report, on stderr, under a heading."""
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
-    proc = subprocess.run([sys.executable, "-m", "vllm_pp_cudagraph.cli", "check"],
+    proc = subprocess.run([sys.executable, "-m", "vllm_pp_cudagraph.cli", "check", "--full"],
                           capture_output=True, text=True, timeout=300)
     assert "patches when enabled" in proc.stdout
     logged = [line for line in proc.stdout.splitlines() if VLLM_LOG_LINE.match(line)]
     assert logged == []
+
+
+def test_the_quick_check_leaves_vllms_model_runner_unimported(clean_env):
+    """What keeps ``check`` to seconds: vLLM's model-runner stack is for ``--full``."""
+    clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    script = ("import io, sys; from vllm_pp_cudagraph import cli; cli.check(io.StringIO()); "
+              "print('model_runner' in ' '.join(sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr
 
 
 @pytest.fixture
@@ -288,3 +312,19 @@ def test_check_refuses_bad_engine_arguments(clean_env, capsys, model_dir, argv, 
         cli.main(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_wrong_argument_is_one_line_and_status_2(clean_env, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["check", "--pipeline", "2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == cli.EXIT_MISCONFIGURED
+    assert err.strip().splitlines() == [
+        "vllm-pp-cudagraph: error: unrecognized arguments: --pipeline 2 "
+        "(see 'vllm-pp-cudagraph --help')"]
+
+
+def test_check_takes_the_built_in_shapes_bench_takes(gpus, capsys):
+    code = cli.main(["check", "--model", "qwen3-0.6b", "--pp", "2"])
+    assert code == cli.EXIT_OK
+    assert "layer partition: vLLM's split" in capsys.readouterr().out

@@ -16,6 +16,7 @@ import json
 import random
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -422,6 +423,27 @@ def test_first_stage_reads_stale_tokens_without_the_early_consume(model_dir, fil
     requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(40, 40))
     run = serve(make_scheduler(model_dir, num_blocks=64), requests, [0] * 8, early_consume=False)
     assert any("first stage read" in p for p in run.problems)
+
+
+def test_a_freed_slot_reused_this_step_does_not_consume_its_old_owners_tokens():
+    """A ring entry for a finished request is left to vLLM's own consume.
+
+    Request "old" finished with a sampled token still in the ring; its slot was
+    freed and given to "new" in the same step. The step decodes "new" (the same
+    request index), but the entry holds "old"'s token: taking it early would
+    consume hand-offs in the wrong order for every request in that entry.
+    """
+    stage = FirstStage(pp_size=2, early_consume=True)
+    stage.index["old"] = slot = stage.free.pop()
+    step = SimpleNamespace(num_scheduled_tokens={"old": 1})
+    stage.receive(step, {"old": 42})
+    assert stage.handler.get_prev_sampled_outputs() is None  # the next step begins
+    stage._free("old")
+    stage.index["new"] = stage.free.pop()
+    assert stage.index["new"] == slot
+    entry = stage.handler.queue[-2]
+    assert consume_entries_needed_by(stage.handler, np.array([slot], dtype=np.int32)) == []
+    assert stage.handler.queue[-2] is entry
 
 
 def _request(name: str, eligible_at: int) -> Request:

@@ -33,6 +33,7 @@ from vllm_pp_cudagraph.stage_costs import (
     ModelShape,
     modelled_costs,
     read_table,
+    stage_costs,
 )
 
 AUTO = LayerPartition.AUTO
@@ -356,7 +357,6 @@ def test_a_table_between_batch_sizes_is_interpolated(tmp_path):
             {"batch": 101, "layer_ms": 0.2, "embedding_ms": 0, "lm_head_ms": 1.2}]
     (tmp_path / "t.json").write_text(json.dumps({"signature": shape.signature(),
                                                  "batches": rows}))
-    from vllm_pp_cudagraph.stage_costs import stage_costs
 
     costs = stage_costs(shape, 51, tmp_path)
     assert costs.layer_s == pytest.approx(0.15e-3) and costs.head_s == pytest.approx(0.7e-3)
@@ -369,9 +369,18 @@ def test_an_unreadable_table_is_refused_naming_its_file(tmp_path):
         auto(SHAPES["qwen3-0.6b"], 2, tables=tmp_path)
 
 
-def test_every_shipped_table_is_readable():
-    for path in TABLES.glob("*.json"):
-        read_table(path)
+def test_every_shipped_table_is_readable_and_named_for_its_shape():
+    """A table whose file name drifted from its signature would never be found."""
+    paths = sorted(TABLES.glob("*.json"))
+    assert len(paths) >= 2, f"the package ships no cost tables ({TABLES})"
+    for path in paths:
+        assert read_table(path)["signature"] == path.stem
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "qwen3-30b-a3b"])
+def test_the_measured_shapes_read_their_shipped_table(shape):
+    costs = stage_costs(ModelShape.from_config(SHAPES[shape]), batch=256)
+    assert "(measured)" in costs.source
 
 
 # How the choice reaches vLLM, on a real VllmConfig and vLLM's own get_pp_indices.

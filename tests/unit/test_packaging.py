@@ -103,3 +103,10 @@ def test_nothing_in_the_package_reaches_into_the_repositorys_tests_or_tooling():
         reaching += [f"{path.name}: names tests/" for line in source.splitlines()
                      if "tests/" in line]
     assert reaching == []
+
+
+def test_the_version_is_the_changelogs_newest():
+    """The version the package reports is the one the changelog's newest section names."""
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    newest = re.search(r"^## (\d+\.\d+\.\d+)", changelog, re.M).group(1)
+    assert vllm_pp_cudagraph.__version__.startswith(newest)

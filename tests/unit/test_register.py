@@ -183,3 +183,25 @@ def test_the_plugins_settings_are_no_unknown_vllm_variables(name, value, clean_e
         patches.undo_all()
     with pytest.raises(ValueError, match=name):
         _validate_vllm_environ()  # undo leaves vLLM's table as it was
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "bogus", "'auto', 'merge', 'balance', 'fill' or 'vllm'"),
+    ("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "3,3", "VLLM_PP_LAYER_PARTITION=3,3"),
+    ("VLLM_PP_CUDAGRAPH_DECODE_CADNCE", "merge", "VLLM_PP_CUDAGRAPH_DECODE_CADENCE"),
+])
+def test_a_bad_setting_stops_vllm_serve_with_one_line(name, value, says):
+    """What an operator sees: one line naming the variable and what it takes, not a
+    traceback through vLLM's argument parser, and a failed exit before anything starts."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_PP_CUDAGRAPH_")}
+    env.update({"VLLM_PLUGINS": "pp_cudagraph", name: value})
+    proc = subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve",
+                           "/nonexistent-model", "-pp", "2"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("vllm-pp-cudagraph: ") and name in last and says in last

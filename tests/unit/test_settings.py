@@ -96,3 +96,12 @@ def test_readme_documents_every_setting():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for variable, _, _ in PPCudaGraphSettings.describe():
         assert f"| `{variable}` |" in readme, variable
+
+
+@pytest.mark.parametrize("raw", ["3,3", " 20, 8 "])
+def test_a_split_in_the_partition_setting_points_to_vllms_own_variable(raw):
+    with pytest.raises(SettingsError) as err:
+        PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_LAYER_PARTITION": raw})
+    split = raw.replace(" ", "")
+    assert f"VLLM_PP_LAYER_PARTITION={split}" in str(err.value)
+    assert "'vllm' or 'auto'" in str(err.value)

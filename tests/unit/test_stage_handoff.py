@@ -61,3 +61,16 @@ def test_the_direct_hand_off_is_no_start_up_patch():
     patch = next(p for p in patches.PATCHES if p.name == "direct-handoff")
     assert patch.apply is None and patch.scope == "vllm_pp_cudagraph.stage_handoff.enable"
     assert patches.apply_patch("direct-handoff", PPCudaGraphSettings(direct_handoff=True)) is None
+
+
+@pytest.mark.parametrize("direct_per_stage", [[True, False], [False, False, True]])
+def test_stages_that_disagree_on_the_direct_hand_off_stop_start_up(direct_per_stage):
+    """One side would wait for metadata the other never sends: a hang, refused instead."""
+    with pytest.raises(stage_handoff.HandoffDisagreementError,
+                       match="VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF alike"):
+        stage_handoff.check_stages_agree(direct_per_stage)
+
+
+@pytest.mark.parametrize("direct_per_stage", [[True, True], [False, False, False]])
+def test_stages_that_agree_start(direct_per_stage):
+    stage_handoff.check_stages_agree(direct_per_stage)
