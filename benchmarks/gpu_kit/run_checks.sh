@@ -35,16 +35,19 @@
 #   serve-0.6b, serve-70b, serve-30b-a3b  the same for the other shapes
 #                (engine-* and serve-* are the acceptance table of pipelining that pays:
 #                docs/performance.md; each a bench invocation of its own)
-#   scoreboard-32b  the 2-GPU scoreboard of the Qwen3-32B dense shape (dummy weights):
-#                the plugin's defaults, stock MRV2 and V1 at PP=2 and stock at TP=2 (runner
-#                tp), profiled, in 4 cells, each a bench invocation into its own folder
-#                under scoreboard-32b/: served (vllm bench serve, random dataset, 256 out
-#                at concurrency 256) with 64 then 1024 tokens in, then offline (--workload
-#                engine, 64 in / 256 out) with 256 prompts and with 512 at
-#                --max-num-seqs 512. The cells share KIT_DEADLINE_S seconds (default
-#                1500): each gets what the earlier ones left as its --deadline, one left
-#                under a minute is skipped, and bench.json is written as each run ends, so
-#                a lease cut short keeps every finished run
+#   scoreboard-32b  the 2-GPU scoreboard of the Qwen3-32B dense shape (dummy weights,
+#                vLLM's attention choice, gpu_memory_utilization 0.9, max_num_seqs 1024),
+#                each cell a bench invocation into its own folder under scoreboard-32b/,
+#                in this order: serve-nvlink (the plugin's defaults, stock MRV2 at PP=2
+#                and stock at TP=2, one server each, vllm bench serve random 256 out at
+#                64 in x concurrency 256 and 1024, then 1024 in x 256), serve-socket
+#                (the same runners, --interconnect socket, 64 in x 256), serve-v1 (V1 at
+#                PP=2, the points of serve-nvlink), engine-1024 (--workload engine,
+#                1024 prompts of 64 in / 256 out: plugin, stock PP, TP). The cells share
+#                KIT_DEADLINE_S seconds (default 1500): each gets what the earlier ones
+#                left as its --deadline, one left under a minute is skipped, and
+#                bench.json is written as each run ends, so a lease cut short keeps
+#                every finished run
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -231,7 +234,7 @@ step_serve-32b() { serve_cell qwen3-32b 1200; }
 step_serve-70b() { serve_cell llama-3.1-70b 1500; }
 step_serve-30b-a3b() { serve_cell qwen3-30b-a3b 1200; }
 
-# scoreboard_cell NAME BENCH_ARGS...: one cell of step_scoreboard-32b, its --deadline what
+# scoreboard_cell NAME MODES BENCH_ARGS...: one cell of step_scoreboard-32b, its --deadline what
 # KIT_DEADLINE_S leaves since the step began (SCOREBOARD_T0).
 scoreboard_cell() {
   local name=$1 left=$((${KIT_DEADLINE_S:-1500} - (SECONDS - SCOREBOARD_T0)))
@@ -240,22 +243,25 @@ scoreboard_cell() {
     echo "scoreboard-32b $name: skipped, $left s of KIT_DEADLINE_S left"
     return 1
   fi
-  CUDA_VISIBLE_DEVICES=0,1 $BENCH --model qwen3-32b --weights dummy --profile --timeout 600 \
-    --deadline "$left" --out "$RES/scoreboard-32b/$name" \
-    --modes plugin:$FAP,stock:$FAP,tp:$FAP,v1:$FAP "$@"
+  local modes=$1
+  shift
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --model qwen3-32b --weights dummy --timeout 600 \
+    --max-num-seqs 1024 --gpu-memory-utilization 0.9 --deadline "$left" \
+    --out "$RES/scoreboard-32b/$name" --modes "$modes" "$@"
 }
 
 step_scoreboard-32b() {
-  local rc=0
+  local rc=0 runners=plugin:$FAP,stock:$FAP,tp:$FAP
   SCOREBOARD_T0=$SECONDS
-  local serve="--workload serve --num-requests 512 --output-len 256 --max-num-seqs 256 --concurrency 256 --repeat 2"
-  local engine="--workload engine --input-len 64 --output-len 256 --repeat 3"
+  local serve="--workload serve --num-requests 512 --output-len 256 --repeat 2"
+  local points="--points 64:256,64:1024,1024:256"
   # shellcheck disable=SC2086
   {
-    scoreboard_cell serve-in64 $serve --input-len 64 || rc=1
-    scoreboard_cell serve-in1024 $serve --input-len 1024 || rc=1
-    scoreboard_cell engine-256 $engine --prompts 256 --max-num-seqs 256 || rc=1
-    scoreboard_cell engine-512 $engine --prompts 512 --max-num-seqs 512 || rc=1
+    scoreboard_cell serve-nvlink $runners $serve $points || rc=1
+    scoreboard_cell serve-socket $runners $serve --points 64:256 --interconnect socket || rc=1
+    scoreboard_cell serve-v1 v1:$FAP $serve $points || rc=1
+    scoreboard_cell engine-1024 $runners --workload engine --prompts 1024 --input-len 64 \
+      --output-len 256 --repeat 2 || rc=1
   }
   return $rc
 }
@@ -415,10 +421,10 @@ for path in sorted([*res.glob("*/bench.json"), *res.glob("scoreboard-*/*/bench.j
                     *res.glob("gpu-tests/**/bench.json")]):
     for run in json.loads(path.read_text())["runs"]:
         spec = run["spec"]
-        keys = ("concurrency", "plugin_stages", "direct_handoff_stages", "tokens_verdict",
+        keys = ("input_len", "concurrency", "plugin_stages", "direct_handoff_stages", "tokens_verdict",
                 "tokens_agree",
                 "tokens_reference", "requests_differ", "repeats_itself", "req_per_s",
-                "tpot_mean_ms", "tpot_p50_ms", "init_s", "capture_s", "returncode")
+                "tpot_mean_ms", "tpot_p50_ms", "ttft_p50_ms", "output_tok_per_s", "init_s", "capture_s", "returncode")
         row = " ".join(f"{k}={run[k]}" for k in keys if k in run)
         layout = f" tp={spec['tp']} pp={spec['pp']}" if spec.get("tp", 1) > 1 else ""
         print(f"{path.parent.relative_to(res)}: {spec['runner']}:{spec['mode']}{layout} "

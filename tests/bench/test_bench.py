@@ -21,6 +21,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     output_lengths,
 )
 from vllm_pp_cudagraph.bench.stats import output_digest
+from vllm_pp_cudagraph.exit_status import EXIT_NO_GPU
 from vllm_pp_cudagraph.bench.stats import (
     RequestTiming,
     capture_stats,
@@ -64,7 +65,7 @@ def test_without_enough_gpus_bench_refuses_at_once_and_writes_nothing(tmp_path, 
         [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--pp", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=120, env=env,
     )
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_NO_GPU  # as `check` says no GPU is visible
     assert "--pp 2 needs 2 NVIDIA GPUs" in proc.stderr and "0 are visible" in proc.stderr
     assert not out.exists()
     assert __import__("time").monotonic() - started < 30
@@ -441,7 +442,7 @@ def test_pp_above_the_visible_gpus_is_refused(tmp_path, capsys, monkeypatch):
     out = tmp_path / "results"
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--pp", "4", "--out", str(out)])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == EXIT_NO_GPU
     assert "--pp 4 needs 4 NVIDIA GPUs (one per pipeline stage) but 2 are visible" in \
         capsys.readouterr().err
     assert not out.exists()
@@ -497,7 +498,7 @@ def test_the_pp_advised_for_the_gpus_at_hand_is_accepted(tmp_path, capsys, monke
 def test_tensor_parallel_stages_need_pp_times_tp_gpus(tmp_path, capsys, monkeypatch):
     code, err = _refused(monkeypatch, capsys, 2,
                          ["--pp", "2", "--tp", "2", "--out", str(tmp_path / "r")])
-    assert code == 2
+    assert code == EXIT_NO_GPU
     assert "--pp 2 --tp 2 needs 4 NVIDIA GPUs (2 per pipeline stage) but 2 are visible" in err
     assert "or with --tp 1" in err
     code = _bench_with_engines_faked(monkeypatch, ["--pp", "2", "--tp", "1", "--weights", "dummy",
@@ -922,3 +923,18 @@ def test_at_pp1_a_plugin_run_without_the_plugins_runner_is_expected():
     run = report("plugin", "eager", plugin_stages=0)
     assert bench.plugin_not_loaded(argparse.Namespace(pp=1), [run]) == []
     assert bench.plugin_not_loaded(argparse.Namespace(pp=2), [run]) == [run]
+
+
+def test_help_lists_the_runners_users_pick_and_accepts_vllms_prompt_flag(capsys):
+    """Runners for the project's own checks stay out of --help but still parse, and
+    --num-prompts (vllm bench's name) is --prompts."""
+    from vllm_pp_cudagraph.bench.engine_run import INTERNAL_RUNNERS
+
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "'plugin', 'plugin-auto-split'" in text.replace("\n", " ") or "plugin-auto-split" in text
+    assert not [r for r in INTERNAL_RUNNERS if r in text]
+    args = bench.build_parser().parse_args(["--modes", "plugin-unproven:eager",
+                                            "--num-prompts", "7"])
+    assert args.modes[0][0] == "plugin-unproven" and args.prompts == 7

@@ -105,13 +105,50 @@ def test_a_profiled_serve_sweep_gives_each_concurrency_its_own_per_stage_profile
     config = served["extra_args"][served["extra_args"].index("--profiler-config") + 1]
     assert json.loads(config)["torch_profiler_dir"] == str(profile_dir)
     assert calls == ["pass c64 n128", "pass c64 n512", "start", "pass c64 n128", "stop",
-                     "pass c256 n512", "start", "pass c256 n256", "stop"]
+                     "pass c256 n256", "pass c256 n512", "start", "pass c256 n256", "stop"]
     assert [p["concurrency"] for p in points] == [64, 256]
     assert points[1]["pass_req_per_s"] == [266.0] and points[1]["pass_tpot_p99_ms"] == [None]
     assert [p["gpu_busy_pct"] for p in points] == [[80.0, 81.0], [80.0, 81.0]]
     # Each concurrency's profile is made of its own pass's traces only.
     assert points[0]["profile"]["rank0"]["traces"] == ["worker0.5.pt.trace.json.gz",
                                                       "worker1.5.pt.trace.json.gz"]
-    assert points[1]["profile"]["rank0"]["traces"] == ["worker0.9.pt.trace.json.gz",
-                                                      "worker1.9.pt.trace.json.gz"]
+    assert points[1]["profile"]["rank0"]["traces"] == ["worker0.10.pt.trace.json.gz",
+                                                      "worker1.10.pt.trace.json.gz"]
     assert not list(profile_dir.glob("*.pt.trace.json*"))
+
+
+def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path, monkeypatch):
+    """``--points IN:C,...``: each point's passes carry its own input length, a pass
+    sends at least two requests per request in flight, and each report says its point."""
+    import asyncio
+    import sys
+
+    from vllm_pp_cudagraph.bench import serve_run
+
+    starts, passes = [], []
+
+    def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
+                            extra_args=()):
+        starts.append(spec.input_len)
+        log_path.write_text("")
+        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
+
+    def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
+                    result_dir, result_name):
+        passes.append((input_len, concurrency, num_prompts))
+        result = {"request_throughput": float(input_len + concurrency)}
+        return [sys.executable, "-c",
+                f"import json; json.dump({result!r}, open({str(result_dir / result_name)!r}, 'w'))"]
+
+    monkeypatch.setattr(serve_run, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
+    spec = RunSpec("plugin", "full_and_piecewise", pp=2, repeat=1, workload="serve",
+                   input_len=2)
+    reports = serve_run.run_vllm_bench_sweep(spec, str(tmp_path), tmp_path / "serve.log",
+                                             [(64, 256), (64, 1024), (1024, 256)], 512)
+    assert starts == [2]
+    # Each point is warmed at its own concurrency, with a request per slot at least.
+    assert passes == [(64, 256, 256), (64, 256, 512), (64, 1024, 1024), (64, 1024, 2048),
+                      (1024, 256, 256), (1024, 256, 512)]
+    assert [(r["input_len"], r["concurrency"], r["req_per_s"]) for r in reports] == [
+        (64, 256, 320.0), (64, 1024, 1088.0), (1024, 256, 1280.0)]

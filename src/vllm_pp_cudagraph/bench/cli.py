@@ -28,7 +28,9 @@ from vllm_pp_cudagraph.bench.dummy_model import (
     token_word,
     write_model_dir,
 )
+from vllm_pp_cudagraph.bench.interconnect import INTERCONNECTS, SIMULATES
 from vllm_pp_cudagraph.bench.engine_run import (
+    INTERNAL_RUNNERS,
     MODES,
     RUNNERS,
     TENSOR_PARALLEL_RUNNERS,
@@ -42,6 +44,13 @@ from vllm_pp_cudagraph.bench.engine_run import (
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, run_vllm_bench_sweep
 from vllm_pp_cudagraph.bench.token_judge import NEAR_TIE_NATS, TOP_LOGPROBS, TokenRecord, judge
+from vllm_pp_cudagraph.exit_status import (
+    EXIT_FAILED,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    TABLE,
+    ArgumentParser,
+)
 from vllm_pp_cudagraph.layer_partition import vllm_split
 
 DEFAULT_MODES = [
@@ -206,6 +215,10 @@ def _cell(report: dict[str, Any], key: str, fmt: str) -> str:
         value = f"{report['spec']['runner']}:{report['spec']['mode']}{layout_label(report['spec'])}"
         if "concurrency" in report:
             value += f" c={report['concurrency']}"
+            if report.get("input_len") not in (None, report["spec"]["input_len"]):
+                value += f" in={report['input_len']}"
+        if report["spec"].get("interconnect", "nvlink") != "nvlink":
+            value += f" [{report['spec']['interconnect']}]"
     else:
         value = report.get(key)
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -270,6 +283,18 @@ def positive_int_list(flag: str):
     return parse
 
 
+def serve_points(text: str) -> list[tuple[int, int]]:
+    """``--points``: ``IN:C,...``, each an input length and a concurrency of at least 1."""
+    try:
+        points = [tuple(int(v) for v in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        points = []
+    if not points or any(len(p) != 2 or min(p) < 1 for p in points):
+        raise argparse.ArgumentTypeError(
+            f"bad --points {text!r}: use INPUT_LEN:CONCURRENCY,..., e.g. 64:256,1024:256")
+    return points  # type: ignore[return-value]
+
+
 def asked_backend(name: str) -> str | None:
     """``--attention-backend`` as vLLM takes it: None for vLLM's own choice."""
     return None if name.lower() in ("", "auto") else name
@@ -326,6 +351,7 @@ def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: floa
         attention_backend=asked_backend(args.attention_backend),
         gpu_memory_utilization=utilization or args.gpu_memory_utilization,
         profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,
+        interconnect=args.interconnect,
         **token_record_options(args, log_name),
     )
 
@@ -353,10 +379,10 @@ def serve_load_spec(args: argparse.Namespace) -> LoadSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="vllm-pp-cudagraph bench",
         description=__doc__.split("\n\n")[0]
-        + " Needs at least --pp x --tp NVIDIA GPUs; refuses at once with fewer.",
+        + " Needs at least --pp x --tp NVIDIA GPUs; refuses at once with fewer. " + TABLE,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for add_options in (add_engine_options, add_workload_options, add_result_options,
@@ -397,6 +423,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "'auto' passes none, leaving the choice to vLLM (bench.json records the one asked "
         "for, null for vLLM's choice, and the one vLLM logged as attention_backend_used)")
     group.add_argument(
+        "--interconnect", choices=INTERCONNECTS, default="nvlink",
+        help="the link between GPUs simulated for every run: "
+        + "; ".join(f"{k}: {v}" for k, v in SIMULATES.items())
+        + ". host and socket also turn off custom, symmetric-memory and FlashInfer "
+        "all-reduce for every runner alike, so all traffic between GPUs goes through NCCL")
+    group.add_argument(
         "--speculative-config", type=speculative_config, default=None,
         help='vLLM\'s speculative_config for every run, a JSON object with a "method", e.g. '
         '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}\'; '
@@ -436,14 +468,15 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
         "--modes",
         type=parse_modes,
         default=",".join(DEFAULT_MODES),
-        help=f"comma list of RUNNER:MODE[@UTIL], RUNNER in {sorted(RUNNERS)}, MODE in "
+        help=f"comma list of RUNNER:MODE[@UTIL], RUNNER in {sorted(set(RUNNERS) - INTERNAL_RUNNERS)}, MODE in "
         f"{sorted(MODES)}, UTIL a per-run --gpu-memory-utilization; runner 'tp' is stock "
         "vLLM on the same GPUs by tensor parallelism alone (tensor_parallel_size --pp x "
         "--tp, no pipeline, no plugin); 'plugin-auto-split' is the plugin with "
         "VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto, and bench.json's layer_partition_used the "
         "split its engine logged (give stock the same with --layer-partition)",
     )
-    group.add_argument("--prompts", type=int, default=128, help="requests per timed run")
+    group.add_argument("--prompts", "--num-prompts", dest="prompts", type=int, default=128,
+                       help="requests per timed run")
     group.add_argument("--input-len", type=int, default=2, help="prompt length in tokens")
     group.add_argument("--output-len", type=int, default=512,
                        help="tokens generated per request (greedy, EOS ignored)")
@@ -497,15 +530,21 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--concurrency", type=positive_int_list("--concurrency"), default="64",
                        help="requests in flight at once; for --workload serve a comma "
                        "list, one run each (a sweep)")
+    group.add_argument("--points", type=serve_points, default=None,
+                       help="--workload serve: comma list of INPUT_LEN:CONCURRENCY, each a "
+                       "sweep point on the same server (instead of --input-len with each "
+                       "--concurrency)")
     group.add_argument("--num-requests", type=int, default=None,
-                       help="requests per timed run (None: --prompts)")
+                       help="requests per timed run (None: --prompts); --workload serve "
+                       "sends at least two per request in flight")
     group.add_argument("--port", type=int, default=8000, help="port of the server")
 
 
 def engine_status(report: dict[str, Any], log_name: str) -> str:
     """One console line for an engine: its speed, or why it gave none."""
     if report.get("digest"):
-        return f"{report['req_per_s']} req/s, TPOT {report.get('tpot_mean_ms')} ms"
+        tpot = report.get("tpot_mean_ms") or report.get("tpot_p50_ms")
+        return f"{report['req_per_s']:.2f} req/s, TPOT {tpot if tpot is None else round(tpot, 1)} ms"
     if "timed_out_after_s" in report:
         return (
             f"STOPPED after {report['timed_out_after_s']:.0f} s, its time limit "
@@ -540,6 +579,8 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
     if args.output_len >= 1 and not 0 <= args.output_len_spread < args.output_len:
         problems.append(f"--output-len-spread={args.output_len_spread} must be at least 0 and "
                         f"below --output-len={args.output_len}")
+    if args.points and args.workload != "serve":
+        problems.append("--points is for --workload serve (a sweep on one server)")
     if args.num_requests is not None and args.num_requests < 1:
         problems.append(f"--num-requests {args.num_requests} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
@@ -727,7 +768,7 @@ def refuse_impossible(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("; ".join(problems) + ". Nothing was started or written.")
     gpus = visible_gpus()
     if gpus < args.pp * args.tp:
-        parser.exit(2, f"vllm-pp-cudagraph bench: {gpu_shortage(args.pp, args.tp, gpus)}; "
+        parser.exit(EXIT_NO_GPU, f"vllm-pp-cudagraph bench: {gpu_shortage(args.pp, args.tp, gpus)}; "
                        "nothing was written.\n")
 
 
@@ -783,7 +824,7 @@ def run_one(args: argparse.Namespace, spec: RunSpec, model: str | None, log_path
             timeout: float) -> list[dict[str, Any]]:
     """One engine or server of the workload; its reports (a serve sweep: one per concurrency)."""
     if args.workload == "serve":
-        reports = run_vllm_bench_sweep(spec, model, log_path, args.concurrency,
+        reports = run_vllm_bench_sweep(spec, model, log_path, args.points or args.concurrency,
                                        args.num_requests or args.prompts, port=args.port,
                                        startup_timeout_s=timeout)
     elif args.serve:
@@ -839,16 +880,16 @@ def print_profiles(reports: list[dict[str, Any]]) -> None:
 
 def exit_status(args: argparse.Namespace, reports: list[dict[str, Any]],
                 unloaded: list[dict[str, Any]]) -> int:
-    """1 if a run failed or did not load the plugin, or (batch) gave tokens it must not:
-    tokens that differ from its reference's beyond near ties, stock's control included."""
+    """EXIT_FAILED if a run failed or did not load the plugin, or (batch) gave tokens it must
+    not: tokens that differ from its reference's beyond near ties, stock's control included."""
     failed = [r for r in reports if not r.get("digest")] + unloaded
     if args.serve or args.workload != "batch":
         # Under changing batches vLLM is not batch-invariant: served outputs may
         # differ between modes, so disagreement is reported, not fatal.
-        return 1 if failed else 0
+        return EXIT_FAILED if failed else EXIT_OK
     differ = [r for r in reports if r.get("tokens_verdict") == "differ"
               and not expected_difference(r)]
-    return 1 if failed or differ else 0
+    return EXIT_FAILED if failed or differ else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.layer_partition import LOG_PREFIX
 from vllm_pp_cudagraph.support import STAND_ASIDE
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.bench.interconnect import INTERCONNECT_ENV, merge_options
 from vllm_pp_cudagraph.bench.token_judge import record_of
 from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
 from vllm_pp_cudagraph.bench.stats import (
@@ -86,6 +87,9 @@ RUNNERS: dict[str, dict[str, str]] = {
     # Stock MRV2 on the same GPUs by tensor parallelism alone (see runner_layout).
     "tp": {"VLLM_PLUGINS": "", "VLLM_USE_V2_MODEL_RUNNER": "1"},
 }
+
+#: Runners for the project's own checks, accepted by --modes but not listed in --help.
+INTERNAL_RUNNERS = frozenset({"plugin-cadence-kvsplit", "plugin-unproven"})
 
 #: Runners that spread the model over all the GPUs by tensor parallelism, without stages.
 TENSOR_PARALLEL_RUNNERS = frozenset({"tp"})
@@ -169,6 +173,8 @@ class RunSpec:
     """If set: the warm-up's tokens and logprobs are written here (a TokenRecord)."""
     profile_dir: str | None = None
     """If set: after the timed runs, one more pass under torch.profiler, traces here."""
+    interconnect: str = "nvlink"
+    """The link between GPUs simulated (:mod:`~vllm_pp_cudagraph.bench.interconnect`)."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -366,7 +372,7 @@ def mode_options(spec: RunSpec) -> dict[str, Any]:
         compilation = dict(options.get("compilation_config", {}))
         compilation["inductor_compile_config"] = {"deterministic": True}
         options["compilation_config"] = compilation
-    return options
+    return merge_options(options, spec.interconnect)
 
 
 #: vLLM's speculative-decoding counters, summed over engines, and what they count.
@@ -433,6 +439,7 @@ def engine_env(spec: RunSpec) -> dict[str, str]:
     env.pop("TORCHINDUCTOR_DETERMINISTIC", None)
     if spec.deterministic_compile:
         env["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+    env.update(INTERCONNECT_ENV[spec.interconnect])
     env.update(spec.extra_env)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"

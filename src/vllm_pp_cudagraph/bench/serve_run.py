@@ -239,10 +239,20 @@ async def _post(url: str, timeout_s: float = 900) -> int:
             return resp.status
 
 
+#: A sweep point: a concurrency at the run's input length, or (input length, concurrency).
+SweepPoint = int | tuple[int, int]
+
+
+def point_shape(point: SweepPoint, input_len: int) -> tuple[int, int]:
+    """``point`` as (input length, concurrency)."""
+    return (input_len, point) if isinstance(point, int) else point
+
+
 @dataclass
 class BenchServeClient:
     """``vllm bench serve`` passes against one server, their result files in ``result_dir``;
-    with ``profile_dir``, one more pass per concurrency under vLLM's profiler."""
+    with ``profile_dir``, one more pass per point under vLLM's profiler. A timed pass
+    sends ``num_prompts`` requests, or two per request in flight where that is more."""
 
     spec: RunSpec
     model_dir: str
@@ -251,31 +261,34 @@ class BenchServeClient:
     profile_dir: Path | None = None
 
     async def one_pass(self, base_url: str, concurrency: int, prompts: int,
-                       name: str) -> dict[str, Any]:
+                       name: str, input_len: int | None = None) -> dict[str, Any]:
         """One client run of ``prompts`` requests; its summary (``client_rc`` always)."""
+        input_len = input_len or self.spec.input_len
         result = self.result_dir / f"{name}.json"
         cmd = vllm_bench_serve_command(base_url, self.model_dir, concurrency, prompts,
-                                       self.spec.input_len, self.spec.output_len,
+                                       input_len, self.spec.output_len,
                                        self.result_dir, result.name)
         with open(self.result_dir / f"{name}.log", "w") as client_log:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdout=client_log, stderr=subprocess.STDOUT)
             rc = await proc.wait()
-        point: dict[str, Any] = {"concurrency": concurrency, "client_rc": rc}
+        point: dict[str, Any] = {"concurrency": concurrency, "input_len": input_len,
+                                 "client_rc": rc}
         if rc == 0 and result.exists():
             point.update(vllm_bench_summary(json.loads(result.read_text())))
         return point
 
-    async def profiled_pass(self, base_url: str, concurrency: int) -> dict[str, Any]:
+    async def profiled_pass(self, base_url: str, concurrency: int, input_len: int,
+                            name: str) -> dict[str, Any]:
         """One pass of at least ``concurrency`` requests under the profiler; its summary."""
         assert self.profile_dir is not None
         if (status := await _post(f"{base_url}/start_profile")) != 200:
             return {"profile_error": f"/start_profile answered HTTP {status}"}
         await self.one_pass(base_url, concurrency, max(self.num_prompts // 4, concurrency),
-                            f"c{concurrency}-profiled")
+                            f"{name}-profiled", input_len)
         if (status := await _post(f"{base_url}/stop_profile")) != 200:
             return {"profile_error": f"/stop_profile answered HTTP {status}"}
-        dest = self.profile_dir / f"c{concurrency}"
+        dest = self.profile_dir / name
         ranks = self.spec.pp * self.spec.tp
         found = await asyncio.to_thread(collect_traces, self.profile_dir, dest, ranks)
         if found < ranks:
@@ -283,24 +296,33 @@ class BenchServeClient:
         profile = await asyncio.to_thread(analyze_dir, dest)
         return {"profile": profile, "gpu_busy_pct": stage_busy(profile)}
 
-    async def point(self, base_url: str, concurrency: int) -> dict[str, Any]:
-        """``spec.repeat`` passes (at least one) at ``concurrency``: the median one, with
-        every pass's req/s and TPOT p50 / p99, and the profiled pass's summary."""
-        passes = [await self.one_pass(base_url, concurrency, self.num_prompts,
-                                      f"c{concurrency}-{i}")
+    async def point(self, base_url: str, point: SweepPoint) -> dict[str, Any]:
+        """An untimed warm-up pass, then ``spec.repeat`` passes (at least one) at
+        ``point``: the median one, with every pass's req/s and TPOT p50 / p99, and the
+        profiled pass's summary."""
+        input_len, concurrency = point_shape(point, self.spec.input_len)
+        name = f"c{concurrency}" if isinstance(point, int) else f"in{input_len}-c{concurrency}"
+        prompts = max(self.num_prompts, 2 * concurrency)
+        await self.one_pass(base_url, concurrency, self.warmup_prompts(concurrency),
+                            f"{name}-warmup", input_len)
+        passes = [await self.one_pass(base_url, concurrency, prompts, f"{name}-{i}", input_len)
                   for i in range(max(self.spec.repeat, 1))]
         done = [p for p in passes if p.get("req_per_s")]
-        point = dict(median_run(done, key="req_per_s")) if done else passes[-1]
+        result = dict(median_run(done, key="req_per_s")) if done else passes[-1]
         for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms"):
-            point[f"pass_{key}"] = [p.get(key) for p in passes]
+            result[f"pass_{key}"] = [p.get(key) for p in passes]
         if self.profile_dir is not None:
-            point.update(await self.profiled_pass(base_url, concurrency))
-        return point
+            result.update(await self.profiled_pass(base_url, concurrency, input_len, name))
+        return result
 
-    async def sweep(self, base_url: str, concurrencies: Sequence[int]) -> dict[str, Any]:
-        """A warm-up pass at the first concurrency, then a point per concurrency."""
-        await self.one_pass(base_url, concurrencies[0], max(self.num_prompts // 4, 1), "warmup")
-        return {"sweep": [await self.point(base_url, c) for c in concurrencies]}
+    def warmup_prompts(self, concurrency: int) -> int:
+        """Requests of the untimed pass before a point's: at least one per request in
+        flight, so the batch sizes the point reaches run (and compile) first."""
+        return max(self.num_prompts // 4, concurrency)
+
+    async def sweep(self, base_url: str, points: Sequence[SweepPoint]) -> dict[str, Any]:
+        """Each point, its warm-up pass first."""
+        return {"sweep": [await self.point(base_url, p) for p in points]}
 
 
 def profiler_args(spec: RunSpec) -> tuple[Path | None, list[str]]:
@@ -316,21 +338,24 @@ def run_vllm_bench_sweep(
     spec: RunSpec,
     model_dir: str,
     log_path: Path,
-    concurrencies: Sequence[int],
+    points: Sequence[SweepPoint],
     num_prompts: int,
     port: int = 8000,
     startup_timeout_s: float = 600,
 ) -> list[dict[str, Any]]:
-    """Serve ``spec`` once and drive it with ``vllm bench serve`` at each concurrency.
+    """Serve ``spec`` once and drive it with ``vllm bench serve`` at each point: a
+    concurrency at ``spec.input_len``, or an (input length, concurrency) pair.
 
-    A warm-up pass at the first concurrency comes first (Triton compiles new
-    shapes on first use), then ``spec.repeat`` timed passes per concurrency
-    (at least one); each point reports the pass of median req/s and every
+    Each point starts with an untimed warm-up pass at its own concurrency
+    (new batch sizes compile and settle on first use), then ``spec.repeat`` timed passes
+    (at least one), each of ``num_prompts`` requests or two per request in
+    flight where that is more; each point reports the pass of median req/s and every
     pass's req/s and TPOT p50 / p99 (the spread between passes). With
-    ``spec.profile_dir``, one more pass per concurrency runs under vLLM's
-    profiler (``/start_profile`` ... ``/stop_profile``), its traces go to
-    ``profile_dir/c<concurrency>``, and the point gets their per-rank summary
-    (``profile``, ``gpu_busy_pct``). One report per concurrency, each with the
+    ``spec.profile_dir``, one more pass per point runs under vLLM's profiler
+    (``/start_profile`` ... ``/stop_profile``), its traces go to
+    ``profile_dir/c<concurrency>`` (``in<input_len>-c<concurrency>`` for a pair),
+    and the point gets their per-rank summary (``profile``, ``gpu_busy_pct``).
+    One report per point, each with the
     server's shutdown status and how many stages logged the plugin's runner.
     """
     result_dir = log_path.parent / f"{log_path.stem}-results"
@@ -338,9 +363,10 @@ def run_vllm_bench_sweep(
     profile_dir, extra_args = profiler_args(spec)
     client = BenchServeClient(spec, model_dir, result_dir, num_prompts, profile_dir)
     report = serve_and_call(spec, model_dir, log_path,
-                            lambda base_url: client.sweep(base_url, concurrencies), port,
+                            lambda base_url: client.sweep(base_url, points), port,
                             startup_timeout_s, extra_args=extra_args)
     report.update(log_findings(log_path.read_text(errors="replace")))
-    points = report.pop("sweep", []) or [{"concurrency": c} for c in concurrencies]
+    done = report.pop("sweep", []) or [
+        dict(zip(("input_len", "concurrency"), point_shape(p, spec.input_len))) for p in points]
     return [{**report, **point, "digest": "n/a" if point.get("req_per_s") else None}
-            for point in points]
+            for point in done]
