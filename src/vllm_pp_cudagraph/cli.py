@@ -177,7 +177,8 @@ def _report_vllm(report: _Report, versions: compat.VersionInfo, settings) -> Non
                    "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try anyway")
         report.problem(EXIT_UNSUPPORTED)
     evidence = support.torch_evidence(versions.vllm, versions.torch)
-    report.say(f"torch: {versions.torch or 'not installed'}" + (f"; {evidence}" if evidence else ""))
+    report.say(f"torch: {versions.torch or 'not installed'}"
+               + (f"; {evidence}" if evidence else ""))
 
 
 def _report_imports(report: _Report, versions: compat.VersionInfo, full: bool,
@@ -390,13 +391,86 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
                               metavar="F", help="the engine's gpu_memory_utilization, with "
                               "--model (default 0.92, vLLM's)")
+    _add_plan_parser(sub)
     sub.add_parser(
         "bench",
         help="Throughput and latency per CUDA-graph mode at PP, plugin vs stock "
         "(see 'bench --help').",
     )
-    args = parser.parse_args(argv)  # "check" is the only command parsed here
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        return plan(parser, args)
     return check(engine=_engine_shape(parser, args), full=args.full)
+
+
+def _add_plan_parser(sub) -> None:
+    from vllm_pp_cudagraph.planning.pipeline_model import LINKS
+
+    plan_parser = sub.add_parser(
+        "plan",
+        help="Predict what PP with the plugin, stock PP and TP deliver for a model on N "
+        "GPUs, and which to choose (no GPU needed).",
+        description="Predict each layout of a model over --gpus GPUs from what its parts "
+        "cost per decode step. " + TABLE,
+    )
+    plan_parser.add_argument("--model", metavar="DIR", required=True,
+                             help="a model directory (its config.json) or a built-in shape")
+    plan_parser.add_argument("--gpus", type=int, required=True, metavar="N")
+    load = plan_parser.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=256, metavar="C",
+                      help="requests in flight, as vllm bench serve --max-concurrency "
+                      "(default 256)")
+    load.add_argument("--prompts", type=int, metavar="P",
+                      help="an offline batch of P requests instead (LLM.generate)")
+    plan_parser.add_argument("--input-len", type=int, default=64, metavar="I")
+    plan_parser.add_argument("--output-len", type=int, default=256, metavar="O")
+    plan_parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
+                             metavar="N", help=f"default {DEFAULT_MAX_NUM_SEQS}")
+    plan_parser.add_argument("--interconnect", choices=sorted(LINKS), default="nvlink")
+    plan_parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                             help="each GPU's total memory (default: the first visible GPU's)")
+    plan_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
+                             metavar="F", help="default 0.92, vLLM's")
+
+
+def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
+    """``vllm-pp-cudagraph plan``: print each layout's prediction; the exit status."""
+    from vllm_pp_cudagraph.layer_partition import Memory
+    from vllm_pp_cudagraph.planning.pipeline_model import Workload
+    from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, render
+    from vllm_pp_cudagraph.stage_costs import ModelShape, stage_costs
+
+    for flag, value in (("--gpus", args.gpus), ("--concurrency", args.concurrency),
+                        ("--prompts", args.prompts or 1), ("--input-len", args.input_len),
+                        ("--output-len", args.output_len), ("--max-num-seqs", args.max_num_seqs)):
+        if value < 1:
+            parser.error(f"plan: {flag} must be at least 1")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        parser.error("plan: --gpu-memory-utilization must be in (0, 1]")
+    gpu_bytes = (_gpu_memory_bytes() if args.gpu_memory_gib is None
+                 else int(args.gpu_memory_gib * 2**30))
+    if not gpu_bytes or gpu_bytes <= 0:
+        parser.error("plan: no GPU is visible to read its memory from; pass --gpu-memory-gib "
+                     "(e.g. 141 for an H200, 80 for an H100)")
+    try:
+        config = read_model_config(args.model)
+        settings = PPCudaGraphSettings.from_env()
+        work = Workload(args.concurrency, args.input_len, args.output_len, args.max_num_seqs,
+                        args.prompts)
+        memory = Memory(gpu_bytes, args.gpu_memory_utilization)
+        rows, decision = make_plan(config, args.gpus, work, memory, args.interconnect,
+                                   settings.layer_partition)
+    except (ValueError, PlanError, SettingsError) as exc:
+        parser.error(f"plan: {exc}")
+    out = out or sys.stdout
+    source = stage_costs(ModelShape.from_config(config), work.running).source
+    print(f"{args.model} on {args.gpus} GPUs ({gpu_bytes / 2**30:.0f} GiB x "
+          f"{args.gpu_memory_utilization}), {args.interconnect}; {work.running} requests "
+          f"decoding, {args.input_len} in / {args.output_len} out", file=out)
+    print(f"PP={args.gpus} layer split: {decision.describe()[0]}", file=out)
+    for line in render(rows, work, source):
+        print(line, file=out)
+    return EXIT_OK
 
 
 def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineShape | None:

@@ -1,0 +1,203 @@
+"""What PP with the plugin, stock PP and TP deliver for a model on N GPUs, predicted.
+
+From what one stage costs per decode step (:mod:`vllm_pp_cudagraph.stage_costs`),
+each layout's time per output token follows from how its steps overlap; how and why,
+and how far the predictions were off on measured cells: ``docs/performance.md``,
+"Predicting PP against TP".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from vllm_pp_cudagraph.stage_costs import (
+    BYTES_PER_S,
+    FLOPS_PER_S,
+    ModelShape,
+    StageCosts,
+    modelled_costs,
+    stage_costs,
+)
+
+#: Host time of one engine step (scheduling, input preparation, output processing),
+#: fitted to the wall time per step of the 0.6B stage at PP=1 on one H200, which is
+#: host-bound (results/2026-11-24-vllm033-one-gpu-stage-costs: 1.46 ms at 1 request,
+#: 6.00 ms at 256).
+HOST_STEP_S = 1.4e-3
+HOST_PER_REQUEST_S = 18e-6
+#: Stock MRV2's GPU time per PP step over the plugin's at the same group size: the one
+#: constant set from a cell with a GPU per stage (the 0.26.0 32B engine cell's
+#: profile, 15.6 against 11.9 ms of kernels per step; results/2026-11-23-pipelining-pp2).
+STOCK_PP_GPU_FACTOR = 1.31
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between GPUs: what one transfer of ``n`` bytes costs."""
+
+    bytes_per_s: float
+    latency_s: float
+
+    def transfer_s(self, n: float) -> float:
+        return self.latency_s + n / self.bytes_per_s
+
+    def all_reduce_s(self, n: float, ranks: int) -> float:
+        """A ring all-reduce of ``n`` bytes over ``ranks`` GPUs."""
+        return self.latency_s + 2 * (ranks - 1) / ranks * n / self.bytes_per_s
+
+
+#: Documented defaults, not measured here: NVLink (H100/H200), PCIe without
+#: peer-to-peer, TCP sockets between nodes without InfiniBand.
+LINKS = {
+    "nvlink": Link(300e9, 10e-6),
+    "pcie": Link(20e9, 25e-6),
+    "socket": Link(3e9, 60e-6),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests as an engine sees them: ``concurrency`` in flight (``vllm bench serve
+    --max-concurrency``), or, with ``prompts``, an offline batch of that many."""
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    max_num_seqs: int = 256
+    prompts: int | None = None
+
+    @property
+    def running(self) -> int:
+        """Requests decoding at once."""
+        limit = self.concurrency if self.prompts is None else self.prompts
+        return max(1, min(limit, self.max_num_seqs))
+
+    @property
+    def mean_context(self) -> float:
+        return self.input_len + self.output_len / 2
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One layout's predicted delivery."""
+
+    layout: str
+    pp: int
+    tp: int
+    tpot_s: float
+    req_per_s: float
+    output_tok_per_s: float
+    busy: tuple[float, ...]
+    """Each GPU's busy fraction (each stage's under PP)."""
+    split: tuple[int, ...] | None = None
+    cadence: str | None = None
+
+
+def kv_read_s(shape: ModelShape, batch: float, context: float) -> float:
+    """One layer's reads of the KV cache in a decode step of ``batch`` requests."""
+    per_token = 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
+    return batch * context * per_token / BYTES_PER_S
+
+
+def host_s(batch: float) -> float:
+    return HOST_STEP_S + HOST_PER_REQUEST_S * batch
+
+
+def prefill_s(shape: ModelShape, tokens: int, gpus: int) -> float:
+    """GPU time of one request's prefill, spread over ``gpus`` (compute-bound)."""
+    return shape.num_layers * shape.layer_flops(tokens) / FLOPS_PER_S / gpus
+
+
+def tp_shard(shape: ModelShape, tp: int) -> ModelShape:
+    """The part of ``shape`` one of ``tp`` ranks holds (vLLM's column/row split)."""
+    return replace(shape, num_heads=shape.num_heads // tp,
+                   num_kv_heads=max(1, shape.num_kv_heads // tp),
+                   intermediate_size=shape.intermediate_size // tp,
+                   expert_intermediate_size=shape.expert_intermediate_size // tp,
+                   shared_expert_intermediate_size=shape.shared_expert_intermediate_size // tp,
+                   vocab_size=shape.vocab_size // tp)
+
+
+CostsAt = Callable[[int], StageCosts]
+
+
+def _stage_times(costs_at: CostsAt, shape: ModelShape, split: tuple[int, ...], batch: float,
+                 context: float, tp: int, link: Link) -> list[float]:
+    """Each stage's GPU time per decode step of ``batch`` requests; with ``tp`` > 1 one
+    rank's, its shard's costs and two all-reduces per layer."""
+    batch_int = max(1, round(batch))
+    costs, kv_shape, per_layer = costs_at(batch_int), shape, 0.0
+    if tp > 1:
+        costs, kv_shape = shard_costs(shape, tp, batch_int, costs_at), tp_shard(shape, tp)
+        per_layer = 2 * link.all_reduce_s(batch * shape.hidden_size * shape.dtype_bytes, tp)
+    pp = len(split)
+    return [costs.stage_s(i, pp, n) + n * (kv_read_s(kv_shape, batch, context) + per_layer)
+            for i, n in enumerate(split)]
+
+
+def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s: float,
+              busy: list[float], **extra) -> Prediction:
+    """req/s of ``work`` where a token of every running request takes ``tpot_s``."""
+    running = work.running
+    per_request = work.output_len * tpot_s / running + prefill_s(shape, work.input_len, gpus)
+    return Prediction(layout, tpot_s=tpot_s, req_per_s=1 / per_request,
+                      output_tok_per_s=work.output_len / per_request,
+                      busy=tuple(min(1.0, b) for b in busy), **extra)
+
+
+def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence: str,
+             link: Link, costs_at: CostsAt | None = None, tp: int = 1) -> Prediction:
+    """PP over ``len(split)`` stages of ``tp`` GPUs each with ``cadence``: ``balance`` (the
+    running requests in pp even groups taking turns, every stage busy), ``merge`` (every
+    request every step, the stages one after the other), or ``stock`` (vLLM's: groups as
+    ``balance``, at stock's cost per step)."""
+    costs_at = costs_at or (lambda b: stage_costs(shape, b))
+    pp, running, context = len(split), work.running, work.mean_context
+    group = running if cadence == "merge" else running / pp
+    # vLLM hands the hidden states and the residual to the next stage.
+    handoff = link.transfer_s(2 * shape.hidden_size * shape.dtype_bytes * group)
+    times = _stage_times(costs_at, shape, split, group, context, tp, link)
+    if cadence == "merge":
+        tpot = max(sum(times) + (pp - 1) * handoff, host_s(running))
+        busy = [t / tpot for t in times]
+    else:
+        if cadence == "stock":
+            times = [t * STOCK_PP_GPU_FACTOR for t in times]
+        step = max(max(times) + handoff, host_s(group))
+        tpot = pp * step
+        busy = [t / step for t in times]
+    layout = f"{'stock' if cadence == 'stock' else 'plugin'} " + (
+        f"TP={tp} x PP={pp}" if tp > 1 else f"PP={pp}")
+    return _delivery(layout, work, shape, pp * tp, tpot, busy, pp=pp, tp=tp, split=split,
+                     cadence=None if cadence == "stock" else cadence)
+
+
+def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt) -> StageCosts:
+    """One TP rank's costs: the bytes/FLOPs model of its shard, scaled part by part by
+    how far ``costs_at`` (a measured table, where the full shape has one) is from the
+    model of the full shape, so PP and TP rest on the same measurements."""
+    shard, full, model = (modelled_costs(tp_shard(shape, tp), batch), costs_at(batch),
+                          modelled_costs(shape, batch))
+    return replace(shard, layer_s=shard.layer_s * full.layer_s / model.layer_s,
+                   head_s=shard.head_s * full.head_s / model.head_s, source=full.source)
+
+
+def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
+                    costs_at: CostsAt | None = None) -> Prediction:
+    """TP over ``tp`` GPUs: every request every step, two all-reduces per layer."""
+    shard, running = tp_shard(shape, tp), work.running
+    costs = shard_costs(shape, tp, running, costs_at or (lambda b: stage_costs(shape, b)))
+    gpu = (costs.stage_s(0, 1, shape.num_layers)
+           + shape.num_layers * kv_read_s(shard, running, work.mean_context)
+           + 2 * shape.num_layers * link.all_reduce_s(
+               running * shape.hidden_size * shape.dtype_bytes, tp))
+    tpot = max(gpu, host_s(running))
+    return _delivery(f"stock TP={tp}", work, shape, tp, tpot, [gpu / tpot] * tp, pp=1, tp=tp)
+
+
+def plugin_auto(shape: ModelShape, split: tuple[int, ...], work: Workload, link: Link,
+                costs_at: CostsAt | None = None, tp: int = 1) -> Prediction:
+    """The plugin's ``auto`` cadence: the faster of ``merge`` and ``balance``."""
+    options = [pipeline(shape, split, work, c, link, costs_at, tp) for c in ("balance", "merge")]
+    return max(options, key=lambda p: p.req_per_s)

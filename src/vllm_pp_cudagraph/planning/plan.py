@@ -1,0 +1,129 @@
+"""``vllm-pp-cudagraph plan``: the layouts of a model on N GPUs that fit, each predicted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_pp_cudagraph.layer_partition import Decision, Memory, decide, vllm_split
+from vllm_pp_cudagraph.planning.pipeline_model import (
+    LINKS,
+    Prediction,
+    Workload,
+    pipeline,
+    plugin_auto,
+    tensor_parallel,
+    tp_shard,
+)
+from vllm_pp_cudagraph.settings import LayerPartition
+from vllm_pp_cudagraph.stage_costs import ModelShape, stage_costs, unmodelled_reason
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made: the message names what to change."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One layout: its prediction, the KV tokens its cache holds, and whether it fits."""
+
+    prediction: Prediction
+    kv_tokens: int
+    fits: bool
+    why_not: str = ""
+
+
+def _kv_bytes_per_token(shape: ModelShape, layers: int, tp: int) -> int:
+    return layers * 2 * tp_shard(shape, tp).num_kv_heads * shape.head_dim * shape.dtype_bytes
+
+
+def _room(shape: ModelShape, split: tuple[int, ...], tp: int, memory: Memory) -> tuple[int, str]:
+    """KV tokens the engine holds (its fullest GPU's), or 0 and why it does not fit."""
+    costs = stage_costs(shape, 1)
+    tokens = []
+    for stage, layers in enumerate(split):
+        weights = costs.stage_bytes(stage, len(split), layers) // tp
+        room = memory.budget - weights
+        if room <= 0:
+            return 0, (f"does not fit: stage {stage}'s weights ({weights / 2**30:.1f} GiB "
+                       f"per GPU) leave no room in {memory.budget / 2**30:.1f} GiB")
+        tokens.append(room // _kv_bytes_per_token(shape, layers, tp))
+    return min(tokens), ""
+
+
+def layouts(gpus: int) -> list[tuple[int, int]]:
+    """(TP, PP) pairs over ``gpus``: PP=N, TP=N, and TP x PP with both above one."""
+    pairs = [(1, gpus), (gpus, 1)]
+    pairs += [(tp, gpus // tp) for tp in range(2, gpus) if gpus % tp == 0]
+    return pairs
+
+
+def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
+              interconnect: str = "nvlink",
+              setting: LayerPartition = LayerPartition.VLLM) -> tuple[list[Row], Decision]:
+    """Every layout of ``config`` over ``gpus`` GPUs, predicted for ``work``; and the split
+    PP=``gpus`` uses (the decision ``check --model`` prints)."""
+    if gpus < 2:
+        raise PlanError(f"--gpus {gpus}: a plan compares layouts of at least 2 GPUs")
+    if (reason := unmodelled_reason(config)) is not None:
+        raise PlanError(f"this model cannot be predicted: {reason}")
+    shape = ModelShape.from_config(config)
+    if shape.num_layers < gpus:
+        raise PlanError(f"--gpus {gpus}: the model has {shape.num_layers} decoder layers, "
+                        f"fewer than the stages of PP={gpus}")
+    link = LINKS[interconnect]
+    rows, decision = [], None
+    for tp, pp in layouts(gpus):
+        if shape.num_kv_heads % tp or shape.num_heads % tp:
+            skipped = Prediction(f"stock TP={tp}" + (f" x PP={pp}" if pp > 1 else ""),
+                                 pp, tp, 0.0, 0.0, 0.0, ())
+            why = (f"not possible: the model's {shape.num_heads} attention and "
+                   f"{shape.num_kv_heads} KV heads do not divide by {tp}")
+            rows.append(Row(skipped, 0, False, why))
+            continue
+        split = (shape.num_layers,)
+        if pp > 1:
+            chosen = decide(setting, config, pp, work.max_num_seqs, memory=memory)
+            split = chosen.layers or vllm_split(shape.num_layers, pp)
+            decision = decision or chosen
+        kv, why = _room(shape, split, tp, memory)
+        if pp == 1:
+            predictions = [tensor_parallel(shape, tp, work, link)]
+        else:
+            predictions = [plugin_auto(shape, split, work, link, tp=tp),
+                           pipeline(shape, split, work, "stock", link, tp=tp)]
+        rows += [Row(p, kv, not why, why) for p in predictions]
+    return rows, decision
+
+
+def recommended(rows: list[Row], work: Workload) -> Row | None:
+    """The fastest layout that fits and holds every running request's context."""
+    need = work.running * (work.input_len + work.output_len)
+    ok = [r for r in rows if r.fits and r.kv_tokens >= need] or [r for r in rows if r.fits]
+    return max(ok, key=lambda r: r.prediction.req_per_s, default=None)
+
+
+def render(rows: list[Row], work: Workload, source: str) -> list[str]:
+    """The table ``plan`` prints, and the lines under it."""
+    lines = [f"{'layout':<22} {'cadence':<8} {'req/s':>7} {'tok/s':>8} {'TPOT ms':>8} "
+             f"{'KV tokens':>10}  busy per GPU or stage"]
+    for row in rows:
+        p = row.prediction
+        if not row.fits:
+            lines.append(f"{p.layout:<22} {row.why_not}")
+            continue
+        busy = "/".join(f"{b:.0%}" for b in p.busy[:8])
+        lines.append(f"{p.layout:<22} {p.cadence or '-':<8} {p.req_per_s:>7.2f} "
+                     f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f} {row.kv_tokens:>10,}  "
+                     f"{busy}")
+    best = recommended(rows, work)
+    need = work.running * (work.input_len + work.output_len)
+    lines.append(f"recommended: {best.prediction.layout}" if best else
+                 "recommended: none (no layout fits)")
+    if best and best.kv_tokens < need:
+        lines.append(f"  its KV cache holds {best.kv_tokens:,} tokens, fewer than the "
+                     f"{need:,} of {work.running} running requests: expect preemption")
+    lines.append(f"rests on: {source}; TP's shard from the bytes/FLOPs model scaled to it. "
+                 "How far such predictions were off on measured cells: docs/performance.md, "
+                 "'Predicting PP against TP'")
+    return lines

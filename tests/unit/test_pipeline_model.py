@@ -1,0 +1,97 @@
+"""The pipeline model behind ``plan``: how a layout's delivery follows from its stages' costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.planning.pipeline_model import (
+    LINKS,
+    Workload,
+    pipeline,
+    plugin_auto,
+    tensor_parallel,
+)
+from vllm_pp_cudagraph.stage_costs import ModelShape, StageCosts
+
+SHAPE_32B = ModelShape.from_config(SHAPES["qwen3-32b"])
+NVLINK = LINKS["nvlink"]
+#: Large enough that the host's time per step never sets the pace.
+GPU_BOUND = Workload(concurrency=256, input_len=1, output_len=256, max_num_seqs=256)
+
+
+def fixed_costs(layer_ms: float, head_ms: float = 0.0):
+    """Costs that do not depend on the batch, so only the schedule differs."""
+    def costs_at(batch: int) -> StageCosts:
+        return StageCosts(batch, layer_ms / 1e3, 0.0, head_ms / 1e3, 0, 0, "test")
+    return costs_at
+
+
+@pytest.mark.parametrize("cadence", ["balance", "merge", "stock"])
+def test_a_stage_that_costs_twice_as_much_halves_the_pipelines_rate(cadence):
+    split = (32, 32)
+    base = pipeline(SHAPE_32B, split, GPU_BOUND, cadence, NVLINK, fixed_costs(1.0))
+    double = pipeline(SHAPE_32B, split, GPU_BOUND, cadence, NVLINK, fixed_costs(2.0))
+    # Prefill and the KV reads stay as they were, so "half" within a few percent.
+    assert double.req_per_s == pytest.approx(base.req_per_s / 2, rel=0.05)
+
+
+def linear_costs(layer_ms_per_request: float):
+    def costs_at(batch: int) -> StageCosts:
+        return StageCosts(batch, batch * layer_ms_per_request / 1e3, 0.0, 0.0, 0, 0, "test")
+    return costs_at
+
+
+def test_balance_at_two_groups_keeps_both_stages_busy_where_merge_keeps_each_half():
+    split = (32, 32)
+    balance = pipeline(SHAPE_32B, split, GPU_BOUND, "balance", NVLINK, fixed_costs(1.0))
+    merge = pipeline(SHAPE_32B, split, GPU_BOUND, "merge", NVLINK, fixed_costs(1.0))
+    assert min(balance.busy) > 0.95
+    assert max(merge.busy) < 0.55
+
+
+def test_balance_gains_what_a_step_of_twice_the_requests_costs_more():
+    """merge runs N requests through both stages in turn (2 f(N) a token), balance two
+    groups of N/2 at once (2 f(N/2)): a tie where a step costs the same at any batch
+    (reading weights), twice the rate where it grows with the batch (FLOPs)."""
+    def ratio(costs) -> float:
+        balance = pipeline(SHAPE_32B, (32, 32), GPU_BOUND, "balance", NVLINK, costs)
+        merge = pipeline(SHAPE_32B, (32, 32), GPU_BOUND, "merge", NVLINK, costs)
+        return balance.req_per_s / merge.req_per_s
+    assert ratio(fixed_costs(1.0)) == pytest.approx(1.0, abs=0.03)
+    assert ratio(linear_costs(0.05)) == pytest.approx(2.0, rel=0.05)
+
+
+def test_the_slower_stage_sets_balances_pace():
+    even = pipeline(SHAPE_32B, (32, 32), GPU_BOUND, "balance", NVLINK, fixed_costs(1.0))
+    uneven = pipeline(SHAPE_32B, (40, 24), GPU_BOUND, "balance", NVLINK, fixed_costs(1.0))
+    assert uneven.req_per_s < even.req_per_s
+    assert uneven.busy[0] == pytest.approx(1.0, abs=0.02) and uneven.busy[1] < 0.65
+
+
+def test_memory_bound_layers_make_tps_advantage_grow_as_batches_shrink():
+    """Each stage reads its weights once per group, TP's ranks read half of them once per
+    step: at few requests that is TP's advantage; at many, the matrix products' FLOPs
+    weigh the same either way."""
+    def tp_over_pp(running: int) -> float:
+        work = Workload(running, 64, 256, max_num_seqs=running)
+        pp = plugin_auto(SHAPE_32B, (32, 32), work, NVLINK)
+        return tensor_parallel(SHAPE_32B, 2, work, NVLINK).req_per_s / pp.req_per_s
+    assert tp_over_pp(4) > tp_over_pp(64) > tp_over_pp(1024)
+    assert tp_over_pp(4) > 1.5
+
+
+def test_a_slow_link_costs_tp_more_than_pp():
+    """TP pays two all-reduces a layer, PP one hand-off a stage."""
+    def tp_over_pp(link: str) -> float:
+        pp = plugin_auto(SHAPE_32B, (32, 32), GPU_BOUND, LINKS[link])
+        return tensor_parallel(SHAPE_32B, 2, GPU_BOUND, LINKS[link]).req_per_s / pp.req_per_s
+    assert tp_over_pp("socket") < tp_over_pp("pcie") < tp_over_pp("nvlink")
+
+
+def test_auto_is_the_faster_of_its_two_cadences():
+    for running in (2, 512):
+        work = Workload(running, 64, 256, max_num_seqs=running)
+        auto = plugin_auto(SHAPE_32B, (32, 32), work, NVLINK)
+        both = [pipeline(SHAPE_32B, (32, 32), work, c, NVLINK) for c in ("balance", "merge")]
+        assert auto.req_per_s == max(p.req_per_s for p in both)
