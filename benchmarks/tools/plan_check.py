@@ -17,45 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.layer_partition import vllm_split
-from vllm_pp_cudagraph.planning.pipeline_model import (
-    LINKS,
-    Prediction,
-    Workload,
-    pipeline,
-    plugin_auto,
-    tensor_parallel,
-)
-from vllm_pp_cudagraph.stage_costs import ModelShape
+from vllm_pp_cudagraph.planning.pipeline_model import Prediction
+from vllm_pp_cudagraph.planning.plan import predict_run
 
-#: Runner names of the bench and the cadence each stands for in the model.
-CADENCES = {"plugin": "auto", "plugin-merge": "merge", "plugin-balance": "balance",
-            "stock": "stock", "v1": "stock", "plugin-cadence": "stock"}
 #: Runners the model predicts with stock MRV2's schedule and cost though they are not
 #: stock MRV2 (V1's runner has no term of its own): shown, left out of the winners.
 STOCK_SCHEDULE_ONLY = frozenset({"v1", "plugin-cadence"})
 
 
-def workload(run: dict[str, Any]) -> Workload:
-    prompts = None if run["workload"] == "serve" else run["prompts"]
-    concurrency = run.get("concurrency") or run["prompts"]
-    return Workload(concurrency, run["input_len"], run["output_len"], run["max_num_seqs"],
-                    prompts)
-
-
 def predict(run: dict[str, Any]) -> Prediction | None:
     """The model's prediction for one measured run; None for a runner it does not model."""
-    shape = ModelShape.from_config(SHAPES[run["shape"]])
-    work, link = workload(run), LINKS["nvlink"]
-    if run["runner"] == "tp":
-        return tensor_parallel(shape, run["tp"] * run["pp"], work, link)
-    cadence = run.get("cadence") or CADENCES.get(run["runner"])
-    if cadence is None:
-        return None
-    split = tuple(run.get("layer_partition") or vllm_split(shape.num_layers, run["pp"]))
-    if cadence == "auto":
-        return plugin_auto(shape, split, work, link)
-    return pipeline(shape, split, work, cadence, link)
+    return predict_run(SHAPES[run["shape"]], run)
 
 
 def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

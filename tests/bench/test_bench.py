@@ -323,6 +323,8 @@ def test_engine_status_tells_a_stopped_engine_from_a_failed_one():
     engine_status = bench.engine_status
     ran = {"digest": "01c2acb7", "req_per_s": 68.07, "tpot_mean_ms": 3.57, "returncode": 0}
     assert engine_status(ran, "plugin-piecewise") == "68.07 req/s, TPOT 3.57 ms"
+    served = {"digest": "n/a", "req_per_s": 47.814766, "tpot_p50_ms": 75.535, "returncode": 0}
+    assert engine_status(served, "plugin") == "47.81 req/s, TPOT 75.53 ms"  # serve: p50
     stopped = {"returncode": -6, "timed_out_after_s": 72.19}
     line = engine_status(stopped, "v1-full_and_piecewise")
     assert line.startswith("STOPPED after 72 s") and "--deadline" in line
@@ -938,3 +940,17 @@ def test_help_lists_the_runners_users_pick_and_accepts_vllms_prompt_flag(capsys)
     args = bench.build_parser().parse_args(["--modes", "plugin-unproven:eager",
                                             "--num-prompts", "7"])
     assert args.modes[0][0] == "plugin-unproven" and args.prompts == 7
+
+
+def test_each_run_with_a_speed_carries_plans_prediction(tmp_path, monkeypatch, capsys):
+    """bench.json keeps the prediction beside the measurement, and the console says the
+    error, so every measured cell checks the model."""
+    _bench_with_engines_faked(
+        monkeypatch, ["--workload", "engine", "--model", "qwen3-32b", "--weights", "dummy",
+                      "--modes", "plugin:full_and_piecewise,tp:full_and_piecewise",
+                      "--prompts", "256", "--max-num-seqs", "256", "--input-len", "64",
+                      "--output-len", "256", "--out", str(tmp_path)])
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [r["predicted"]["cadence"] for r in runs] == ["balance", None]
+    assert all(r["predicted"]["req_per_s"] > 10 for r in runs)
+    assert "plan predicted tp:full_and_piecewise [TP 2]" in capsys.readouterr().out

@@ -468,7 +468,8 @@ def add_workload_options(parser: argparse.ArgumentParser) -> None:
         "--modes",
         type=parse_modes,
         default=",".join(DEFAULT_MODES),
-        help=f"comma list of RUNNER:MODE[@UTIL], RUNNER in {sorted(set(RUNNERS) - INTERNAL_RUNNERS)}, MODE in "
+        help="comma list of RUNNER:MODE[@UTIL], RUNNER in "
+        f"{sorted(set(RUNNERS) - INTERNAL_RUNNERS)}, MODE in "
         f"{sorted(MODES)}, UTIL a per-run --gpu-memory-utilization; runner 'tp' is stock "
         "vLLM on the same GPUs by tensor parallelism alone (tensor_parallel_size --pp x "
         "--tp, no pipeline, no plugin); 'plugin-auto-split' is the plugin with "
@@ -544,7 +545,8 @@ def engine_status(report: dict[str, Any], log_name: str) -> str:
     """One console line for an engine: its speed, or why it gave none."""
     if report.get("digest"):
         tpot = report.get("tpot_mean_ms") or report.get("tpot_p50_ms")
-        return f"{report['req_per_s']:.2f} req/s, TPOT {tpot if tpot is None else round(tpot, 1)} ms"
+        tpot = tpot if tpot is None else round(tpot, 2)
+        return f"{report['req_per_s']:.2f} req/s, TPOT {tpot} ms"
     if "timed_out_after_s" in report:
         return (
             f"STOPPED after {report['timed_out_after_s']:.0f} s, its time limit "
@@ -743,6 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     shape, model = prepare_model(args)
     reports = run_engines(args, shape, model)
     unloaded = plugin_not_loaded(args, reports)
+    add_predictions(args, reports)
     print_findings(args, reports, unloaded)
     judge_tokens(args, reports)
     print()
@@ -761,6 +764,33 @@ def main(argv: list[str] | None = None) -> int:
     return exit_status(args, reports, unloaded)
 
 
+def add_predictions(args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
+    """``plan``'s prediction beside each run that has a speed (``predicted`` in
+    bench.json), and a console line with the error; on the NVLink default."""
+    from vllm_pp_cudagraph.planning.plan import predict_run
+
+    if args.model in SHAPES:
+        config = SHAPES[args.model]
+    else:
+        try:
+            config = json.loads((Path(args.model) / "config.json").read_text())
+        except (OSError, ValueError, TypeError):
+            return
+    for report in reports:
+        if not report.get("req_per_s"):
+            continue
+        point = {k: report[k] for k in ("concurrency", "input_len") if report.get(k)}
+        prediction = predict_run(config, {**report["spec"], **point})
+        if prediction is None:
+            continue
+        report["predicted"] = {"req_per_s": round(prediction.req_per_s, 2),
+                               "tpot_ms": round(prediction.tpot_s * 1e3, 2),
+                               "cadence": prediction.cadence}
+        print(f"plan predicted {_cell(report, 'run', '{}')}: {prediction.req_per_s:.2f} req/s "
+              f"({prediction.req_per_s / report['req_per_s'] - 1:+.0%} of the measured "
+              f"{report['req_per_s']:.2f})")
+
+
 def refuse_impossible(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Exit (status 2, nothing written) on arguments no run can use, then on too few GPUs."""
     problems = argument_problems(args)
@@ -768,8 +798,8 @@ def refuse_impossible(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("; ".join(problems) + ". Nothing was started or written.")
     gpus = visible_gpus()
     if gpus < args.pp * args.tp:
-        parser.exit(EXIT_NO_GPU, f"vllm-pp-cudagraph bench: {gpu_shortage(args.pp, args.tp, gpus)}; "
-                       "nothing was written.\n")
+        parser.exit(EXIT_NO_GPU, f"vllm-pp-cudagraph bench: "
+                    f"{gpu_shortage(args.pp, args.tp, gpus)}; nothing was written.\n")
 
 
 def prepare_model(args: argparse.Namespace) -> tuple[str, str | None]:

@@ -127,3 +127,32 @@ def render(rows: list[Row], work: Workload, source: str) -> list[str]:
                  "How far such predictions were off on measured cells: docs/performance.md, "
                  "'Predicting PP against TP'")
     return lines
+
+
+#: Runner names of the bench and the cadence each stands for in the model ("stock": stock
+#: MRV2's schedule and cost; V1 has no term of its own and is predicted the same way).
+RUNNER_CADENCES = {"plugin": "auto", "plugin-merge": "merge", "plugin-balance": "balance",
+                   "stock": "stock", "v1": "stock", "plugin-cadence": "stock"}
+
+
+def predict_run(config: Any, run: dict[str, Any]) -> Prediction | None:
+    """The prediction for one bench run (its spec's fields, and for ``serve`` its
+    point's ``concurrency`` and ``input_len``), on the NVLink default; None for a runner
+    or a model the model does not cover."""
+    if unmodelled_reason(config) is not None:
+        return None
+    shape = ModelShape.from_config(config)
+    serve = run["workload"] == "serve"
+    work = Workload(run.get("concurrency") or run["prompts"], run["input_len"],
+                    run["output_len"], run["max_num_seqs"], None if serve else run["prompts"])
+    link = LINKS["nvlink"]
+    if run["runner"] == "tp":
+        return tensor_parallel(shape, run["tp"] * run["pp"], work, link)
+    cadence = run.get("cadence") or RUNNER_CADENCES.get(run["runner"])
+    if cadence is None or run["pp"] < 2:
+        return None
+    split = tuple(run.get("layer_partition") or vllm_split(shape.num_layers, run["pp"]))
+    if cadence == "auto":
+        return plugin_auto(shape, split, work, link, tp=run["tp"])
+    return pipeline(shape, split, work, cadence, link, tp=run["tp"])
+
