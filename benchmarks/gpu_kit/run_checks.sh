@@ -48,6 +48,10 @@
 #                left as its --deadline, one left under a minute is skipped, and
 #                bench.json is written as each run ends, so a lease cut short keeps
 #                every finished run
+#   scoreboard-ray  the scoreboard's first serve point (64 in x concurrency 256) with the
+#                plugin and stock TP=2 over two Ray nodes on this host, one GPU each
+#                (ray_nodes.sh; Ray installed first: ../install_ray.sh); plugin_stages
+#                in bench.json counts the runner's line from each node's worker
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -120,7 +124,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b gpu-tests shared-gpu-tests shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray gpu-tests shared-gpu-tests shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -263,6 +267,21 @@ step_scoreboard-32b() {
     scoreboard_cell engine-1024 $runners --workload engine --prompts 1024 --input-len 64 \
       --output-len 256 --repeat 2 || rc=1
   }
+  return $rc
+}
+
+step_scoreboard-ray() {
+  local rc=0
+  if ! bash "$here/ray_nodes.sh" start > "$RES/ray-nodes.txt" 2>&1; then
+    cat "$RES/ray-nodes.txt"
+    return 1
+  fi
+  RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} $BENCH --model qwen3-32b --weights dummy \
+    --timeout 600 --max-num-seqs 1024 --gpu-memory-utilization 0.9 --executor ray \
+    --deadline "${KIT_DEADLINE_S:-1500}" --out "$RES/scoreboard-ray" \
+    --modes plugin:$FAP,tp:$FAP --workload serve --num-requests 512 --output-len 256 \
+    --repeat 2 --points 64:256 || rc=1
+  bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
   return $rc
 }
 

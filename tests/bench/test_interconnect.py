@@ -74,3 +74,14 @@ def test_points_are_for_the_serve_workload():
     args = bench.build_parser().parse_args(["--points", "64:256", "--workload", "serve"])
     assert args.points == [(64, 256)]
     assert not any("--points" in p for p in bench.argument_problems(args))
+
+
+def test_the_executor_reaches_the_engine_and_the_server(tmp_path):
+    args = bench.build_parser().parse_args(["--executor", "ray", "--out", str(tmp_path)])
+    spec = bench.run_spec(args, "plugin", "eager", None, "qwen3-0.6b", None, "x")
+    assert engine_kwargs(spec, str(tmp_path))["distributed_executor_backend"] == "ray"
+    cmd = serve_command(spec, str(tmp_path), 8000)
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "ray"
+    default = bench.run_spec(bench.build_parser().parse_args(["--out", str(tmp_path)]),
+                             "plugin", "eager", None, "qwen3-0.6b", None, "x")
+    assert "distributed_executor_backend" not in engine_kwargs(default, str(tmp_path))

@@ -352,6 +352,7 @@ def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: floa
         gpu_memory_utilization=utilization or args.gpu_memory_utilization,
         profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,
         interconnect=args.interconnect,
+        executor=args.executor,
         **token_record_options(args, log_name),
     )
 
@@ -428,6 +429,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         + "; ".join(f"{k}: {v}" for k, v in SIMULATES.items())
         + ". host and socket also turn off custom, symmetric-memory and FlashInfer "
         "all-reduce for every runner alike, so all traffic between GPUs goes through NCCL")
+    group.add_argument(
+        "--executor", choices=("mp", "ray"), default=None,
+        help="vLLM's distributed_executor_backend for every run; 'ray' places the stages on "
+        "the Ray cluster RAY_ADDRESS names (benchmarks/gpu_kit/ray_nodes.sh starts one "
+        "node per GPU on one host); unset, vLLM's choice")
     group.add_argument(
         "--speculative-config", type=speculative_config, default=None,
         help='vLLM\'s speculative_config for every run, a JSON object with a "method", e.g. '

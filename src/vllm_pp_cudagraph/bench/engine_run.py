@@ -175,6 +175,8 @@ class RunSpec:
     """If set: after the timed runs, one more pass under torch.profiler, traces here."""
     interconnect: str = "nvlink"
     """The link between GPUs simulated (:mod:`~vllm_pp_cudagraph.bench.interconnect`)."""
+    executor: str | None = None
+    """vLLM's ``distributed_executor_backend`` ("mp", "ray"); None: vLLM's choice."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -354,6 +356,8 @@ def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
         kwargs["async_scheduling"] = spec.async_scheduling
     if spec.max_model_len is not None:
         kwargs["max_model_len"] = spec.max_model_len
+    if spec.executor is not None:
+        kwargs["distributed_executor_backend"] = spec.executor
     return kwargs
 
 

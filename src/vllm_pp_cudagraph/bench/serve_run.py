@@ -83,6 +83,8 @@ def serve_command(
         cmd += ["--no-async-scheduling"]
     if spec.max_model_len is not None:
         cmd += ["--max-model-len", str(spec.max_model_len)]
+    if spec.executor is not None:
+        cmd += ["--distributed-executor-backend", spec.executor]
     return cmd + mode_cli_args(spec) + list(extra_args)
 
 
