@@ -15,7 +15,6 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat, graph_memory, layer_partition, stage_handoff, support
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
-from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
@@ -83,8 +82,6 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _pending_input: stage_handoff.PendingStageInput | None = None
     direct_handoff: bool = False
     """Whether this stage passes intermediate tensors without per-step metadata."""
-    plan: EnginePlan | None = None
-    """This engine's plan, as ``__new__`` made it (None where built without a config)."""
 
     def __new__(cls, vllm_config: VllmConfig | None = None, *args, **kwargs):
         """vLLM's own runner where the plugin stands aside for this engine (support.py).
@@ -93,22 +90,20 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         """
         if vllm_config is None:
             return super().__new__(cls)
-        plan = plan_engine(PPCudaGraphSettings.from_env(), vllm_config)
-        if plan.no_pipeline:
+        if reason := support.no_pipeline_reason(vllm_config):
             logger.info("%s: %s; the worker runs vLLM's own runner.", support.STAND_ASIDE,
-                        plan.stand_aside)
+                        reason)
             return GPUModelRunner(vllm_config, *args, **kwargs)
-        if plan.refusal:
+        if failure := support.known_failure(vllm_config):
             raise support.KnownStockFailureError(f"vllm-pp-cudagraph refuses this engine: "
-                                                 f"{plan.refusal}.")
-        if plan.stand_aside:
+                                                 f"{failure}.")
+        allow = PPCudaGraphSettings.from_env().allow_unproven
+        if reason := support.stand_aside_reason(vllm_config, allow):
             logger.warning("%s: %s; the worker runs vLLM's own runner "
                            "(VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to run the plugin anyway).",
-                           support.STAND_ASIDE, plan.stand_aside)
+                           support.STAND_ASIDE, reason)
             return GPUModelRunner(vllm_config, *args, **kwargs)
-        runner = super().__new__(cls)
-        runner.plan = plan
-        return runner
+        return super().__new__(cls)
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         check_graph_settings(vllm_config)
@@ -134,11 +129,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         receiver agree; the shapes then come from the start-up schema check and
         the step's padded size (stage_handoff.py).
         """
-        plan = self.plan or plan_engine(PPCudaGraphSettings.from_env(), self.vllm_config)
-        if not (plan.direct_handoff or plan.direct_handoff_blocker):
+        if not PPCudaGraphSettings.from_env().direct_handoff:
             return
         group = get_pp_group()
-        if blocker := plan.direct_handoff_blocker or stage_handoff.group_blocker(group):
+        if blocker := stage_handoff.direct_handoff_blocker(group, self.speculative_config):
             logger.info("Direct hand-off stands aside on pipeline stage %d: %s",
                         self.pp_stage, blocker)
             return
@@ -161,8 +155,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         model is built; every stage decides alike from the same config (layer_partition.py).
         Stage 0 logs one line naming the split used (``Decision.log_line``) under ``auto``
         and for a hand-set split; with the default and nothing set by hand, none."""
-        decision = layer_partition.apply_in_worker(
-            self.vllm_config, self.plan.layer_partition if self.plan else None)
+        decision = layer_partition.apply_in_worker(self.vllm_config)
         if decision.noteworthy and self.pp_stage == 0 and get_tp_group().rank_in_group == 0:
             logger.info("%s", decision.log_line())
 
