@@ -152,3 +152,5 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
                       (1024, 256, 256), (1024, 256, 512)]
     assert [(r["input_len"], r["concurrency"], r["req_per_s"]) for r in reports] == [
         (64, 256, 320.0), (64, 1024, 1088.0), (1024, 256, 1280.0)]
+    # What each timed pass sent, beside the spec's --prompts.
+    assert [r["requests_per_pass"] for r in reports] == [512, 2048, 512]

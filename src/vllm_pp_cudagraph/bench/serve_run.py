@@ -313,6 +313,7 @@ class BenchServeClient:
         result = dict(median_run(done, key="req_per_s")) if done else passes[-1]
         for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms"):
             result[f"pass_{key}"] = [p.get(key) for p in passes]
+        result["requests_per_pass"] = prompts
         if self.profile_dir is not None:
             result.update(await self.profiled_pass(base_url, concurrency, input_len, name))
         return result
