@@ -98,7 +98,10 @@
 #                stock vLLM at PP=1, dummy weights, 4 and 12 layers fitted per batch size;
 #                the 30B-A3B shape took 9 minutes on an H100); copy cost-tables/*/*.json into
 #                src/vllm_pp_cudagraph/cost_tables/ to ship them. KIT_COST_SHAPES names
-#                others (qwen3-0.6b and qwen3-30b-a3b ship already)
+#                others (qwen3-0.6b and qwen3-30b-a3b ship already). Then one TP=2 rank's
+#                shard of the shapes in KIT_COST_TP_SHAPES (default qwen3-32b
+#                llama-3.1-70b; empty for none): the tables plan reads for TP
+#                (cost_table.py --tp 2)
 #   stage-cost   one GPU: what one PP=2 stage of the 0.6B, 32B, 70B and 30B-A3B shapes
 #                costs per decode step, by batch size and context (../tools/stage_cost.py,
 #                stock vLLM at PP=1 with half the layers); about 15 minutes
@@ -405,6 +408,10 @@ step_cost-tables() {
   for shape in ${KIT_COST_SHAPES:-qwen3-4b qwen3-32b llama-3.1-70b}; do
     CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.cost_table \
       --out "$RES/cost-tables/$shape" --shape "$shape" || rc=1
+  done
+  for shape in ${KIT_COST_TP_SHAPES-qwen3-32b llama-3.1-70b}; do
+    CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.cost_table --tp 2 \
+      --out "$RES/cost-tables/$shape-tp2" --shape "$shape" || rc=1
   done
   return $rc
 }

@@ -11,7 +11,7 @@ and sampler get the rest. The table lands in ``OUT/<signature>.json``; copied in
 ``src/vllm_pp_cudagraph/cost_tables/`` it replaces the model for that shape.
 
     python -m benchmarks.tools.cost_table --out DIR (--shape qwen3-32b | --model DIR)
-        [--layers 4,12] [--batches 1,32,64,128,256] [--context 64]
+        [--layers 4,12] [--batches 1,32,64,128,256] [--context 64] [--tp N]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.bench.cli import positive_int_list
+from vllm_pp_cudagraph.planning.pipeline_model import tp_shard_config
 from vllm_pp_cudagraph.stage_costs import ModelShape, modelled_costs, shape_fields
 
 from benchmarks.tools.stage_cost import DEFAULT_BATCHES, model_config
@@ -111,11 +112,23 @@ def main(argv: list[str] | None = None) -> int:
                         default=list(DEFAULT_BATCHES))
     parser.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
                         help="prompt length of each request (tokens)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="measure one rank's shard of a TP=N engine instead (heads, KV "
+                        "heads, intermediate and vocabulary over N, run as a model of its "
+                        "own on one GPU, all-reduces left out): the table plan reads for TP")
     args = parser.parse_args(argv)
     try:
         config = model_config(args.shape, args.model)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.tp < 1:
+        parser.error("--tp: must be at least 1")
+    if args.tp > 1:
+        config = tp_shard_config(config, args.tp)
+        shard_dir = Path(args.out) / f"tp{args.tp}-shard"
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        (shard_dir / "config.json").write_text(json.dumps(config, indent=1))
+        args.model, args.shape = str(shard_dir), None
     if len(set(args.layers)) < 2:
         parser.error("--layers: give two layer counts or more")
     import vllm

@@ -87,3 +87,31 @@ def test_a_stage_of_a_given_layer_count_or_model_directory(tmp_path):
 ])
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv, named):
     assert_refused(main, tmp_path / "out", capsys, argv, named)
+
+
+@pytest.mark.parametrize("shape", ["qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b"])
+def test_a_tp_shards_config_is_filed_where_plan_looks_for_its_table(shape):
+    """plan reads a TP rank's costs from the table of the shard's own signature: the
+    config --tp measures must give exactly that shape (head size kept)."""
+    from vllm_pp_cudagraph.planning.pipeline_model import tp_shard, tp_shard_config
+
+    full = ModelShape.from_config(SHAPES[shape])
+    shard = ModelShape.from_config(tp_shard_config(dict(SHAPES[shape]), 2))
+    assert shard == tp_shard(full, 2)
+    assert shard.head_dim == full.head_dim and shard.num_heads == full.num_heads // 2
+
+
+def test_tp_measures_the_shard_as_a_model_of_its_own(tmp_path, monkeypatch):
+    from benchmarks.tools import cost_table as tool
+
+    measured = []
+    monkeypatch.setattr(tool, "_measure", lambda args, layers: measured.append(
+        (args.model, args.shape)) or run(layers, {1: 0.04}, {1: 0.3}))
+    monkeypatch.setattr(tool, "_device", lambda: "test")
+    main(["--shape", "qwen3-0.6b", "--tp", "2", "--out", str(tmp_path)])
+    shard_dir = tmp_path / "tp2-shard"
+    assert measured == [(str(shard_dir), None)] * 2
+    config = json.loads((shard_dir / "config.json").read_text())
+    assert config["num_attention_heads"] == 8 and config["head_dim"] == 128
+    (table,) = [p for p in tmp_path.glob("*.json")]
+    assert "-a8kv4d128-" in table.name

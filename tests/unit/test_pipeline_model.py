@@ -95,3 +95,24 @@ def test_auto_is_the_faster_of_its_two_cadences():
         auto = plugin_auto(SHAPE_32B, (32, 32), work, NVLINK)
         both = [pipeline(SHAPE_32B, (32, 32), work, c, NVLINK) for c in ("balance", "merge")]
         assert auto.req_per_s == max(p.req_per_s for p in both)
+
+
+def test_a_tp_shards_own_measured_table_is_read_where_one_ships(tmp_path, monkeypatch):
+    import json
+
+    from vllm_pp_cudagraph import stage_costs
+    from vllm_pp_cudagraph.planning import pipeline_model
+    from vllm_pp_cudagraph.planning.pipeline_model import tp_shard
+
+    shard = tp_shard(SHAPE_32B, 2)
+    rows = [{"batch": 1, "layer_ms": 1.0, "embedding_ms": 0.0, "lm_head_ms": 0.0}]
+    (tmp_path / f"{shard.signature()}.json").write_text(
+        json.dumps({"signature": shard.signature(), "batches": rows}))
+    monkeypatch.setattr(pipeline_model, "find_table",
+                        lambda shape: stage_costs.find_table(shape, tmp_path))
+    work = Workload(1, 1, 256, max_num_seqs=1)
+    measured = tensor_parallel(SHAPE_32B, 2, work, NVLINK)
+    # 64 layers of 1 ms each, plus what the table does not hold (KV reads, all-reduces).
+    assert 0.064 < measured.tpot_s < 0.066
+    monkeypatch.setattr(pipeline_model, "find_table", lambda shape: None)
+    assert tensor_parallel(SHAPE_32B, 2, work, NVLINK).tpot_s < 0.03

@@ -16,8 +16,10 @@ from vllm_pp_cudagraph.stage_costs import (
     FLOPS_PER_S,
     ModelShape,
     StageCosts,
+    find_table,
     modelled_costs,
     stage_costs,
+    table_costs,
 )
 
 #: Host time of one engine step (scheduling, input preparation, output processing),
@@ -119,6 +121,22 @@ def tp_shard(shape: ModelShape, tp: int) -> ModelShape:
                    vocab_size=shape.vocab_size // tp)
 
 
+#: The config keys one TP rank holds a 1/tp share of (vLLM's column/row split).
+_SHARDED_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size",
+                 "moe_intermediate_size", "shared_expert_intermediate_size", "vocab_size")
+
+
+def tp_shard_config(config: dict, tp: int) -> dict:
+    """A Hugging Face config of one TP rank's shard, as a model of its own: what a cost
+    table of the shard is measured on (``benchmarks/tools/cost_table.py --tp``)."""
+    shape = ModelShape.from_config(config)
+    shard = dict(config, head_dim=shape.head_dim)
+    for key in _SHARDED_KEYS:
+        if config.get(key):
+            shard[key] = max(1, int(config[key]) // tp)
+    return shard
+
+
 CostsAt = Callable[[int], StageCosts]
 
 
@@ -174,9 +192,13 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
 
 
 def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt) -> StageCosts:
-    """One TP rank's costs: the bytes/FLOPs model of its shard, scaled part by part by
-    how far ``costs_at`` (a measured table, where the full shape has one) is from the
-    model of the full shape, so PP and TP rest on the same measurements."""
+    """One TP rank's costs: the shard's own measured table where one ships; else the
+    bytes/FLOPs model of its shard, scaled part by part by how far ``costs_at`` (a
+    measured table, where the full shape has one) is from the model of the full shape,
+    so PP and TP rest on the same measurements."""
+    if (found := find_table(tp_shard(shape, tp))) is not None:
+        path, table = found
+        return table_costs(tp_shard(shape, tp), table, batch, path.name)
     shard, full, model = (modelled_costs(tp_shard(shape, tp), batch), costs_at(batch),
                           modelled_costs(shape, batch))
     return replace(shard, layer_s=shard.layer_s * full.layer_s / model.layer_s,

@@ -123,7 +123,8 @@ def render(rows: list[Row], work: Workload, source: str) -> list[str]:
     if best and best.kv_tokens < need:
         lines.append(f"  its KV cache holds {best.kv_tokens:,} tokens, fewer than the "
                      f"{need:,} of {work.running} running requests: expect preemption")
-    lines.append(f"rests on: {source}; TP's shard from the bytes/FLOPs model scaled to it. "
+    lines.append(f"rests on: {source}; TP's shard on its own measured table where one "
+                 "ships, else on the bytes/FLOPs model scaled to the full shape's. "
                  "How far such predictions were off on measured cells: docs/performance.md, "
                  "'Predicting PP against TP'")
     return lines
