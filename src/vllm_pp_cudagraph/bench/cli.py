@@ -773,15 +773,13 @@ def main(argv: list[str] | None = None) -> int:
 def add_predictions(args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
     """``plan``'s prediction beside each run that has a speed (``predicted`` in
     bench.json), and a console line with the error; on the NVLink default."""
+    from vllm_pp_cudagraph.cli import read_model_config
     from vllm_pp_cudagraph.planning.plan import predict_run
 
-    if args.model in SHAPES:
-        config = SHAPES[args.model]
-    else:
-        try:
-            config = json.loads((Path(args.model) / "config.json").read_text())
-        except (OSError, ValueError, TypeError):
-            return
+    try:
+        config = read_model_config(args.model)
+    except ValueError:
+        return
     for report in reports:
         if not report.get("req_per_s"):
             continue
