@@ -7,7 +7,6 @@ ran (the README lists it).
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import NoReturn
 
 #: Everything in order.
@@ -37,9 +36,3 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_MISCONFIGURED,
                   f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def fail(status: int, message: str) -> NoReturn:
-    """Print ``message`` on stderr and exit with ``status``."""
-    print(message, file=sys.stderr)
-    sys.exit(status)
