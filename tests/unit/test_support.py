@@ -185,3 +185,14 @@ def test_check_says_which_backends_keep_the_kv_write_in_graphs_and_what_a_captur
         assert name in backends
     (capture,) = [line for line in lines if line.startswith("CUDA-graph capture failing")]
     assert "which stage" in capture and "enforce_eager=True" in capture
+
+
+@pytest.mark.parametrize("vllm_version, torch_version, says", [
+    ("0.33.0", "2.11.0+cu130", "the torch of the GPU runs on vLLM 0.33"),
+    ("0.33.0", "2.14.0", "GPU runs on vLLM 0.33 used torch 2.11; with 2.14 only the CPU suite"),
+    ("0.30.0", "2.13.0", ""),
+])
+def test_check_says_whether_the_gpu_runs_used_this_torch(vllm_version, torch_version, says):
+    """vLLM 0.33's pin brings torch 2.14, while every GPU run used 2.11."""
+    said = support.torch_evidence(vllm_version, torch_version)
+    assert said.startswith(says) if says else said == ""
