@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.bench.cli import positive_int_list
+from vllm_pp_cudagraph.bench.arguments import positive_int_list
 from vllm_pp_cudagraph.planning.pipeline_model import tp_shard_config
 from vllm_pp_cudagraph.stage_costs import ModelShape, modelled_costs, shape_fields
 

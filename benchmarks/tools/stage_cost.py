@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.bench.cli import positive_int_list
+from vllm_pp_cudagraph.bench.arguments import positive_int_list
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.bench.engine_run import generate_as_one_batch, make_prompts
 from vllm_pp_cudagraph.bench.trace_analysis import Step, load_trace, steps, summarize

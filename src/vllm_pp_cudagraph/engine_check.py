@@ -25,11 +25,11 @@ from typing import Any
 
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph import layer_partition, support
-from vllm_pp_cudagraph.decode_cadence import config_cadence, lifts_decodes
-from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
+from vllm_pp_cudagraph.decode_cadence import lifts_decodes
+from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
+from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
 
@@ -49,16 +49,6 @@ def runner_class_of(worker: Any) -> str:
     runner = getattr(worker, "model_runner", None)
     cls = type(runner)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def cadence_here(vllm_config: Any, cadence: DecodeCadence) -> DecodeCadence:
-    """The cadence this engine core's scheduler runs: ``cadence`` where it is the async
-    scheduler (the one the ``decode-cadence`` patch wraps) and vLLM's cadence exists
-    to change, else vLLM's."""
-    scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
-    if not issubclass(scheduler_cls, AsyncScheduler):
-        return DecodeCadence.VLLM
-    return config_cadence(vllm_config, cadence)
 
 
 def worker_runner_problems(runner_classes: list[str]) -> list[str]:
@@ -97,10 +87,9 @@ def mixed_partition_problem(vllm_config: Any, problems: list[str], num_workers: 
 
 
 def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
-                  cadence: DecodeCadence,
-                  partition: LayerPartition = LayerPartition.VLLM) -> None:
-    """Refuse an engine whose decode ``cadence`` or layer ``partition`` its workers cannot
-    follow; otherwise log the one line that says what the plugin does for this engine."""
+                  plan: EnginePlan) -> None:
+    """Refuse an engine whose decode cadence or layer partition (its ``plan``) its workers
+    cannot follow; otherwise log the one line that says what the plugin does for it."""
     parallel = vllm_config.parallel_config
     if not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
@@ -112,9 +101,8 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
         )
         return
     classes = _ask_workers(collective_rpc)
-    in_effect = cadence_here(vllm_config, cadence)
     problems = worker_runner_problems(classes)
-    if problems and lifts_decodes(in_effect):
+    if problems and lifts_decodes(plan.cadence):
         raise WorkerRunnerError(
             "The engine core schedules decodes sooner than vLLM's PP cadence "
             "(vllm-pp-cudagraph) but some "
@@ -123,7 +111,8 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
             "VLLM_PLUGINS=pp_cudagraph on every node and worker, or set "
             "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm to keep vLLM's schedule."
         )
-    if mixed := mixed_partition_problem(vllm_config, problems, len(classes), partition):
+    if mixed := mixed_partition_problem(vllm_config, problems, len(classes),
+                                        plan.layer_partition):
         raise WorkerRunnerError(
             f"Some workers do not run vllm-pp-cudagraph's runner ({'; '.join(problems)}): "
             f"{mixed}, so some layers would run twice and others never. Install "
@@ -132,8 +121,8 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
         )
     layout = (f"PP={parallel.pipeline_parallel_size} x TP={parallel.tensor_parallel_size}")
     if len(problems) == len(classes):
-        reason = support.stand_aside_reason(vllm_config) or "no worker runs its runner"
-        say = logger.info if support.no_pipeline_reason(vllm_config) else logger.warning
+        reason = plan.stand_aside or "no worker runs its runner"
+        say = logger.info if plan.no_pipeline else logger.warning
         say("%s (%s): %s; it runs as stock vLLM.", support.STAND_ASIDE, layout, reason)
         return
     if problems:
@@ -142,14 +131,15 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
         return
     logger.info("vllm-pp-cudagraph active on all %d workers (%s): decode cadence %s "
                 "(VLLM_PP_CUDAGRAPH_DECODE_CADENCE=%s), CUDA graphs %s%s", len(classes),
-                layout, in_effect, cadence, vllm_config.compilation_config.cudagraph_mode,
+                layout, plan.cadence, plan.asked_cadence,
+                vllm_config.compilation_config.cudagraph_mode,
                 ", breakable" if is_breakable_cudagraph_enabled() else "")
 
 
-def checking_workers(original: Callable[..., Any], cadence: DecodeCadence,
-                     partition: LayerPartition = LayerPartition.VLLM) -> Callable[..., Any]:
+def checking_workers(original: Callable[..., Any],
+                     settings: PPCudaGraphSettings) -> Callable[..., Any]:
     """Wrap ``EngineCore._initialize_kv_caches``: check the workers once it returns,
-    for the decode ``cadence`` this process's scheduler runs and the layer ``partition``.
+    against the engine's plan under ``settings``.
 
     On a refusal the executor is shut down before the error propagates, so no
     worker is left running.
@@ -159,8 +149,8 @@ def checking_workers(original: Callable[..., Any], cadence: DecodeCadence,
     def _initialize_kv_caches(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         try:
-            check_workers(self.vllm_config, self.model_executor.collective_rpc, cadence,
-                          partition)
+            check_workers(self.vllm_config, self.model_executor.collective_rpc,
+                          plan_engine(settings, self.vllm_config))
         except WorkerRunnerError:
             self.model_executor.shutdown()
             raise

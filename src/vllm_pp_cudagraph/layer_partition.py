@@ -401,7 +401,7 @@ def gpu_memory_bytes() -> int | None:
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
-def apply_in_worker(vllm_config: Any) -> Decision:
+def apply_in_worker(vllm_config: Any, setting: LayerPartition | None = None) -> Decision:
     """Decide for this worker's engine and hand an ``auto`` split to vLLM.
 
     Called by the plugin's runner before it builds the model: vLLM reads
@@ -410,7 +410,7 @@ def apply_in_worker(vllm_config: Any) -> Decision:
     value stays set for the worker's life.
     """
     global _set_here
-    decision = decide_for(vllm_config)
+    decision = decide_for(vllm_config, setting)
     if (value := decision.env_value) is not None:
         compat.set_vllm_env(VLLM_ENV, value)
         _set_here = value

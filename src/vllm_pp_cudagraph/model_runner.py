@@ -15,6 +15,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat, graph_memory, layer_partition, stage_handoff, support
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
@@ -82,6 +83,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _pending_input: stage_handoff.PendingStageInput | None = None
     direct_handoff: bool = False
     """Whether this stage passes intermediate tensors without per-step metadata."""
+    plan: EnginePlan | None = None
+    """This engine's plan, as ``__new__`` made it (None where built without a config)."""
 
     def __new__(cls, vllm_config: VllmConfig | None = None, *args, **kwargs):
         """vLLM's own runner where the plugin stands aside for this engine (support.py).
@@ -90,20 +93,22 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         """
         if vllm_config is None:
             return super().__new__(cls)
-        if reason := support.no_pipeline_reason(vllm_config):
+        plan = plan_engine(PPCudaGraphSettings.from_env(), vllm_config)
+        if plan.no_pipeline:
             logger.info("%s: %s; the worker runs vLLM's own runner.", support.STAND_ASIDE,
-                        reason)
+                        plan.stand_aside)
             return GPUModelRunner(vllm_config, *args, **kwargs)
-        if failure := support.known_failure(vllm_config):
+        if plan.refusal:
             raise support.KnownStockFailureError(f"vllm-pp-cudagraph refuses this engine: "
-                                                 f"{failure}.")
-        allow = PPCudaGraphSettings.from_env().allow_unproven
-        if reason := support.stand_aside_reason(vllm_config, allow):
+                                                 f"{plan.refusal}.")
+        if plan.stand_aside:
             logger.warning("%s: %s; the worker runs vLLM's own runner "
                            "(VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to run the plugin anyway).",
-                           support.STAND_ASIDE, reason)
+                           support.STAND_ASIDE, plan.stand_aside)
             return GPUModelRunner(vllm_config, *args, **kwargs)
-        return super().__new__(cls)
+        runner = super().__new__(cls)
+        runner.plan = plan
+        return runner
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         check_graph_settings(vllm_config)
@@ -129,10 +134,11 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         receiver agree; the shapes then come from the start-up schema check and
         the step's padded size (stage_handoff.py).
         """
-        if not PPCudaGraphSettings.from_env().direct_handoff:
+        plan = self.plan or plan_engine(PPCudaGraphSettings.from_env(), self.vllm_config)
+        if not (plan.direct_handoff or plan.direct_handoff_blocker):
             return
         group = get_pp_group()
-        if blocker := stage_handoff.direct_handoff_blocker(group, self.speculative_config):
+        if blocker := plan.direct_handoff_blocker or stage_handoff.group_blocker(group):
             logger.info("Direct hand-off stands aside on pipeline stage %d: %s",
                         self.pp_stage, blocker)
             return
@@ -155,7 +161,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         model is built; every stage decides alike from the same config (layer_partition.py).
         Stage 0 logs one line naming the split used (``Decision.log_line``) under ``auto``
         and for a hand-set split; with the default and nothing set by hand, none."""
-        decision = layer_partition.apply_in_worker(self.vllm_config)
+        decision = layer_partition.apply_in_worker(
+            self.vllm_config, self.plan.layer_partition if self.plan else None)
         if decision.noteworthy and self.pp_stage == 0 and get_tp_group().rank_in_group == 0:
             logger.info("%s", decision.log_line())
 

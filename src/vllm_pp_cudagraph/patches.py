@@ -183,8 +183,7 @@ def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.engine_check import checking_workers
 
     engine_core_cls = importlib.import_module(compat.ENGINE_CORE_MODULE).EngineCore
-    wrap = functools.partial(checking_workers, cadence=settings.decode_cadence,
-                             partition=settings.layer_partition)
+    wrap = functools.partial(checking_workers, settings=settings)
     return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", wrap)
 
 

@@ -87,12 +87,9 @@ class PendingStageInput(dict):
         self.all_gather_tensors = all_gather_tensors
 
 
-def direct_handoff_blocker(group: Any, speculative_config: object) -> str | None:
-    """Why direct hand-offs cannot run for this stage once asked for, or None."""
-    if group.world_size <= 1:
-        return "no pipeline parallelism"
-    if speculative_config is not None:
-        return "speculative decoding (its drafts change what a step hands on)"
+def group_blocker(group: Any) -> str | None:
+    """Why this process's pipeline ``group`` cannot hand tensors on directly, or None
+    (what the engine's plan cannot see: engine_plan.py decides the rest)."""
     if getattr(group, "use_cpu_custom_send_recv", False):
         return "this platform's pipeline group sends through its own communicator"
     return None

@@ -14,12 +14,24 @@ from dataclasses import asdict
 import pytest
 
 from vllm_pp_cudagraph.bench import cli as bench
+from vllm_pp_cudagraph.bench import runs as bench_runs
+from vllm_pp_cudagraph.bench.argument_checks import argument_problems
+from vllm_pp_cudagraph.bench.arguments import DEFAULT_MODES, parse_modes
 from vllm_pp_cudagraph.bench.engine_run import (
     RunSpec,
     log_findings,
     make_prompts,
     output_lengths,
 )
+from vllm_pp_cudagraph.bench.judging import check_agreement, expected_difference, plugin_not_loaded
+from vllm_pp_cudagraph.bench.report import (
+    across_engines,
+    disagreement_lines,
+    print_findings,
+    render_table,
+    write_plot,
+)
+from vllm_pp_cudagraph.bench.runs import engine_status, run_spec, serve_load_spec
 from vllm_pp_cudagraph.bench.stats import output_digest
 from vllm_pp_cudagraph.exit_status import EXIT_NO_GPU
 from vllm_pp_cudagraph.bench.stats import (
@@ -72,14 +84,14 @@ def test_without_enough_gpus_bench_refuses_at_once_and_writes_nothing(tmp_path, 
 
 
 def test_default_modes_cover_plugin_stock_and_v1():
-    modes = bench.parse_modes(",".join(bench.DEFAULT_MODES))
+    modes = parse_modes(",".join(DEFAULT_MODES))
     assert ("v1", "full_and_piecewise", None) in modes
     for mode in ("eager", "piecewise", "full_and_piecewise", "full_decode_only", "breakable"):
         assert ("plugin", mode, None) in modes and ("stock", mode, None) in modes
 
 
 def test_mode_may_carry_its_own_memory_utilization():
-    assert bench.parse_modes("plugin:full_and_piecewise@0.92") == [
+    assert parse_modes("plugin:full_and_piecewise@0.92") == [
         ("plugin", "full_and_piecewise", 0.92)
     ]
 
@@ -89,7 +101,7 @@ def test_mode_may_carry_its_own_memory_utilization():
 )
 def test_bad_modes_are_rejected_with_the_choices(bad):
     with pytest.raises(argparse.ArgumentTypeError, match=r"RUNNER:MODE\[@UTIL\]"):
-        bench.parse_modes(bad)
+        parse_modes(bad)
 
 
 def test_workload_is_deterministic_and_shaped():
@@ -182,7 +194,7 @@ def test_agreement_uses_stock_as_reference_per_token_family():
         report("plugin", "full_decode_only", "c3"),  # same as stock in its own mode
         report("stock", "full_decode_only", "c3"),
     ]
-    bench.check_agreement(reports)
+    check_agreement(reports)
     agree = {(r["spec"]["runner"], r["spec"]["mode"]): r["tokens_agree"] for r in reports}
     assert agree == {
         ("plugin", "piecewise"): True,
@@ -203,14 +215,14 @@ def test_agreement_uses_stock_as_reference_per_token_family():
 def test_a_second_stock_run_is_checked_against_the_first():
     first, second = report("stock", "eager", "e1"), report("stock", "eager", "e9")
     plugin = report("plugin", "eager", "e1")
-    bench.check_agreement([first, second, plugin])
+    check_agreement([first, second, plugin])
     assert (first["tokens_agree"], second["tokens_agree"], plugin["tokens_agree"]) == (True, False, True)
 
 
 def test_agreement_counts_the_requests_that_differ():
     stock = report("stock", "eager", "e1", request_digests=["a", "b", "c", "d"])
     plugin = report("plugin", "eager", "e2", request_digests=["a", "x", "c", "y"])
-    bench.check_agreement([plugin, stock])
+    check_agreement([plugin, stock])
     assert plugin["tokens_agree"] is False and plugin["requests_differ"] == 2
     assert stock["requests_differ"] == 0
 
@@ -218,7 +230,7 @@ def test_agreement_counts_the_requests_that_differ():
 def test_an_engine_that_does_not_repeat_its_own_tokens_does_not_agree():
     stock = report("stock", "piecewise", "c1", run_digests=["c1", "c1", "c1"])
     plugin = report("plugin", "piecewise", "c1", run_digests=["c1", "c7", "c1"])
-    bench.check_agreement([stock, plugin])
+    check_agreement([stock, plugin])
     assert stock["repeats_itself"] and stock["tokens_agree"]
     assert plugin["repeats_itself"] is False and plugin["tokens_agree"] is False
 
@@ -227,8 +239,8 @@ def test_a_disagreement_under_the_measured_cadence_names_the_runner_that_keeps_s
     stock = report("stock", "piecewise", "c1", run_digests=["c1"])
     plugin = report("plugin", "piecewise", "c2", run_digests=["c3"])
     fixed = report("plugin-cadence", "piecewise", "c4", run_digests=["c4"])
-    bench.check_agreement([stock, plugin, fixed])
-    lines = bench.disagreement_lines([stock, plugin, fixed])
+    check_agreement([stock, plugin, fixed])
+    lines = disagreement_lines([stock, plugin, fixed])
     assert len(lines) == 2
     assert lines[0].startswith("TOKENS DIFFER: plugin:piecewise gave other tokens in its timed")
     assert "run plugin-cadence:piecewise" in lines[0]
@@ -246,7 +258,7 @@ def test_runs_given_several_times_are_summarised_across_engines():
     reports = [run("v1", 60.0), run("plugin", 57.0), run("v1", 54.0), run("plugin", 66.0),
                run("v1", 56.0), run("plugin", None, digest=None), run("stock", 50.0),
                run("plugin", 40.0, util=0.92)]
-    rows = {row["run"]: row for row in bench.across_engines(reports)}
+    rows = {row["run"]: row for row in across_engines(reports)}
     assert set(rows) == {"v1:full_and_piecewise@0.5", "plugin:full_and_piecewise@0.5"}
     v1, plugin = rows["v1:full_and_piecewise@0.5"], rows["plugin:full_and_piecewise@0.5"]
     assert (v1["engines"], v1["median_req_per_s"], v1["min_req_per_s"], v1["max_req_per_s"]) == (
@@ -260,7 +272,7 @@ def test_table_shows_values_failures_and_disagreement():
     bad = report("plugin", "eager", None, req_per_s=None, tokens_verdict=None)
     tie = report("stock", "piecewise", "c3", tokens_verdict="near-ties")
     differ = report("stock", "piecewise", "c2", tokens_verdict="differ")
-    table = bench.render_table([ok, bad, tie, differ]).splitlines()
+    table = render_table([ok, bad, tie, differ]).splitlines()
     assert table[0].split()[:4] == ["run", "req/s", "spread", "%"]
     assert "plugin:piecewise" in table[2] and "10.00" in table[2] and "3.46" in table[2]
     assert table[2].rstrip().endswith("identical")
@@ -272,7 +284,7 @@ def test_table_shows_values_failures_and_disagreement():
 def test_plot_is_a_png_when_matplotlib_is_there(tmp_path):
     reports = [report("plugin", "piecewise", tpot_mean_ms=3.0), report("stock", "piecewise", tpot_mean_ms=5.0)]
     path = tmp_path / "bench.png"
-    if bench.write_plot(reports, path):
+    if write_plot(reports, path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert not path.exists()
@@ -299,7 +311,7 @@ def test_serve_command_carries_mode_and_model_settings():
 
 def test_serve_load_uses_the_benchmark_prompts_as_words():
     args = bench.build_parser().parse_args(["--serve", "--prompts", "4", "--input-len", "3"])
-    spec = bench.serve_load_spec(args)
+    spec = serve_load_spec(args)
     assert spec.num_requests == 4 and spec.stream_fraction == 1.0 and spec.cancel_fraction == 0.0
     assert [len(p.split()) for p in spec.prompts] == [3, 3, 3, 3]
     assert spec.prompts[0].split()[0] == f"w{make_prompts(4, 3)[0][0]}"
@@ -320,7 +332,6 @@ def test_one_batch_generation_calls_what_vllms_llm_offers():
 
 
 def test_engine_status_tells_a_stopped_engine_from_a_failed_one():
-    engine_status = bench.engine_status
     ran = {"digest": "01c2acb7", "req_per_s": 68.07, "tpot_mean_ms": 3.57, "returncode": 0}
     assert engine_status(ran, "plugin-piecewise") == "68.07 req/s, TPOT 3.57 ms"
     served = {"digest": "n/a", "req_per_s": 47.814766, "tpot_p50_ms": 75.535, "returncode": 0}
@@ -420,8 +431,8 @@ def test_impossible_arguments_are_refused_before_anything_starts(flags, message,
     """Refused with the flag named and exit status 2, whatever GPUs there are; no
     directory, checkpoint or engine is made."""
     monkeypatch.setattr(bench, "visible_gpus", lambda: 8)
-    monkeypatch.setattr(bench, "write_model_dir", lambda *a, **k: pytest.fail("wrote a model"))
-    monkeypatch.setattr(bench, "run_in_subprocess", lambda *a, **k: pytest.fail("started"))
+    monkeypatch.setattr(bench_runs, "write_model_dir", lambda *a, **k: pytest.fail("wrote a model"))
+    monkeypatch.setattr(bench_runs, "run_in_subprocess", lambda *a, **k: pytest.fail("started"))
     out = tmp_path / "results"
     with pytest.raises(SystemExit) as exit_info:
         bench.main([*flags, "--out", str(out)])
@@ -453,7 +464,7 @@ def test_pp_above_the_visible_gpus_is_refused(tmp_path, capsys, monkeypatch):
 def test_a_model_directory_or_a_hub_id_is_taken_as_the_model(tmp_path):
     parser = bench.build_parser()
     for model in (str(tmp_path), "Qwen/Qwen3-0.6B"):
-        assert bench.argument_problems(parser.parse_args(["--model", model])) == []
+        assert argument_problems(parser.parse_args(["--model", model])) == []
 
 
 def _refused(monkeypatch, capsys, gpus: int, argv: list[str]) -> tuple[int, str]:
@@ -571,7 +582,7 @@ def test_deterministic_compile_and_max_model_len_reach_the_engine_and_the_server
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
     args = bench.build_parser().parse_args(["--deterministic-compile", "--max-model-len",
                                             "4096", "--modes", f"plugin:{mode}"])
-    spec = bench.run_spec(args, "plugin", mode, None, "qwen3-0.6b", None, "x")
+    spec = run_spec(args, "plugin", mode, None, "qwen3-0.6b", None, "x")
     kwargs = engine_kwargs(spec, "/m")
     served = parse_serve_args(serve_command(spec, "/m", 8000)[4:])
     assert kwargs["max_model_len"] == served.max_model_len == 4096
@@ -585,8 +596,8 @@ def test_deterministic_compile_and_max_model_len_reach_the_engine_and_the_server
         assert served.compilation_config.inductor_compile_config["deterministic"] is True
         assert served.compilation_config.cudagraph_mode.name == graphs["cudagraph_mode"]
     monkeypatch.setenv("TORCHINDUCTOR_DETERMINISTIC", "1")
-    plain = bench.run_spec(bench.build_parser().parse_args([]), "plugin", mode, None,
-                           "qwen3-0.6b", None, "x")
+    plain = run_spec(bench.build_parser().parse_args([]), "plugin", mode, None,
+                     "qwen3-0.6b", None, "x")
     assert "TORCHINDUCTOR_DETERMINISTIC" not in engine_env(plain)
     assert "max_model_len" not in engine_kwargs(plain, "/m")
     assert engine_kwargs(plain, "/m").get("compilation_config") == MODES[mode][0].get(
@@ -715,7 +726,7 @@ def test_the_console_names_the_split_a_run_chose_beside_vllms(capsys):
     chose = report("plugin-auto-split", "full_and_piecewise", layer_partition_used=[10, 10, 8])
     asked = {**report("plugin", "eager", layer_partition_used=[8, 10, 10]),
              "spec": {"runner": "plugin", "mode": "eager", "layer_partition": [8, 10, 10]}}
-    bench.print_findings(args, [chose, asked, report("stock", "eager")], [])
+    print_findings(args, [chose, asked, report("stock", "eager")], [])
     assert capsys.readouterr().out.splitlines() == [
         "layer partition: plugin-auto-split:full_and_piecewise used 10,10,8 "
         "(vLLM's split: 9,10,9)"]
@@ -761,7 +772,7 @@ def _bench_with_engines_faked(monkeypatch, argv, plugin_digest="t1", plugin_stag
 
     engine.started = 0
     monkeypatch.setattr(bench, "visible_gpus", lambda: gpus)
-    monkeypatch.setattr(bench, "run_in_subprocess", engine)
+    monkeypatch.setattr(bench_runs, "run_in_subprocess", engine)
     return bench.main(argv)
 
 
@@ -801,8 +812,8 @@ def test_a_serve_sweep_reports_one_row_per_runner_and_concurrency(tmp_path, monk
                  "shutdown_clean": True} for c in concurrencies]
 
     monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
-    monkeypatch.setattr(bench, "write_model_dir", lambda *a, **k: tmp_path / "model")
-    monkeypatch.setattr(bench, "run_vllm_bench_sweep", sweep)
+    monkeypatch.setattr(bench_runs, "write_model_dir", lambda *a, **k: tmp_path / "model")
+    monkeypatch.setattr(bench_runs, "run_vllm_bench_sweep", sweep)
     code = bench.main(["--workload", "serve", "--weights", "dummy", "--out", str(tmp_path),
                        "--concurrency", "64,256", "--modes", "stock:eager,plugin:eager"])
     assert code == 0, capsys.readouterr().out
@@ -854,8 +865,8 @@ def test_the_tp_runner_serves_with_tensor_parallelism_alone(tmp_path, monkeypatc
                  "shutdown_clean": True}]
 
     monkeypatch.setattr(bench, "visible_gpus", lambda: 2)
-    monkeypatch.setattr(bench, "write_model_dir", lambda *a, **k: tmp_path / "model")
-    monkeypatch.setattr(bench, "run_vllm_bench_sweep", sweep)
+    monkeypatch.setattr(bench_runs, "write_model_dir", lambda *a, **k: tmp_path / "model")
+    monkeypatch.setattr(bench_runs, "run_vllm_bench_sweep", sweep)
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")  # for the parser
     assert bench.main(["--workload", "serve", "--weights", "dummy", "--out", str(tmp_path),
                        "--modes", "tp:full_and_piecewise"]) == 0
@@ -871,7 +882,7 @@ def test_a_tp_row_says_tp():
     both["spec"].update(pp=2, tp=2)
     pipelined = report("plugin", "piecewise")
     pipelined["spec"].update(pp=2, tp=1)
-    rows = bench.render_table([tp, both, pipelined]).splitlines()[2:]
+    rows = render_table([tp, both, pipelined]).splitlines()[2:]
     assert rows[0].startswith("tp:full_and_piecewise [TP 2] ")
     assert rows[1].startswith("plugin:full_and_piecewise [PP 2 x TP 2] ")
     assert rows[2].startswith("plugin:piecewise ")
@@ -897,10 +908,10 @@ def test_a_tp_engine_that_does_not_repeat_itself_still_fails():
     tp = report("tp", "eager", "e2", run_digests=["e3"])
     stock["spec"].update(pp=2, tp=1)
     tp["spec"].update(pp=1, tp=2)
-    bench.check_agreement([stock, tp])
+    check_agreement([stock, tp])
     assert tp["tokens_agree"] is False and tp["reference_layout_differs"]
-    assert not bench.expected_difference(tp)
-    assert "not a failure" not in bench.disagreement_lines([stock, tp])[0]
+    assert not expected_difference(tp)
+    assert "not a failure" not in disagreement_lines([stock, tp])[0]
 
 
 def test_an_invocation_cut_short_leaves_every_finished_runs_numbers(tmp_path, monkeypatch):
@@ -923,8 +934,8 @@ def test_an_invocation_cut_short_leaves_every_finished_runs_numbers(tmp_path, mo
 def test_at_pp1_a_plugin_run_without_the_plugins_runner_is_expected():
     """The plugin stands aside without a pipeline; at PP=2 the same run is flagged."""
     run = report("plugin", "eager", plugin_stages=0)
-    assert bench.plugin_not_loaded(argparse.Namespace(pp=1), [run]) == []
-    assert bench.plugin_not_loaded(argparse.Namespace(pp=2), [run]) == [run]
+    assert plugin_not_loaded(argparse.Namespace(pp=1), [run]) == []
+    assert plugin_not_loaded(argparse.Namespace(pp=2), [run]) == [run]
 
 
 def test_help_lists_the_runners_users_pick_and_accepts_vllms_prompt_flag(capsys):

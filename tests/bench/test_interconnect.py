@@ -7,7 +7,9 @@ import json
 import pytest
 
 from vllm_pp_cudagraph.bench import cli as bench
+from vllm_pp_cudagraph.bench.argument_checks import argument_problems
 from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, engine_kwargs
+from vllm_pp_cudagraph.bench.runs import run_spec
 from vllm_pp_cudagraph.bench.serve_run import serve_command
 
 NCCL_TRANSPORT = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NET")
@@ -52,7 +54,7 @@ def test_a_served_run_gets_the_same_options_as_flags(tmp_path):
 
 def test_bench_records_the_interconnect_in_each_run(tmp_path):
     args = bench.build_parser().parse_args(["--interconnect", "host", "--out", str(tmp_path)])
-    spec = bench.run_spec(args, "plugin", "eager", None, "qwen3-0.6b", None, "x")
+    spec = run_spec(args, "plugin", "eager", None, "qwen3-0.6b", None, "x")
     assert spec.interconnect == "host"
 
 
@@ -70,18 +72,18 @@ def test_bad_link_or_points_are_refused_naming_the_flag(argv, message, capsys):
 
 def test_points_are_for_the_serve_workload():
     args = bench.build_parser().parse_args(["--points", "64:256", "--workload", "engine"])
-    assert any("--points" in p for p in bench.argument_problems(args))
+    assert any("--points" in p for p in argument_problems(args))
     args = bench.build_parser().parse_args(["--points", "64:256", "--workload", "serve"])
     assert args.points == [(64, 256)]
-    assert not any("--points" in p for p in bench.argument_problems(args))
+    assert not any("--points" in p for p in argument_problems(args))
 
 
 def test_the_executor_reaches_the_engine_and_the_server(tmp_path):
     args = bench.build_parser().parse_args(["--executor", "ray", "--out", str(tmp_path)])
-    spec = bench.run_spec(args, "plugin", "eager", None, "qwen3-0.6b", None, "x")
+    spec = run_spec(args, "plugin", "eager", None, "qwen3-0.6b", None, "x")
     assert engine_kwargs(spec, str(tmp_path))["distributed_executor_backend"] == "ray"
     cmd = serve_command(spec, str(tmp_path), 8000)
     assert cmd[cmd.index("--distributed-executor-backend") + 1] == "ray"
-    default = bench.run_spec(bench.build_parser().parse_args(["--out", str(tmp_path)]),
-                             "plugin", "eager", None, "qwen3-0.6b", None, "x")
+    default = run_spec(bench.build_parser().parse_args(["--out", str(tmp_path)]),
+                       "plugin", "eager", None, "qwen3-0.6b", None, "x")
     assert "distributed_executor_backend" not in engine_kwargs(default, str(tmp_path))

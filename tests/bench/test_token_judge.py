@@ -8,7 +8,8 @@ import pytest
 from vllm.logprobs import FlatLogprobs, Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from vllm_pp_cudagraph.bench import cli as bench
+from vllm_pp_cudagraph.bench.judging import exit_status, judge_tokens
+from vllm_pp_cudagraph.bench.report import disagreement_lines
 from vllm_pp_cudagraph.bench.token_judge import (
     NEAR_TIE_NATS,
     TokenRecord,
@@ -140,11 +141,11 @@ def test_the_bench_passes_a_plugin_run_that_parts_from_stock_at_near_ties(tmp_pa
     control = _run(tmp_path, "stock2", "stock", a, "ab")
     plugin = _run(tmp_path, "plugin", "plugin-cadence", b, "ac")
     reports = [stock, plugin, control]
-    bench.judge_tokens(_args(), reports)
+    judge_tokens(_args(), reports)
     assert plugin["tokens_agree"] is False and plugin["tokens_verdict"] == "near-ties"
     assert control["stock_control"] and control["tokens_verdict"] == "identical"
-    assert bench.exit_status(_args(), reports, []) == 0
-    (line,) = bench.disagreement_lines(reports)
+    assert exit_status(_args(), reports, []) == 0
+    (line,) = disagreement_lines(reports)
     assert line.startswith("tokens differ at near ties only: plugin-cadence:full_and_piecewise")
 
 
@@ -152,10 +153,10 @@ def test_the_bench_fails_a_plugin_run_that_parts_from_stock_beyond_a_near_tie(tm
     a, b = near_tie_pair(gap_b=0.5)
     reports = [_run(tmp_path, "stock", "stock", a, "ab"),
                _run(tmp_path, "plugin", "plugin-cadence", b, "ac")]
-    bench.judge_tokens(_args(), reports)
+    judge_tokens(_args(), reports)
     assert reports[1]["tokens_verdict"] == "differ"
-    assert bench.exit_status(_args(), reports, []) == 1
-    (line,) = bench.disagreement_lines(reports)
+    assert exit_status(_args(), reports, []) == 1
+    (line,) = disagreement_lines(reports)
     assert line.startswith("TOKENS DIFFER: plugin-cadence:full_and_piecewise vs stock")
     assert "1 beyond a near tie of 0.1 nats" in line
 
@@ -164,15 +165,15 @@ def test_stock_differing_from_itself_beyond_a_near_tie_fails_as_an_undecided_che
     a, b = near_tie_pair(gap_a=0.5)
     reports = [_run(tmp_path, "stock", "stock", a, "ab"),
                _run(tmp_path, "stock2", "stock", b, "ac")]
-    bench.judge_tokens(_args(), reports)
+    judge_tokens(_args(), reports)
     assert reports[1]["stock_control"] and reports[1]["tokens_verdict"] == "differ"
-    assert bench.exit_status(_args(), reports, []) == 1
-    (line,) = bench.disagreement_lines(reports)
+    assert exit_status(_args(), reports, []) == 1
+    (line,) = disagreement_lines(reports)
     assert "stock against itself" in line and "cannot decide" in line
 
 
 def test_runs_without_recorded_logprobs_differ_when_their_digests_do(tmp_path):
     stock = {"spec": {"runner": "stock", "mode": "eager"}, "digest": "ab"}
     plugin = {"spec": {"runner": "plugin", "mode": "eager"}, "digest": "ac"}
-    bench.judge_tokens(_args(), [stock, plugin])
+    judge_tokens(_args(), [stock, plugin])
     assert plugin["tokens_verdict"] == "differ" and "divergence" not in plugin

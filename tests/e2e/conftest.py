@@ -1,4 +1,4 @@
-"""What the GPU checks need: two visible CUDA devices, the test plugins, a model.
+"""What the GPU checks need: two visible CUDA devices, a model.
 
 Every test here is marked ``gpu``; CPU runs skip them (see the top-level
 conftest), and they collect everywhere. Run them on a host with 2 GPUs as
@@ -11,10 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-#: The test-only vLLM plugins in tests/e2e/soak_plugins, by entry-point name.
-TEST_PLUGINS = ("pp_e2e_models", "pp_e2e_preemption_fix")
-
 
 def shared_gpu_ranks() -> int:
     """How many ranks the test-only shim (benchmarks/gpu_kit/shared_gpu, loaded as
@@ -44,16 +40,6 @@ def two_gpus() -> None:
     """Skip unless 2 CUDA devices are visible: every check runs PP=2, one GPU per stage
     (or both stages on one, with the shared-GPU shim loaded)."""
     require_gpus(2)
-
-
-@pytest.fixture
-def test_plugins() -> None:
-    """Fail, naming the install command, where the soak's test plugins are missing."""
-    from benchmarks.tools.soak import missing_test_plugin
-
-    missing = [why for name in TEST_PLUGINS if (why := missing_test_plugin(name))]
-    if missing:
-        pytest.fail("; ".join(missing) + " (the GPU checks' test-only vLLM plugins)")
 
 
 @pytest.fixture(scope="session")

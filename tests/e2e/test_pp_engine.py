@@ -1,10 +1,10 @@
-"""End-to-end checks on GPUs: the plugin inside real PP=2 vLLM engines and servers.
+"""End-to-end checks on GPUs: the plugin inside real PP=2 vLLM engines.
 
-Each check drives the repository's own tooling as a GPU run would: the
-``bench`` CLI for tokens per graph mode, ``benchmarks.tools.serve_checks``
-for structured outputs and a stage fault, ``benchmarks.tools.soak`` for a
-short serving soak and the start-up refusals. Skipped without 2 CUDA devices;
-longer runs of the same tools are committed under benchmarks/results/.
+Each check drives the ``bench`` CLI as a GPU run would, for the tokens per graph
+mode, with drafts and through a KV connector; the checks behind ``vllm serve``,
+which drive ``benchmarks/tools``, are in ``tests/tools/test_serving_gpu.py``.
+Skipped without 2 CUDA devices; longer runs of the same tools are committed under
+benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -76,84 +76,6 @@ def test_direct_hand_off_tokens_equal_stock(mode, tmp_path, random_model):
     plugin, _, console, returncode = _batch_bench(tmp_path, random_model, "plugin-direct", mode)
     assert plugin["direct_handoff_stages"] == 2, "a stage kept vLLM's hand-off"
     assert returncode == 0, console
-
-
-def test_structured_outputs_parse_and_match_their_schema(tmp_path):
-    from benchmarks.tools.serve_checks import main
-
-    code = main(["structured", "--out", str(tmp_path), "--pp", "2", "--port", "8310"])
-    report = json.loads((tmp_path / "structured-plugin-pp2.json").read_text())
-    assert code == 0, {k: report.get(k) for k in
-                       ("error", "problems", "grammar_rejections", "plugin_loaded_lines",
-                        "shutdown_clean", "requests")}
-
-
-@pytest.mark.usefixtures("test_plugins")
-@pytest.mark.parametrize("stage", ["first", "last"])
-def test_a_stage_fault_stops_the_server_promptly_leaving_nothing(stage, tmp_path):
-    from benchmarks.tools.serve_checks import main
-
-    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--stage", stage,
-                 "--port", "8320"])
-    report = json.loads((tmp_path / f"fault-plugin-{stage}-mp.json").read_text())
-    assert code == 0, report
-    assert report["stage_stop_in_log"], "the plugin did not stop the failed stage's worker"
-
-
-@pytest.mark.usefixtures("test_plugins")
-@pytest.mark.parametrize("stage", ["first", "last"])
-def test_a_stage_fault_under_ray_stops_the_server_promptly_leaving_nothing(stage, tmp_path):
-    pytest.importorskip("ray", reason="Ray is not installed (benchmarks/install_ray.sh)")
-    from benchmarks.tools.serve_checks import main
-
-    code = main(["fault", "--out", str(tmp_path), "--runner", "plugin", "--stage", stage,
-                 "--ray", "--port", "8325"])
-    report = json.loads((tmp_path / f"fault-plugin-{stage}-ray.json").read_text())
-    assert code == 0, report
-    assert report["stage_stop_in_log"], "the plugin did not stop the failed stage's worker"
-
-
-def test_a_short_soak_serves_cleanly_with_every_token_on_the_models_top_choice(tmp_path):
-    """The plugin's defaults and two stock servers under streamed, cancelled and
-    concurrent requests, PIECEWISE. The token check judges: the defaults decode on
-    another cadence than stock, so batches, and near-ties, differ by design (the
-    shares are reported; soaks with ``--plugin-runner plugin-cadence`` are judged
-    by them). The full soaks are committed."""
-    from benchmarks.tools.soak import main
-
-    code = main(["--out", str(tmp_path), "--modes", "piecewise", "--requests", "200",
-                 "--concurrency", "64", "--token-check", "--port", "8330"])
-    [result] = json.loads((tmp_path / "soak.json").read_text())
-    assert result["token_check"]["problems"] == [], result["token_check"]
-    assert code == 0, (result.get("share_rule"), result.get("problems"))
-
-
-def test_lora_adapters_at_high_memory_use_serve_cleanly_with_their_graphs_in_budget(tmp_path):
-    """Three LoRA adapters served beside the base model at gpu_memory_utilization
-    0.95, the short soak's load with the sampling mix: every server starts, serves
-    without error and shuts down cleanly; where the plugin sizes its graphs' memory
-    (vLLM 0.26-0.28), no stage's capture takes more than it reserved (the soak fails
-    the run otherwise); base-model tokens are on the model's top choice."""
-    from benchmarks.tools.soak import main
-
-    code = main(["--out", str(tmp_path), "--modes", "full_and_piecewise", "--lora", "3",
-                 "--gpu-memory-utilization", "0.95", "--sampling-mix", "--requests", "200",
-                 "--concurrency", "64", "--token-check", "--port", "8335"])
-    [result] = json.loads((tmp_path / "soak.json").read_text())
-    assert result["lora"] == 3
-    assert result["token_check"]["problems"] == [], result["token_check"]
-    assert code == 0, result.get("problems")
-
-
-@pytest.mark.usefixtures("test_plugins")
-def test_bad_start_ups_are_refused_naming_the_setting_and_leave_nothing(tmp_path):
-    """Bad settings, and models whose stages disagree on the tensors they exchange."""
-    from benchmarks.tools.soak import main
-
-    code = main(["--out", str(tmp_path), "--modes", "", "--refusals", "--port", "8340"])
-    results = json.loads((tmp_path / "soak.json").read_text())
-    assert len(results) == 5
-    assert code == 0, [r for r in results if not r["passed"]]
 
 
 def _speculative_config(method: str, tmp_path) -> dict:

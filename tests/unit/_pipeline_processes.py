@@ -192,7 +192,7 @@ def direct(rank: int) -> dict:
     from vllm_pp_cudagraph import stage_handoff
 
     pp, tp = get_pp_group(), get_tp_group()
-    blocker = stage_handoff.direct_handoff_blocker(pp, None)
+    blocker = stage_handoff.group_blocker(pp)
     undo = stage_handoff.enable(pp)
     stage = pp.rank_in_group
     report = {"rank": rank, "stage": stage, "blocker": blocker, "steps": []}

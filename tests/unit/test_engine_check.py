@@ -17,9 +17,16 @@ from vllm_pp_cudagraph.engine_check import (
     check_workers,
     runner_class_of,
 )
-from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
+from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
 
 AUTO = DecodeCadence.AUTO
+
+
+def plan(config, cadence, partition=LayerPartition.VLLM):
+    """The engine's plan under these two settings (the others at their defaults)."""
+    return plan_engine(PPCudaGraphSettings(decode_cadence=cadence, layer_partition=partition),
+                       config)
 
 
 @pytest.fixture
@@ -48,12 +55,12 @@ def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config):
     stock = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
     rpc, _ = rpc_answering([PLUGIN_RUNNER, stock])
     with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*DECODE_CADENCE=vllm"):
-        check_workers(config, rpc, AUTO)
+        check_workers(config, rpc, plan(config, AUTO))
 
 
 def test_workers_with_the_plugins_runner_pass(config):
     rpc, calls = rpc_answering([PLUGIN_RUNNER, PLUGIN_RUNNER])
-    check_workers(config, rpc, AUTO)
+    check_workers(config, rpc, plan(config, AUTO))
     assert calls == [runner_class_of]
 
 
@@ -62,7 +69,7 @@ STOCK = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
 
 def test_on_vllms_cadence_stock_workers_are_not_refused(config, caplog):
     rpc, _ = rpc_answering([STOCK, STOCK])
-    check_workers(config, rpc, DecodeCadence.VLLM)
+    check_workers(config, rpc, plan(config, DecodeCadence.VLLM))
     assert "vllm-pp-cudagraph stands aside for this engine (PP=2 x TP=1)" in caplog.text
 
 
@@ -73,9 +80,9 @@ def test_without_async_scheduling_the_cadence_is_vllms_and_nothing_is_refused(co
 
     monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
                         lambda self: Scheduler)
-    assert engine_check.cadence_here(config, AUTO) is DecodeCadence.VLLM
+    assert plan(config, AUTO).cadence is DecodeCadence.VLLM
     rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
-    check_workers(config, rpc, AUTO)
+    check_workers(config, rpc, plan(config, AUTO))
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -86,7 +93,7 @@ def test_where_the_cadence_only_delays_stock_workers_are_not_refused(tmp_path, m
     config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=pp).vllm_config
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
     rpc, _ = rpc_answering([STOCK] * pp)
-    check_workers(config, rpc, DecodeCadence.BALANCE)
+    check_workers(config, rpc, plan(config, DecodeCadence.BALANCE))
 
 
 def test_one_line_says_the_plugin_is_active_with_its_layout_cadence_and_graphs(config,
@@ -95,7 +102,7 @@ def test_one_line_says_the_plugin_is_active_with_its_layout_cadence_and_graphs(c
 
     caplog.set_level(logging.INFO, logger="vllm.pp_cudagraph.engine_check")
     rpc, _ = rpc_answering([PLUGIN_RUNNER, PLUGIN_RUNNER])
-    check_workers(config, rpc, AUTO)
+    check_workers(config, rpc, plan(config, AUTO))
     lines = [r.getMessage() for r in caplog.records if "vllm-pp-cudagraph" in r.getMessage()]
     mode = config.compilation_config.cudagraph_mode
     assert lines == [f"vllm-pp-cudagraph active on all 2 workers (PP=2 x TP=1): decode "
@@ -105,9 +112,9 @@ def test_one_line_says_the_plugin_is_active_with_its_layout_cadence_and_graphs(c
 def test_an_engine_the_plugin_stands_aside_for_says_why(config, caplog, monkeypatch):
     monkeypatch.setattr(config, "kv_transfer_config",
                         type("KV", (), {"kv_connector": "SharedStorageConnector"})())
-    assert engine_check.cadence_here(config, AUTO) is DecodeCadence.VLLM
+    assert plan(config, AUTO).cadence is DecodeCadence.VLLM
     rpc, _ = rpc_answering([STOCK, STOCK])
-    check_workers(config, rpc, AUTO)
+    check_workers(config, rpc, plan(config, AUTO))
     assert ("stands aside for this engine (PP=2 x TP=1): KV connector "
             "'SharedStorageConnector' is not yet run on a GPU") in caplog.text
 
@@ -126,7 +133,8 @@ def test_a_refusal_shuts_the_workers_down_before_raising(config):
         vllm_config = config
         model_executor = Executor()
 
-    init = engine_check.checking_workers(lambda self: "kv-config", AUTO)
+    init = engine_check.checking_workers(lambda self: "kv-config",
+                                         PPCudaGraphSettings(decode_cadence=AUTO))
     with pytest.raises(WorkerRunnerError):
         init(Core())
     assert Core.model_executor.shut_down
@@ -171,7 +179,8 @@ def test_auto_partition_refuses_workers_that_would_build_vllms_split(auto_partit
     rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
     with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*may build another layer "
                        r"split .*some layers would run twice.*LAYER_PARTITION=vllm"):
-        check_workers(auto_partition, rpc, DecodeCadence.BALANCE, LayerPartition.AUTO)
+        check_workers(auto_partition, rpc,
+                      plan(auto_partition, DecodeCadence.BALANCE, LayerPartition.AUTO))
 
 
 @pytest.mark.parametrize("classes, partition", [
@@ -181,13 +190,14 @@ def test_auto_partition_refuses_workers_that_would_build_vllms_split(auto_partit
 ])
 def test_workers_that_build_the_same_layers_pass(auto_partition, classes, partition):
     rpc, _ = rpc_answering(classes)
-    check_workers(auto_partition, rpc, DecodeCadence.BALANCE, partition)
+    check_workers(auto_partition, rpc, plan(auto_partition, DecodeCadence.BALANCE, partition))
 
 
 def test_a_hand_set_split_is_built_alike_by_every_worker(auto_partition, monkeypatch):
     monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
     rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
-    check_workers(auto_partition, rpc, DecodeCadence.BALANCE, LayerPartition.AUTO)
+    check_workers(auto_partition, rpc,
+                      plan(auto_partition, DecodeCadence.BALANCE, LayerPartition.AUTO))
 
 
 def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path, monkeypatch,
@@ -198,6 +208,6 @@ def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
     rpc, _ = rpc_answering([STOCK])
     with caplog.at_level("INFO", logger="vllm.pp_cudagraph.engine_check"):
-        check_workers(config, rpc, AUTO, LayerPartition.AUTO)
+        check_workers(config, rpc, plan(config, AUTO, LayerPartition.AUTO))
     (record,) = [r for r in caplog.records if "stands aside for this engine" in r.getMessage()]
     assert record.levelname == "INFO" and "no pipeline (PP=1)" in record.getMessage()

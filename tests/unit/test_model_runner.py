@@ -246,21 +246,32 @@ def test_the_profiling_run_under_pp_ends_with_the_warm_up(monkeypatch, token_upd
     assert order == ["vllm", "handoffs"] and token_updates
 
 
-@pytest.mark.parametrize("speculative_config, direct", [(None, True), (object(), False)])
-def test_a_stage_hands_on_directly_only_with_the_setting_and_without_drafts(
-    speculative_config, direct, monkeypatch
-):
+def handoff_plan(direct: bool, blocker: str | None = None):
+    from vllm_pp_cudagraph.engine_plan import EnginePlan
+    from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
+
+    return EnginePlan(refusal=None, stand_aside=None, no_pipeline=False,
+                      cadence=DecodeCadence.AUTO, asked_cadence=DecodeCadence.AUTO,
+                      direct_handoff=direct, direct_handoff_blocker=blocker,
+                      layer_partition=LayerPartition.VLLM)
+
+
+@pytest.mark.parametrize("direct, blocker, custom_send", [
+    (True, None, False),                          # asked, possible: direct
+    (False, None, False),                         # not asked: vLLM's hand-off
+    (False, "speculative decoding", False),       # asked, the plan blocks it
+    (True, None, True),                           # asked, this stage's group blocks it
+])
+def test_a_stage_hands_on_directly_where_its_plan_and_group_allow(direct, blocker,
+                                                                  custom_send, monkeypatch):
     from vllm.distributed.parallel_state import GroupCoordinator
 
     group = GroupCoordinator.__new__(GroupCoordinator)
-    group.world_size = 2  # as far as the choice reads vLLM's pipeline group
+    group.use_cpu_custom_send_recv = custom_send
     monkeypatch.setattr(model_runner, "get_pp_group", lambda: group)
-    monkeypatch.delenv("VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF", raising=False)
-    runner = bare_runner(speculative_config=speculative_config)
-    runner._choose_handoff()  # the setting is off: vLLM's hand-off
-    assert runner.direct_handoff is False and "irecv_tensor_dict" not in vars(group)
-    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF", "1")
+    runner = bare_runner(plan=handoff_plan(direct, blocker))
     runner._choose_handoff()
-    assert runner.direct_handoff is direct
-    assert ("irecv_tensor_dict" in vars(group)) is direct
-    assert ("isend_tensor_dict" in vars(group)) is direct
+    expected = direct and not custom_send
+    assert runner.direct_handoff is expected
+    assert ("irecv_tensor_dict" in vars(group)) is expected
+    assert ("isend_tensor_dict" in vars(group)) is expected

@@ -48,12 +48,13 @@ def test_only_the_enabled_group_skips_vllms_hand_off_and_undo_gives_it_back(monk
     assert enabled.isend_tensor_dict.__func__ is GroupCoordinator.isend_tensor_dict
 
 
-def test_speculative_decoding_keeps_vllms_hand_off():
+def test_a_group_with_its_own_communicator_keeps_vllms_hand_off():
     class Group:
-        world_size = 2
+        use_cpu_custom_send_recv = False
 
-    assert stage_handoff.direct_handoff_blocker(Group(), None) is None
-    assert "speculative decoding" in stage_handoff.direct_handoff_blocker(Group(), object())
+    assert stage_handoff.group_blocker(Group()) is None
+    Group.use_cpu_custom_send_recv = True
+    assert "its own communicator" in stage_handoff.group_blocker(Group())
 
 
 def test_the_direct_hand_off_is_no_start_up_patch():

@@ -20,7 +20,14 @@ class Config:
         self.parallel_config = type("Parallel", (), {"pipeline_parallel_size": pp})()
         self.model_config = type("Model", (), {
             "get_total_num_hidden_layers": lambda self: layers})()
-        self.scheduler_config = type("Scheduler", (), {"async_scheduling": async_scheduling})()
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        scheduler = AsyncScheduler if async_scheduling else Scheduler
+        self.scheduler_config = type("Scheduler", (), {
+            "async_scheduling": async_scheduling,
+            "get_scheduler_cls": lambda self: scheduler})()
+        self.use_v2_model_runner = True
         self.speculative_config = type("Spec", (), {"method": method})() if method else None
         self.kv_transfer_config = (type("KV", (), {"kv_connector": connector})()
                                    if connector else None)

@@ -1,0 +1,77 @@
+"""One engine's plan: each decision made once, from the settings and the engine's config."""
+
+from __future__ import annotations
+
+import pytest
+from _scheduler import make_scheduler
+
+from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    """A real PP engine config (MRV2, the async scheduler) and a way to reshape it."""
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    def make(pp: int = 2, speculative=None, connector=None):
+        config = make_scheduler(str(write_model_dir(tmp_path / f"m{pp}", tokenizer=False)),
+                                pp=pp).vllm_config
+        monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
+        if speculative:
+            monkeypatch.setattr(config, "speculative_config", type(
+                "Spec", (), {"method": speculative, "num_speculative_tokens": 3})())
+        if connector:
+            monkeypatch.setattr(config, "kv_transfer_config",
+                                type("KV", (), {"kv_connector": connector})())
+        return config
+
+    return make
+
+
+def settings(**values) -> PPCudaGraphSettings:
+    return PPCudaGraphSettings(**values)
+
+
+def test_a_plain_pp_engine_runs_the_plugin_with_the_asked_cadence(engine):
+    plan = plan_engine(settings(decode_cadence=DecodeCadence.MERGE), engine())
+    assert plan.plugin_runner and plan.stand_aside is None and plan.refusal is None
+    assert plan.cadence is plan.asked_cadence is DecodeCadence.MERGE
+    assert plan.needs_plugin_workers
+    assert not plan.direct_handoff and plan.direct_handoff_blocker is None
+
+
+def test_without_a_pipeline_everything_stands_aside_at_info(engine):
+    plan = plan_engine(settings(direct_handoff=True, allow_unproven=True), engine(pp=1))
+    assert not plan.plugin_runner and plan.no_pipeline and "PP=1" in plan.stand_aside
+    assert plan.cadence is DecodeCadence.VLLM
+    assert not plan.direct_handoff and plan.direct_handoff_blocker == "no pipeline parallelism"
+
+
+def test_an_unproven_connector_keeps_stocks_runner_and_cadence_unless_allowed(engine):
+    plan = plan_engine(settings(), engine(connector="SomeConnector"))
+    assert not plan.plugin_runner and not plan.no_pipeline
+    assert "KV connector 'SomeConnector'" in plan.stand_aside
+    assert plan.cadence is DecodeCadence.VLLM and not plan.needs_plugin_workers
+    # The stock runner never hands on directly, whatever is asked.
+    asked = plan_engine(settings(direct_handoff=True), engine(connector="SomeConnector"))
+    assert not asked.direct_handoff
+    allowed = plan_engine(settings(allow_unproven=True), engine(connector="SomeConnector"))
+    # The runner runs; the cadence stays vLLM's wherever a connector is (decode_cadence.py).
+    assert allowed.plugin_runner and allowed.cadence is DecodeCadence.VLLM
+
+
+def test_speculative_decoding_keeps_vllms_hand_off(engine):
+    plan = plan_engine(settings(direct_handoff=True, allow_unproven=True),
+                       engine(speculative="ngram"))
+    assert not plan.direct_handoff and "speculative decoding" in plan.direct_handoff_blocker
+    assert plan_engine(settings(direct_handoff=True), engine()).direct_handoff
+
+
+def test_the_sync_scheduler_keeps_vllms_cadence(engine, monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    config = engine()
+    monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
+                        lambda self: Scheduler)
+    assert plan_engine(settings(), config).cadence is DecodeCadence.VLLM
