@@ -134,3 +134,13 @@ def make_manager(pp_group, monkeypatch):
         return cls(config, torch.device("cpu"), CUDAGraphMode[mode], decode_query_len)
 
     return build
+
+
+@pytest.fixture(autouse=True)
+def _settings_read_afresh(monkeypatch):
+    """Each test's environment is read as a new process would read it."""
+    from vllm_pp_cudagraph import settings
+    from vllm_pp_cudagraph.metrics import snapshots
+
+    monkeypatch.setattr(settings, "_current", None)
+    monkeypatch.setattr(snapshots, "_made_here", None)

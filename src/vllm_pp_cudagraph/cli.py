@@ -135,7 +135,7 @@ def check(out=None, engine: EngineShape | None = None, full: bool = False) -> in
     report = _Report(out or sys.stdout)
     settings = settings_error = None
     try:
-        settings = PPCudaGraphSettings.from_env()
+        settings = PPCudaGraphSettings.current()
     except SettingsError as exc:
         settings_error = exc
     versions = compat.installed_versions()
@@ -454,7 +454,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
                      "(e.g. 141 for an H200, 80 for an H100)")
     try:
         config = read_model_config(args.model)
-        settings = PPCudaGraphSettings.from_env()
+        settings = PPCudaGraphSettings.current()
         work = Workload(args.concurrency, args.input_len, args.output_len, args.max_num_seqs,
                         args.prompts)
         memory = Memory(gpu_bytes, args.gpu_memory_utilization)

@@ -19,12 +19,13 @@ test and the repository's release matrix are where to look.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -34,8 +35,11 @@ SUPPORTED_MIN = (0, 26, 0)
 SUPPORTED_BELOW = (0, 34, 0)
 SUPPORTED_RANGE = ">=0.26.0,<0.34"
 
-#: Module whose ``GPUModelRunner`` attribute the worker imports at construction time.
+#: Module of MRV2's runner; up to 0.31 the worker imports its ``GPUModelRunner`` inline.
 V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+#: Module of the GPU worker, and its method that builds the model runner (0.32+).
+WORKER_MODULE = "vllm.v1.worker.gpu_worker"
+RUNNER_FACTORY = "_make_model_runner"
 #: Module holding MRV2's CUDA-graph manager.
 V2_CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 #: Module of MRV2's pipeline hand-off of sampled tokens to the first stages.
@@ -106,6 +110,8 @@ SURFACE: tuple[Needed, ...] = (
             "device", "cudagraph_mode", "decode_query_len",
         ),
     ),
+    # The name initialize_kv_cache builds its manager by (managers_built_as).
+    Needed(V2_RUNNER_MODULE, "ModelCudaGraphManager"),
     Needed(V2_CUDAGRAPH_MODULE, "BatchExecutionDescriptor",
            members=("num_tokens", "num_reqs", "cg_mode", "uniform_token_count",
                     "num_active_loras")),
@@ -119,7 +125,7 @@ SURFACE: tuple[Needed, ...] = (
     Needed(BREAKABLE_MODULE, "eager_break_during_capture"),
     Needed(ASYNC_SCHEDULER_MODULE, "AsyncScheduler",
            members=("schedule", "_update_after_schedule", "_update_request_with_output"),
-           instance_attrs=("running", "requests", "current_step", "pp_size",
+           instance_attrs=("running", "requests", "current_step", "pp_size", "vllm_config",
                            "use_v2_model_runner", "num_spec_tokens", "max_num_running_reqs",
                            "waiting", "_pause_state", "num_waiting_for_streaming_input")),
     Needed("vllm.v1.request", "Request",
@@ -182,6 +188,10 @@ SURFACE: tuple[Needed, ...] = (
     Needed(COMPILATION_CONFIG_MODULE, "CUDAGraphMode",
            members=("NONE", "FULL", "mixed_mode", "decode_mode", "separate_routine")),
     Needed("vllm.v1.kv_cache_interface", "KVCacheConfig"),
+    # Where the per-stage metrics reach /metrics (metrics/stat_logger.py).
+    Needed("vllm.v1.metrics.loggers", "StatLoggerBase",
+           members=("record", "log", "log_engine_initialized")),
+    Needed("vllm.v1.metrics.prometheus", "get_prometheus_registry"),
     # What the bench drives: vLLM's public offline API.
     Needed("vllm", "LLM"),
     Needed("vllm", "SamplingParams"),
@@ -278,31 +288,26 @@ def _params(fn: Callable) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(fn).parameters)
 
 
-def vllm_own_class(cls: type) -> type:
-    """``cls`` itself, or the nearest vLLM class it derives from if it is this plugin's."""
-    return next(c for c in cls.__mro__ if not c.__module__.startswith("vllm_pp_cudagraph"))
+def worker_runner_factory() -> tuple[type, str] | None:
+    """The worker class and its method that builds the model runner (0.32+:
+    ``Worker._make_model_runner``, "subclasses override this"), or None where the worker
+    builds MRV2 inline through a function-local import of ``V2_RUNNER_MODULE``."""
+    worker_cls = importlib.import_module(WORKER_MODULE).Worker
+    return (worker_cls, RUNNER_FACTORY) if hasattr(worker_cls, RUNNER_FACTORY) else None
 
 
-def manager_init_args(stock: object) -> tuple[tuple, dict]:
-    """Arguments that rebuild MRV2's model CUDA-graph manager like ``stock``.
-
-    Every ``__init__`` parameter is read back from the attribute of the same
-    name (``lora_capture_cases`` from 0.24, ``varlen_decode`` from 0.28,
-    ``ubatch_runner`` from 0.30, whatever comes next under the same rule).
-    """
-    vllm_cls = vllm_own_class(type(stock))
-    params = list(_params(vllm_cls.__init__).values())[1:]
-    kwargs = {}
-    for param in params:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        if not hasattr(stock, param.name):
-            raise TypeError(
-                f"cannot rebuild {type(stock).__name__}: no attribute for its "
-                f"__init__ parameter {param.name!r} (vLLM changed; see compat.py)"
-            )
-        kwargs[param.name] = getattr(stock, param.name)
-    return (), kwargs
+@contextlib.contextmanager
+def managers_built_as(manager_cls: type) -> Iterator[None]:
+    """Within the block, MRV2's runner builds ``manager_cls`` where it builds its model
+    CUDA-graph manager (``initialize_kv_cache`` calls the module's ``ModelCudaGraphManager``),
+    so every object handed the manager there holds the plugin's."""
+    module = importlib.import_module(V2_RUNNER_MODULE)
+    original = module.ModelCudaGraphManager
+    module.ModelCudaGraphManager = manager_cls
+    try:
+        yield
+    finally:
+        module.ModelCudaGraphManager = original
 
 
 @functools.cache
@@ -341,14 +346,11 @@ def async_preemption_fix_applies() -> bool:
 
 @functools.cache
 def upstream_measures_graph_memory() -> bool:
-    """Whether MRV2 measures CUDA-graph memory before sizing the KV cache (0.29+).
-
-    Upstream (vLLM PR #53682) captures into a minimal KV cache built with
-    ``initialize_kv_cache(..., is_profiling=True)``; that parameter is the probe.
-    """
-    # Once the plugin is applied the module attribute is the plugin's runner,
-    # whose override takes ``*args``: ask vLLM's own class.
-    runner_cls = vllm_own_class(importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner)
+    """Whether MRV2 measures CUDA-graph memory before sizing the KV cache (0.29+): upstream
+    (vLLM PR #53682) builds a minimal KV cache with ``initialize_kv_cache(...,
+    is_profiling=True)``; that parameter is the probe."""
+    # Up to 0.31 the module's runner is the plugin's factory, which wraps vLLM's class.
+    runner_cls = inspect.unwrap(importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner)
     return "is_profiling" in _params(runner_cls.initialize_kv_cache)
 
 

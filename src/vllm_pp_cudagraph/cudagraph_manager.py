@@ -53,12 +53,6 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         #: Graph memory measured before KV-cache sizing, for the capture log line.
         self.estimated_bytes: int | None = None
 
-    @classmethod
-    def replacing(cls, stock: ModelCudaGraphManager) -> PPCudaGraphManager:
-        """Build a manager with the same configuration as vLLM's ``stock`` one."""
-        args, kwargs = compat.manager_init_args(stock)
-        return cls(*args, **kwargs)
-
     def _init_candidates(self) -> None:
         super()._init_candidates()
         dropped = descriptors.prune_invalid(

@@ -1,40 +1,10 @@
-"""Which engine steps a request decodes in under pipeline parallelism (the scheduler half).
+"""The scheduler half of the decode cadence: which steps a request decodes in under PP.
 
-With Model Runner V2 and PP, vLLM's async scheduler lets a request decode again
-only ``pp_size`` steps after its last decode (``next_decode_eligible_step``).
-The first stages follow the same ring: the tokens the last stage sampled at
-step T are applied to a first stage's request state at step T + ``pp_size``
-(``PPHandler``). Requests that arrive at different steps therefore form up to
-``pp_size`` groups that take turns, one group per step; and when all running
-requests decode together, as after a batch queued at once, every step between
-two decodes is empty. Either way each request decodes once per ``pp_size``
-steps, and when a step costs about the same whatever its batch (small models,
-CUDA graphs, decode), throughput is a ``pp_size``-th of one batch per step.
-
-Two halves change how often a request decodes without changing what any step
-computes:
-
-* Scheduler (:func:`changing_cadence`), by ``VLLM_PP_CUDAGRAPH_DECODE_CADENCE``:
-  ``merge`` lets every running request decode at every step
-  (:func:`merge_decode_groups`); ``balance`` delays requests by a step so the
-  decoding requests take turns in ``pp_size`` groups of even size, one group
-  per stage at a time (:func:`balance_decode_groups`); ``auto`` measures both
-  as it serves and keeps the faster (cadence_policy.py); ``fill`` lets only
-  steps that would be empty, with no room for a new request either, decode
-  the group that would become eligible first (:func:`lift_idle_cadence`).
-  Requests guided by structured output are never moved; requests complete
-  with what is in flight are never lifted (:func:`may_lift`). Delaying a
-  decode needs nothing from the workers: a first stage holds a request's
-  newest token from the step it would have decoded at on.
-* First stages (``first_stage_tokens.py``): before a step runs, every
-  sampled-token entry still waiting in vLLM's ring that holds a request this
-  step decodes is applied, oldest first, so a lifted request reads the token
-  the last stage sampled at its previous step.
-
-The worker half depends only on what a step schedules, so it is correct for
-any schedule; the scheduler half is the policy. Lifting (``merge``, ``fill``,
-``auto``) relies on the worker half; delaying (``balance``) does not.
-"""
+``merge`` lets every running request decode at every step, ``balance`` evens the
+``pp_size`` decode groups, ``fill`` gives a step that would be empty the group that can go
+first, ``auto`` measures ``merge`` and ``balance`` and keeps the faster
+(cadence_policy.py). The worker half is first_stage_tokens.py; docs/architecture.md
+says why both are safe."""
 
 from __future__ import annotations
 
@@ -46,7 +16,8 @@ from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.cadence_policy import CadenceChooser
-from vllm_pp_cudagraph.settings import DecodeCadence
+from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
 ScheduleFn = Callable[..., Any]
 
@@ -137,57 +108,6 @@ def balance_decode_groups(running: Iterable[Any], step: int, pp_size: int) -> in
     return len(movable)
 
 
-def lifts_decodes(cadence: DecodeCadence) -> bool:
-    """Whether ``cadence`` may let a request decode sooner than vLLM's cadence.
-
-    Such a schedule is right only where every worker runs the plugin's runner
-    (first_stage_tokens.py); ``balance`` only ever delays.
-    """
-    return cadence in (DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL)
-
-
-def cadence_in_effect(
-    cadence: DecodeCadence, pp_size: int, use_v2_model_runner: bool, num_spec_tokens: int,
-    kv_connector: bool = False,
-) -> DecodeCadence:
-    """The cadence a scheduler set up so runs: ``cadence`` where vLLM's MRV2 PP cadence
-    exists to change, else ``vllm``.
-
-    Speculative decoding is left alone: its rejected draft tokens are applied
-    to the first stages' state through the same ring, and that path has not
-    been measured with consecutive decodes. So are engines with a KV connector,
-    whose requests wait on transfers the cadence does not see. The scheduler hook asks this with
-    the scheduler's own settings (:func:`scheduler_cadence`), the engine core's
-    worker check with the config's (:func:`config_cadence`).
-    """
-    if pp_size <= 1 or not use_v2_model_runner or num_spec_tokens or kv_connector:
-        return DecodeCadence.VLLM
-    return cadence
-
-
-def scheduler_cadence(scheduler: Any, cadence: DecodeCadence) -> DecodeCadence:
-    """:func:`cadence_in_effect` for a built scheduler."""
-    return cadence_in_effect(
-        cadence,
-        getattr(scheduler, "pp_size", 1),
-        bool(getattr(scheduler, "use_v2_model_runner", False)),
-        getattr(scheduler, "num_spec_tokens", 0),
-        getattr(scheduler, "connector", None) is not None,
-    )
-
-
-def config_cadence(vllm_config: Any, cadence: DecodeCadence) -> DecodeCadence:
-    """:func:`cadence_in_effect` for the scheduler ``vllm_config`` will build."""
-    speculative = vllm_config.speculative_config
-    return cadence_in_effect(
-        cadence,
-        vllm_config.parallel_config.pipeline_parallel_size,
-        bool(vllm_config.use_v2_model_runner),
-        (getattr(speculative, "num_speculative_tokens", None) or 0) if speculative else 0,
-        getattr(vllm_config, "kv_transfer_config", None) is not None,
-    )
-
-
 def may_admit(scheduler: Any) -> bool:
     """Whether this step could admit a waiting request, as ``Scheduler.schedule`` checks it.
 
@@ -207,15 +127,14 @@ def decode_tokens(output: Any) -> int:
     return sum(1 for n in output.num_scheduled_tokens.values() if n == 1)
 
 
-def changing_cadence(original: ScheduleFn, cadence: DecodeCadence) -> ScheduleFn:
-    """Wrap ``Scheduler.schedule`` for the async scheduler with ``cadence`` (module docstring).
-
-    Under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed
-    every step.
-    """
+def changing_cadence(original: ScheduleFn, settings: PPCudaGraphSettings) -> ScheduleFn:
+    """Wrap the async scheduler's ``schedule`` to run the cadence of its engine's plan;
+    under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed every step."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        policy = scheduler_cadence(self, cadence)
+        policy = self.__dict__.get("_pp_cudagraph_cadence")
+        if policy is None:
+            policy = self._pp_cudagraph_cadence = plan_engine(settings, self.vllm_config).cadence
         if policy is DecodeCadence.VLLM:
             return original(self, *args, **kwargs)
         chooser = None

@@ -1,56 +1,91 @@
-"""One engine's plan: what the plugin does for an engine, decided once from its settings
-and config, and read by the runner, the engine check and ``check``."""
+"""One engine's plan: every decision the plugin makes for an engine, made once by
+:func:`plan_engine` from the settings and the engine's config, and read by the worker's
+runner factory, the runner, the scheduler hook, the engine check and ``check``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_pp_cudagraph import support
-from vllm_pp_cudagraph.decode_cadence import config_cadence, lifts_decodes
+from vllm_pp_cudagraph import layer_partition, support
 from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
+
+#: Cadences that may let a request decode sooner than vLLM's (``balance`` only delays).
+LIFTING = frozenset({DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL})
 
 
 @dataclass(frozen=True)
 class EnginePlan:
-    """Every decision the plugin makes for one engine that its settings and config decide.
-
-    Every process of the engine computes the same plan from the same inputs. What
-    only a worker knows (its GPU's memory for the ``auto`` layer split, its pipeline
-    group's communicator) is decided there.
-    """
+    """What the plugin does for one engine. Every process of the engine computes the same
+    plan from the same inputs; the layer split under ``auto`` needs the GPU's memory, which
+    only a worker reads (``split_decided`` says whether this plan had it)."""
 
     refusal: str | None
-    """Why stock vLLM of this release fails this engine, with what to change; the engine
-    is refused at start."""
+    """Why stock vLLM of this release fails this engine, and what to change."""
     stand_aside: str | None
     """Why the workers run vLLM's own runner; None where they run the plugin's."""
     no_pipeline: bool
-    """Whether ``stand_aside`` is for PP=1 (said at INFO: nothing to do, nothing wrong)."""
     cadence: DecodeCadence
     """The decode cadence the engine core's scheduler runs."""
     asked_cadence: DecodeCadence
-    """The cadence the settings ask for (``cadence`` where the engine lets it change)."""
     direct_handoff: bool
-    """Whether the stages hand tensors on without per-step metadata (where each stage's
-    pipeline group allows it: stage_handoff.group_blocker)."""
     direct_handoff_blocker: str | None
-    """Why the direct hand-off stands aside where it was asked for, or None."""
     layer_partition: LayerPartition
+    layers: tuple[int, ...] | None
+    """Layers per stage, where known (vLLM's split under the default is known only to vLLM)."""
+    split_decided: bool
+    partition: layer_partition.Decision = field(compare=False, repr=False)
 
     @property
     def plugin_runner(self) -> bool:
-        """Whether the workers build the plugin's runner."""
         return self.refusal is None and self.stand_aside is None
 
     @property
     def needs_plugin_workers(self) -> bool:
         """Whether a worker without the plugin's runner would serve wrong tokens: the
         cadence lifts decodes, or ``auto`` splits the layers."""
-        return lifts_decodes(self.cadence) or self.layer_partition is LayerPartition.AUTO
+        return self.cadence in LIFTING or self.layer_partition is LayerPartition.AUTO
+
+    def record(self) -> dict[str, Any]:
+        """The plan as plain values, for ``bench``, ``check`` and the metrics snapshot."""
+        return {"plugin_runner": self.plugin_runner, "refusal": self.refusal,
+                "stand_aside": self.stand_aside, "cadence": str(self.cadence),
+                "asked_cadence": str(self.asked_cadence), "direct_handoff": self.direct_handoff,
+                "direct_handoff_blocker": self.direct_handoff_blocker,
+                "layer_partition": str(self.layer_partition),
+                "layers": list(self.layers) if self.layers else None,
+                "split_source": self.partition.source, "split_why": self.partition.why,
+                "predicted_stage_ms": (self.partition.stage_ms(self.layers)
+                                       if self.partition.costs and self.layers else None)}
 
 
-def _direct_handoff_blocker(vllm_config: Any) -> str | None:
+def _stand_aside(settings: PPCudaGraphSettings, vllm_config: Any) -> str | None:
+    if reason := support.no_pipeline_reason(vllm_config):
+        return reason
+    if not vllm_config.use_v2_model_runner:
+        return "vLLM runs this model on its V1 runner"
+    return support.unproven_reason(vllm_config, settings.allow_unproven)
+
+
+def _cadence(settings: PPCudaGraphSettings, vllm_config: Any, stand_aside: str | None
+             ) -> DecodeCadence:
+    """``settings.decode_cadence`` where vLLM's MRV2 PP cadence exists to change and the
+    async scheduler (the one the ``decode-cadence`` patch wraps) runs it. Not with
+    speculative decoding (its rejected drafts reach the first stages through the same
+    ring, unmeasured with consecutive decodes) nor a KV connector (its requests wait on
+    transfers the cadence does not see)."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if (stand_aside or getattr(speculative, "num_speculative_tokens", None)
+            or getattr(vllm_config, "kv_transfer_config", None) is not None
+            or not issubclass(vllm_config.scheduler_config.get_scheduler_cls(),
+                              AsyncScheduler)):
+        return DecodeCadence.VLLM
+    return settings.decode_cadence
+
+
+def _handoff_blocker(vllm_config: Any) -> str | None:
     if vllm_config.parallel_config.pipeline_parallel_size <= 1:
         return "no pipeline parallelism"
     if getattr(vllm_config, "speculative_config", None) is not None:
@@ -58,30 +93,20 @@ def _direct_handoff_blocker(vllm_config: Any) -> str | None:
     return None
 
 
-def _scheduler_cadence(vllm_config: Any, cadence: DecodeCadence) -> DecodeCadence:
-    """``cadence`` where the engine core runs the async scheduler (the one the
-    ``decode-cadence`` patch wraps) and vLLM's MRV2 PP cadence exists to change."""
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-    if not issubclass(vllm_config.scheduler_config.get_scheduler_cls(), AsyncScheduler):
-        return DecodeCadence.VLLM
-    return config_cadence(vllm_config, cadence)
-
-
-def plan_engine(settings: PPCudaGraphSettings, vllm_config: Any) -> EnginePlan:
-    """The plan for the engine of ``vllm_config`` under ``settings``."""
-    no_pipeline = support.no_pipeline_reason(vllm_config)
-    refusal = None if no_pipeline else support.known_failure(vllm_config)
-    stand_aside = no_pipeline or support.stand_aside_reason(vllm_config,
-                                                            settings.allow_unproven)
-    blocker = _direct_handoff_blocker(vllm_config) if settings.direct_handoff else None
+def plan_engine(settings: PPCudaGraphSettings, vllm_config: Any,
+                gpu_memory_bytes: int | None = None) -> EnginePlan:
+    """The plan for the engine of ``vllm_config`` under ``settings``; ``gpu_memory_bytes``
+    is this GPU's (a worker's), which the ``auto`` layer split needs."""
+    no_pipeline = support.no_pipeline_reason(vllm_config) is not None
+    partition = layer_partition.decide_for(vllm_config, settings.layer_partition,
+                                           gpu_memory=gpu_memory_bytes)
+    refusal = None if no_pipeline else support.known_failure(vllm_config, partition.layers)
+    stand_aside = _stand_aside(settings, vllm_config)
+    blocker = _handoff_blocker(vllm_config) if settings.direct_handoff else None
     return EnginePlan(
-        refusal=refusal,
-        stand_aside=stand_aside,
-        no_pipeline=no_pipeline is not None,
-        cadence=_scheduler_cadence(vllm_config, settings.decode_cadence),
+        refusal=refusal, stand_aside=stand_aside, no_pipeline=no_pipeline,
+        cadence=_cadence(settings, vllm_config, stand_aside),
         asked_cadence=settings.decode_cadence,
         direct_handoff=settings.direct_handoff and blocker is None and stand_aside is None,
-        direct_handoff_blocker=blocker,
-        layer_partition=settings.layer_partition,
-    )
+        direct_handoff_blocker=blocker, layer_partition=settings.layer_partition,
+        layers=partition.layers, split_decided=not partition.undecided, partition=partition)

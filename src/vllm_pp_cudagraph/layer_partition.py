@@ -359,19 +359,14 @@ def _join(layers: tuple[int, ...]) -> str:
     return ",".join(map(str, layers))
 
 
-def decide_for(vllm_config: Any, setting: LayerPartition | None = None,
-               environ: Mapping[str, str] | None = None) -> Decision:
-    """:func:`decide` for an engine's ``VllmConfig`` (``setting`` read from ``environ``
-    where not given)."""
-    environ = os.environ if environ is None else environ
-    if setting is None:
-        setting = PPCudaGraphSettings.from_env(environ).layer_partition
+def decide_for(vllm_config: Any, setting: LayerPartition,
+               environ: Mapping[str, str] | None = None, *,
+               gpu_memory: int | None = None) -> Decision:
+    """:func:`decide` for an engine's ``VllmConfig``; ``gpu_memory`` is the GPU's total
+    bytes where known (a worker's; ``auto`` keeps vLLM's split without it)."""
     model, cache = vllm_config.model_config, vllm_config.cache_config
-    fixed = cache.kv_cache_memory_bytes
-    needs_gpu = (setting is LayerPartition.AUTO and fixed is None
-                 and vllm_config.parallel_config.pipeline_parallel_size > 1)
-    memory = Memory(gpu_memory_bytes() if needs_gpu else None, cache.gpu_memory_utilization,
-                    fixed)
+    memory = Memory(gpu_memory if cache.kv_cache_memory_bytes is None else None,
+                    cache.gpu_memory_utilization, cache.kv_cache_memory_bytes)
     return decide(
         setting,
         model.hf_text_config,
@@ -387,13 +382,8 @@ def decide_for(vllm_config: Any, setting: LayerPartition | None = None,
 
 
 def gpu_memory_bytes() -> int | None:
-    """This process's GPU's total memory; None where this process has not initialized
-    CUDA (the engine core: it is never initialized here). A worker has, for its
-    device, before its runner builds the model.
-
-    The same on every rank where the GPUs are of one model; ranks on GPUs of
-    different models read different values and could choose different splits.
-    """
+    """This process's GPU's total memory; None where CUDA is not initialized here (the
+    engine core). Ranks on GPUs of different models could choose different splits."""
     import torch
 
     if not torch.cuda.is_initialized():
@@ -401,20 +391,13 @@ def gpu_memory_bytes() -> int | None:
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
-def apply_in_worker(vllm_config: Any, setting: LayerPartition | None = None) -> Decision:
-    """Decide for this worker's engine and hand an ``auto`` split to vLLM.
-
-    Called by the plugin's runner before it builds the model: vLLM reads
-    ``VLLM_PP_LAYER_PARTITION`` there (``get_pp_indices``, in each model's
-    ``make_layers``) and later where it asks which layers a stage holds, so the
-    value stays set for the worker's life.
-    """
+def apply(decision: Decision) -> None:
+    """Hand ``decision``'s split to vLLM before the worker builds its model: vLLM reads
+    ``VLLM_PP_LAYER_PARTITION`` there (``get_pp_indices``) and later, so it stays set."""
     global _set_here
-    decision = decide_for(vllm_config, setting)
     if (value := decision.env_value) is not None:
         compat.set_vllm_env(VLLM_ENV, value)
         _set_here = value
     elif _set_here is not None and os.environ.get(VLLM_ENV) == _set_here:
         compat.set_vllm_env(VLLM_ENV, None)  # a later engine in this process chose otherwise
         _set_here = None
-    return decision

@@ -11,6 +11,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
+from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat, graph_memory, layer_partition, stage_handoff, support
@@ -61,18 +62,52 @@ def check_graph_settings(vllm_config: VllmConfig) -> None:
     )
 
 
+def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunner:
+    """The worker's MRV2 runner (the ``runner-factory`` patch): the plugin's, or vLLM's own
+    where the engine's plan stands aside; refuses an engine stock vLLM is known to fail."""
+    plan = plan_engine(PPCudaGraphSettings.current(), vllm_config,
+                       layer_partition.gpu_memory_bytes())
+    if plan.refusal:
+        raise support.KnownStockFailureError(
+            f"vllm-pp-cudagraph refuses this engine: {plan.refusal}.")
+    if plan.stand_aside:
+        say = logger.info if plan.no_pipeline else logger.warning
+        say("%s: %s; the worker runs vLLM's own runner%s.", support.STAND_ASIDE,
+            plan.stand_aside, "" if plan.no_pipeline else
+            " (VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to run the plugin anyway)")
+        return GPUModelRunner(vllm_config, device)
+    return PPCudaGraphModelRunner(vllm_config, device, plan)
+
+
+def check_manager_holders(runner: object) -> None:
+    """Refuse a runner where anything still holds vLLM's own model CUDA-graph manager
+    (the runner, or what it handed the manager to, such as ``FastPrefillHelper``)."""
+    stock = [name for name, value in _holders(runner)
+             if isinstance(value, ModelCudaGraphManager)
+             and not isinstance(value, PPCudaGraphManager)]
+    if stock or runner.cudagraph_manager is None:  # type: ignore[attr-defined]
+        raise RuntimeError(
+            f"vLLM built its own CUDA-graph manager for {', '.join(stock) or 'the runner'} "
+            "where the plugin builds its own (compat.managers_built_as): this vLLM is not "
+            "supported; remove pp_cudagraph from VLLM_PLUGINS.")
+
+
+def _holders(runner: object):
+    for name, value in vars(runner).items():
+        yield name, value
+        for inner, held in getattr(value, "__dict__", {}).items():
+            yield f"{name}.{inner}", held
+
+
 class PPCudaGraphModelRunner(GPUModelRunner):
     """Model Runner V2 with the plugin's pipeline-parallel CUDA-graph handling.
 
-    vLLM's worker builds it in place of ``GPUModelRunner`` when the plugin is
-    enabled; it can also be constructed directly with the same arguments.
-    Beyond vLLM's runner it checks every stage hand-off against the persistent
-    input buffers, measures graph memory before the KV cache is sized,
-    runs :class:`PPCudaGraphManager`, on the first stages applies the last
-    stage's sampled tokens as soon as a step needs them (first_stage_tokens.py)
-    and compiles that update before serving, stops its worker when a serving
-    step fails (stage_failure.py), and with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto
-    hands vLLM the layer partition it chose before the model is built.
+    Built by :func:`build_runner`, or directly with vLLM's arguments (and optionally
+    the engine's plan). It applies the plan's layer split before the model is built,
+    checks every stage hand-off against the persistent input buffers, measures graph
+    memory before the KV cache is sized, runs :class:`PPCudaGraphManager`, applies the
+    last stage's newer tokens on the first stages (first_stage_tokens.py) and stops its
+    worker when a serving step fails (stage_failure.py).
     """
 
     cudagraph_manager: PPCudaGraphManager | None
@@ -83,35 +118,15 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _pending_input: stage_handoff.PendingStageInput | None = None
     direct_handoff: bool = False
     """Whether this stage passes intermediate tensors without per-step metadata."""
-    plan: EnginePlan | None = None
-    """This engine's plan, as ``__new__`` made it (None where built without a config)."""
 
-    def __new__(cls, vllm_config: VllmConfig | None = None, *args, **kwargs):
-        """vLLM's own runner where the plugin stands aside for this engine (support.py).
-
-        Without a config (``copy``, ``pickle``) a bare instance, as ``object`` makes it.
-        """
-        if vllm_config is None:
-            return super().__new__(cls)
-        plan = plan_engine(PPCudaGraphSettings.from_env(), vllm_config)
-        if plan.no_pipeline:
-            logger.info("%s: %s; the worker runs vLLM's own runner.", support.STAND_ASIDE,
-                        plan.stand_aside)
-            return GPUModelRunner(vllm_config, *args, **kwargs)
-        if plan.refusal:
-            raise support.KnownStockFailureError(f"vllm-pp-cudagraph refuses this engine: "
-                                                 f"{plan.refusal}.")
-        if plan.stand_aside:
-            logger.warning("%s: %s; the worker runs vLLM's own runner "
-                           "(VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to run the plugin anyway).",
-                           support.STAND_ASIDE, plan.stand_aside)
-            return GPUModelRunner(vllm_config, *args, **kwargs)
-        runner = super().__new__(cls)
-        runner.plan = plan
-        return runner
-
-    def __init__(self, vllm_config: VllmConfig, device: torch.device):
+    def __init__(self, vllm_config: VllmConfig, device: torch.device,
+                 plan: EnginePlan | None = None):
         check_graph_settings(vllm_config)
+        self.plan = plan or plan_engine(PPCudaGraphSettings.current(), vllm_config,
+                                        layer_partition.gpu_memory_bytes())
+        if self.plan.refusal:
+            raise support.KnownStockFailureError(
+                f"vllm-pp-cudagraph refuses this engine: {self.plan.refusal}.")
         super().__init__(vllm_config, device)
         self.pp_stage = get_pp_group().rank_in_group
         self.tp_size = get_tp_group().world_size
@@ -128,17 +143,12 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self._choose_handoff()
 
     def _choose_handoff(self) -> None:
-        """Hand tensors between stages without per-step metadata where that applies.
-
-        Every stage decides from the same settings and config, so sender and
-        receiver agree; the shapes then come from the start-up schema check and
-        the step's padded size (stage_handoff.py).
-        """
-        plan = self.plan or plan_engine(PPCudaGraphSettings.from_env(), self.vllm_config)
-        if not (plan.direct_handoff or plan.direct_handoff_blocker):
+        """Hand tensors on without per-step metadata where the plan and this stage's
+        pipeline group allow it (stage_handoff.py)."""
+        if not (self.plan.direct_handoff or self.plan.direct_handoff_blocker):
             return
         group = get_pp_group()
-        if blocker := plan.direct_handoff_blocker or stage_handoff.group_blocker(group):
+        if blocker := self.plan.direct_handoff_blocker or stage_handoff.group_blocker(group):
             logger.info("Direct hand-off stands aside on pipeline stage %d: %s",
                         self.pp_stage, blocker)
             return
@@ -151,18 +161,16 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def load_model(self, *args, **kwargs) -> None:
         if self.use_pp:
-            self._choose_layer_partition()
+            self._apply_layer_split()
         super().load_model(*args, **kwargs)
         if self.use_pp:
             self._check_stage_handoffs()
 
-    def _choose_layer_partition(self) -> None:
-        """Hand vLLM the layer partition of VLLM_PP_CUDAGRAPH_LAYER_PARTITION before the
-        model is built; every stage decides alike from the same config (layer_partition.py).
-        Stage 0 logs one line naming the split used (``Decision.log_line``) under ``auto``
-        and for a hand-set split; with the default and nothing set by hand, none."""
-        decision = layer_partition.apply_in_worker(
-            self.vllm_config, self.plan.layer_partition if self.plan else None)
+    def _apply_layer_split(self) -> None:
+        """Hand vLLM the plan's layer split before the model is built; stage 0 logs it
+        under ``auto`` and for a hand-set split (``Decision.log_line``)."""
+        decision = self.plan.partition
+        layer_partition.apply(decision)
         if decision.noteworthy and self.pp_stage == 0 and get_tp_group().rank_in_group == 0:
             logger.info("%s", decision.log_line())
 
@@ -249,11 +257,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         return estimate
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig, *args, **kwargs) -> None:
-        super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
-        # vLLM builds its own manager here; take its resolved mode and sizes
-        # and continue with the plugin's manager instead.
-        assert self.cudagraph_manager is not None
-        self.cudagraph_manager = PPCudaGraphManager.replacing(self.cudagraph_manager)
+        with compat.managers_built_as(PPCudaGraphManager):
+            super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
+        check_manager_holders(self)
         self.cudagraph_manager.estimated_bytes = self._graph_memory_estimate
 
     def capture_model(self, *args, **kwargs) -> int:

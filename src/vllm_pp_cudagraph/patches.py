@@ -114,12 +114,27 @@ def _patch_env_names(settings: PPCudaGraphSettings) -> Undo | None:
     return undo
 
 
-def _patch_v2_runner_class(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+def _making_runner(original: Callable) -> Callable:
+    from vllm_pp_cudagraph.model_runner import build_runner
 
-    return _swap_module_attr(
-        compat.V2_RUNNER_MODULE, "GPUModelRunner", PPCudaGraphModelRunner
-    )
+    @functools.wraps(original)
+    def _make_model_runner(self):
+        if not self.use_v2_model_runner or getattr(self.vllm_config, "is_mm_encoder_only", False):
+            return original(self)
+        return build_runner(self.vllm_config, self.device)
+
+    return _make_model_runner
+
+
+def _patch_runner_factory(settings: PPCudaGraphSettings) -> Undo:
+    if factory := compat.worker_runner_factory():
+        return _wrap_class_attr(*factory, _making_runner)
+    from vllm_pp_cudagraph.model_runner import build_runner
+
+    module = importlib.import_module(compat.V2_RUNNER_MODULE)
+    inline = functools.wraps(module.GPUModelRunner, updated=())(
+        lambda vllm_config, device: build_runner(vllm_config, device))
+    return _swap_module_attr(compat.V2_RUNNER_MODULE, "GPUModelRunner", inline)
 
 
 def _breakable_env_stands_aside(settings: PPCudaGraphSettings) -> str | None:
@@ -175,7 +190,7 @@ def _cadence_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.decode_cadence import changing_cadence
 
-    wrap = functools.partial(changing_cadence, cadence=settings.decode_cadence)
+    wrap = functools.partial(changing_cadence, settings=settings)
     return _wrap_class_attr(_async_scheduler_cls(), "schedule", wrap)
 
 
@@ -229,19 +244,21 @@ PATCHES: tuple[Patch, ...] = (
         stands_aside=_breakable_env_stands_aside,
     ),
     Patch(
-        name="v2-runner-class",
-        target=f"{compat.V2_RUNNER_MODULE}.GPUModelRunner",
+        name="runner-factory",
+        target=(f"{compat.WORKER_MODULE}.Worker.{compat.RUNNER_FACTORY} (0.32+), else "
+                f"{compat.V2_RUNNER_MODULE}.GPUModelRunner, which the worker imports inline"),
         why=(
-            "The worker builds MRV2 through a function-local import of this module "
-            "attribute; vLLM has no setting that selects the V2 runner class, so the "
-            "attribute is pointed at PPCudaGraphModelRunner. Models vLLM runs on its "
-            "V1 runner are left there."
+            "vLLM has no setting that selects the MRV2 runner class. The worker's factory "
+            "(\"subclasses override this\") builds the plugin's runner, or vLLM's own where "
+            "the engine's plan stands aside; before 0.32 the worker builds MRV2 from this "
+            "module attribute, which then points at the same factory. Models vLLM runs on "
+            "its V1 runner are left there."
         ),
         drop_when=(
-            "vLLM offers a runner-class setting, or upstream MRV2 has the PP "
-            "graph handling this plugin adds (not the case up to 0.33)."
+            "vLLM offers a runner-class setting, or upstream MRV2 has the PP graph handling "
+            "this plugin adds (not the case up to 0.33)."
         ),
-        apply=_patch_v2_runner_class,
+        apply=_patch_runner_factory,
     ),
     Patch(
         name="async-preemption",
@@ -361,7 +378,21 @@ PATCHES: tuple[Patch, ...] = (
             "cached its variables, it clears that cache. Details: layer_partition.py."
         ),
         drop_when="vLLM balances its split by cost, or takes a split from its config.",
-        scope="vllm_pp_cudagraph.layer_partition.apply_in_worker",
+        scope="vllm_pp_cudagraph.layer_partition.apply",
+    ),
+    Patch(
+        name="graph-manager",
+        target=f"{compat.V2_RUNNER_MODULE}.ModelCudaGraphManager, while the plugin's runner "
+               "runs initialize_kv_cache",
+        why=(
+            "MRV2 builds its model CUDA-graph manager inside initialize_kv_cache and hands "
+            "it on there (FastPrefillHelper, 0.33); with the name pointing at "
+            "PPCudaGraphManager for that call, vLLM builds the plugin's manager with its "
+            "own arguments and every holder gets it. The runner refuses to go on if any "
+            "holder kept vLLM's."
+        ),
+        drop_when="MRV2 lets a runner subclass choose its CUDA-graph manager class.",
+        scope="vllm_pp_cudagraph.compat.managers_built_as",
     ),
     Patch(
         name="capture-guard",

@@ -119,7 +119,7 @@ def register() -> None:
     if patches.is_applied():
         return
     report_without_traceback(SettingsError, PluginConfigError, UnsupportedVLLMError)
-    settings = PPCudaGraphSettings.from_env()
+    settings = PPCudaGraphSettings.current()
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()
     applied = patches.apply_all(settings)

@@ -91,6 +91,9 @@ REPLACED = {
 }
 
 
+_current: PPCudaGraphSettings | None = None
+
+
 class PPCudaGraphSettings(BaseModel):
     """Validated plugin settings; build with :meth:`from_env`."""
 
@@ -179,6 +182,22 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
+    metrics: EnvBool = Field(
+        default=True,
+        description=(
+            "Measure each pipeline stage (busy, waiting, hand-off, graph replays) and "
+            "report it in vllm serve's /metrics and the log (docs/metrics.md)."
+        ),
+    )
+
+    metrics_dir: str = Field(
+        default="",
+        description=(
+            "Where the engine's processes leave their per-stage figures for the API "
+            "server; empty: a temporary directory made at start-up and removed at exit."
+        ),
+    )
+
     @staticmethod
     def env_name(field: str) -> str:
         return ENV_PREFIX + field.upper()
@@ -210,6 +229,14 @@ class PPCudaGraphSettings(BaseModel):
                     f"{err['msg'].removeprefix('Value error, ')}"
                 )
             raise SettingsError("Invalid plugin setting: " + "; ".join(problems)) from None
+
+    @classmethod
+    def current(cls) -> PPCudaGraphSettings:
+        """This process's settings: its environment is read once, on the first call."""
+        global _current
+        if _current is None:
+            _current = cls.from_env()
+        return _current
 
     @classmethod
     def describe(cls) -> list[tuple[str, str, str]]:

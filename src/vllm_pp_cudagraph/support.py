@@ -148,8 +148,9 @@ def no_pipeline_reason(vllm_config: Any) -> str | None:
     return "no pipeline (PP=1): the plugin only changes pipeline-parallel engines"
 
 
-def known_failure(vllm_config: Any) -> str | None:
-    """Why stock vLLM of this release fails this engine, with what to change, or None."""
+def known_failure(vllm_config: Any, layers: tuple[int, ...] | None = None) -> str | None:
+    """Why stock vLLM of this release fails this engine, with what to change, or None;
+    ``layers`` is the split the engine will use, where known (else vLLM's)."""
     speculative = getattr(vllm_config, "speculative_config", None)
     if vllm_config.parallel_config.pipeline_parallel_size < 2 or speculative is None:
         return None
@@ -161,33 +162,29 @@ def known_failure(vllm_config: Any) -> str | None:
                 "async_scheduling=False), or serve without speculative_config")
     if getattr(speculative, "method", None) == "eagle" and (
             how := EAGLE_DRAFT_NAME_CLASH.get(release_line())):
-        if (clash := eagle_draft_layer_clash(vllm_config)) is not None:
+        if (clash := eagle_draft_layer_clash(vllm_config, layers)) is not None:
             return (f"an EAGLE draft under pipeline parallelism: {how} (here "
                     f"model.layers.{clash}). Serve without the draft, or with an EAGLE3 "
                     "draft, which vLLM numbers past the model's layers")
     return None
 
 
-def eagle_draft_layer_clash(vllm_config: Any) -> int | None:
+def eagle_draft_layer_clash(vllm_config: Any, layers: tuple[int, ...] | None = None
+                            ) -> int | None:
     """The layer index an EAGLE-1 draft would take on the last stage, where that stage
-    already holds it (VLLM_PP_LAYER_PARTITION as set now), else None."""
+    already holds it, else None; under ``layers`` per stage, or vLLM's split."""
     from vllm.distributed.utils import get_pp_indices
 
     pp = vllm_config.parallel_config.pipeline_parallel_size
-    start, end = get_pp_indices(vllm_config.model_config.get_total_num_hidden_layers(),
-                                pp - 1, pp)
+    total = vllm_config.model_config.get_total_num_hidden_layers()
+    start, end = ((total - layers[-1], total) if layers
+                  else get_pp_indices(total, pp - 1, pp))
     return end - start if start <= end - start < end else None
 
 
-def stand_aside_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
-    """Why the plugin leaves this engine to stock vLLM, or None where it runs.
-
-    Without a pipeline (PP=1) there is nothing for it to do, whatever the settings.
-    ``allow_unproven`` (``VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN``) runs it regardless of
-    what is unproven.
-    """
-    if (reason := no_pipeline_reason(vllm_config)) is not None:
-        return reason
+def unproven_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
+    """Why the plugin leaves this PP engine to stock vLLM: a speculative method or KV
+    connector not proven with it here (``allow_unproven`` runs it regardless), or None."""
     if allow_unproven:
         return None
     speculative = getattr(vllm_config, "speculative_config", None)

@@ -40,9 +40,17 @@ def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seq
     scheduler = AsyncScheduler(vllm_config=config, kv_cache_config=kv_cache,
                                structured_output_manager=StructuredOutputManager(config), block_size=BLOCK)
     # MRV2 needs Triton, so on this CPU vLLM configures V1; the scheduler's PP decode
-    # cadence is what is under test, and it follows this flag.
+    # cadence is what is under test, and it follows this flag (the engine's plan, the
+    # config's).
     scheduler.use_v2_model_runner = True
+    config.__class__ = MRV2Config
     return scheduler
+
+
+class MRV2Config(VllmConfig):
+    """vLLM's config as it is on a GPU, where vLLM runs these models on MRV2."""
+
+    use_v2_model_runner = True
 
 
 class AcceptingGrammar(StructuredOutputGrammar):
@@ -136,3 +144,21 @@ def wrong_outputs(requests: list[Request]) -> list[str]:
         if list(r.output_token_ids) != expected:
             problems.append(f"request {r.request_id}: {list(r.output_token_ids)}")
     return problems
+
+
+def pp_engine_config(model_dir: str, pp: int = 2, speculative: str | None = None,
+                     connector: str | None = None, async_scheduling: bool = True) -> VllmConfig:
+    """A real MRV2 engine config at ``pp`` stages, with a speculative method or a KV
+    connector named (only their names: what the plugin's plan reads of them)."""
+    config = make_scheduler(model_dir, pp=pp).vllm_config
+    if speculative:
+        config.speculative_config = type("Spec", (), {"method": speculative,
+                                                      "num_speculative_tokens": 3})()
+    if connector:
+        config.kv_transfer_config = type("KV", (), {"kv_connector": connector})()
+    config.scheduler_config.async_scheduling = async_scheduling
+    if not async_scheduling:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        config.scheduler_config.scheduler_cls = Scheduler
+    return config

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from vllm_pp_cudagraph import cli, compat, install_check
+from vllm_pp_cudagraph import cli, compat, install_check, settings
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_full_check_lists_the_patches(gpus):
     assert code == cli.EXIT_OK
     assert "imports: torch, torchvision, vLLM OK" in out
     assert cli.FULL_ONLY not in out
-    assert "v2-runner-class: applies  [vllm.v1.worker.gpu.model_runner.GPUModelRunner]" in out
+    assert "runner-factory: applies  [vllm.v1.worker.gpu_worker.Worker._make_model_runner" in out
     assert "breakable-env: stands aside: VLLM_PP_CUDAGRAPH_BREAKABLE is off" in out
     assert "GPUs visible: 2" in out
 
@@ -258,14 +259,14 @@ def test_check_predicts_what_the_worker_decides(gpus, model_dir, monkeypatch, tm
     from _scheduler import make_scheduler
 
     from vllm_pp_cudagraph import layer_partition
+    from vllm_pp_cudagraph.engine_plan import plan_engine
 
     gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
     monkeypatch.setattr(layer_partition, "_set_here", None)
-    monkeypatch.setattr(layer_partition, "gpu_memory_bytes", lambda: H200_BYTES)
     for pp in (2, 3, 4):
         config = make_scheduler(model_dir, pp=pp, max_num_seqs=256).vllm_config
         config.cache_config.gpu_memory_utilization = 0.9
-        worker = layer_partition.decide_for(config)
+        worker = plan_engine(PPCudaGraphSettings.current(), config, H200_BYTES).partition
         _, out = check_engine(model_dir, pp, max_num_batched_tokens=256,
                               gpu_memory_bytes=H200_BYTES, gpu_memory_utilization=0.9)
         lines = [f"layer partition: {worker.describe()[0]}"] + [
@@ -287,6 +288,7 @@ def test_check_names_a_hand_set_partition_and_the_setting_without_a_model(gpus):
     assert "layer partition: hand-set VLLM_PP_LAYER_PARTITION=20,8" in run_check()[1]
     gpus.delenv("VLLM_PP_LAYER_PARTITION")
     gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
+    gpus.setattr(settings, "_current", None)  # as a new process reads it
     assert "layer partition: auto, chosen per engine at start-up" in run_check()[1]
 
 

@@ -136,23 +136,25 @@ def test_installed_scheduler_has_a_waiting_queue_compat_knows(tmp_path):
     assert compat.admission_cap(scheduler) == 8
 
 
-def test_manager_is_rebuilt_with_every_init_parameter_vllm_has(make_manager):
+def test_vllms_runner_builds_its_manager_by_the_name_the_plugin_points_elsewhere():
+    """The graph-manager patch points ``ModelCudaGraphManager`` of the runner's module at
+    the plugin's class while ``initialize_kv_cache`` runs; that method must build its
+    manager by that name, and the name must be vLLM's again afterwards, error or not."""
+    import inspect
+
+    import vllm.v1.worker.gpu.model_runner as mr
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-    stock = make_manager("FULL_AND_PIECEWISE", [1, 2, 4, 8], 8, 2, cls=ModelCudaGraphManager)
-    _, kwargs = compat.manager_init_args(stock)
-    params = set(compat._params(ModelCudaGraphManager.__init__)) - {"self"}
-    assert set(kwargs) == params
-    assert all(kwargs[name] is getattr(stock, name) for name in params)
+    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 
-
-def test_a_manager_parameter_without_its_attribute_is_an_error_naming_it():
-    class NewManager:
-        def __init__(self, vllm_config, new_knob=False):
-            self.vllm_config = vllm_config
-
-    with pytest.raises(TypeError, match="'new_knob'"):
-        compat.manager_init_args(NewManager("cfg"))
+    source = inspect.getsource(inspect.unwrap(mr.GPUModelRunner).initialize_kv_cache)
+    assert "ModelCudaGraphManager(" in source
+    with compat.managers_built_as(PPCudaGraphManager):
+        assert mr.ModelCudaGraphManager is PPCudaGraphManager
+    assert mr.ModelCudaGraphManager is ModelCudaGraphManager
+    with pytest.raises(KeyError), compat.managers_built_as(PPCudaGraphManager):
+        raise KeyError
+    assert mr.ModelCudaGraphManager is ModelCudaGraphManager
 
 
 @pytest.mark.parametrize("switch", [None, "0", "1"])
@@ -175,19 +177,15 @@ def test_probes_agree_with_the_installed_release(switch, monkeypatch):
 
 
 def test_probes_read_vllms_runner_after_the_plugin_swapped_it_in(clean_env):
-    # The worker process applies the patches (the runner class swap first) before the
-    # runner asks the graph-memory probe; it must still see vLLM's runner.
-    import vllm.v1.worker.gpu.model_runner as mr
-
+    # The worker process applies the patches (up to 0.31 the module's runner becomes the
+    # plugin's factory) before the runner asks the graph-memory probe.
     from vllm_pp_cudagraph import plugin
-    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
 
     release = compat.parse_release(compat.installed_versions().vllm)
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     compat.upstream_measures_graph_memory.cache_clear()
     try:
         plugin.register()
-        assert mr.GPUModelRunner is PPCudaGraphModelRunner
         assert compat.upstream_measures_graph_memory() == (release >= (0, 29, 0))
     finally:
         compat.upstream_measures_graph_memory.cache_clear()

@@ -99,17 +99,27 @@ def test_stage_with_nothing_to_capture_still_settles(make_manager):
     assert manager.dispatch(2, 2, 1, 0).cg_mode == CUDAGraphMode.NONE
 
 
-def test_replacing_keeps_the_stock_managers_configuration(make_manager):
-    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+def test_a_runner_where_anything_holds_vllms_manager_is_refused(make_manager):
+    """vLLM builds the plugin's manager where it builds its own; if a release builds its
+    own some other way, whatever holds it (here FastPrefillHelper, 0.33) is named."""
+    import types
 
+    from vllm_pp_cudagraph.model_runner import check_manager_holders
+
+    attn_utils = pytest.importorskip("vllm.v1.worker.gpu.attn_utils")
+    if not hasattr(attn_utils, "FastPrefillHelper"):
+        pytest.skip("this vLLM has no FastPrefillHelper (added in 0.33)")
+    ours = make_manager("FULL_AND_PIECEWISE", VLLM_LIKE, 8, 2)
     stock = make_manager("FULL_AND_PIECEWISE", VLLM_LIKE, 8, 2, cls=ModelCudaGraphManager)
-    ours = PPCudaGraphManager.replacing(stock)
-    assert type(ours) is PPCudaGraphManager
-    assert (ours.cudagraph_mode, ours.decode_query_len, ours.lora_capture_cases) == (
-        stock.cudagraph_mode, stock.decode_query_len, stock.lora_capture_cases
-    )
-    assert ours.vllm_config is stock.vllm_config
-    assert set(all_capture_descs(ours)) == set(all_capture_descs(stock))
+    runner = types.SimpleNamespace(cudagraph_manager=ours,
+                                   fast_prefill=attn_utils.FastPrefillHelper(ours, 8))
+    check_manager_holders(runner)
+    runner.fast_prefill = attn_utils.FastPrefillHelper(stock, 8)
+    with pytest.raises(RuntimeError, match=r"fast_prefill\.cudagraph_manager.*VLLM_PLUGINS"):
+        check_manager_holders(runner)
+    runner.fast_prefill, runner.cudagraph_manager = None, stock
+    with pytest.raises(RuntimeError, match="for cudagraph_manager "):
+        check_manager_holders(runner)
 
 
 def _breakable_manager(make_manager, monkeypatch):

@@ -30,13 +30,7 @@ from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 
 from vllm_pp_cudagraph import patches
 from vllm_pp_cudagraph.cadence_policy import CadenceChooser
-from vllm_pp_cudagraph.decode_cadence import (
-    cadence_in_effect,
-    config_cadence,
-    lift_idle_cadence,
-    merge_decode_groups,
-    scheduler_cadence,
-)
+from vllm_pp_cudagraph.decode_cadence import lift_idle_cadence, merge_decode_groups
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
@@ -466,24 +460,16 @@ def test_lift_leaves_a_step_with_eligible_work_alone():
     assert a.next_decode_eligible_step == 7
 
 
-def test_the_cadence_changes_only_under_v2_pp_without_draft_tokens(model_dir, monkeypatch):
-    """One decision, read from a built scheduler and from the config it came from."""
-    scheduler = make_scheduler(model_dir)
-    merge = DecodeCadence.MERGE
-    assert scheduler_cadence(scheduler, merge) is merge
-    assert cadence_in_effect(merge, 2, True, 0) is merge
-    assert cadence_in_effect(merge, 2, True, 2) is DecodeCadence.VLLM
-    assert cadence_in_effect(merge, 2, False, 0) is DecodeCadence.VLLM
-    assert cadence_in_effect(merge, 1, True, 0) is DecodeCadence.VLLM
-    scheduler.num_spec_tokens = 2
-    assert scheduler_cadence(scheduler, merge) is DecodeCadence.VLLM
-    assert scheduler_cadence(make_scheduler(model_dir, pp=1), merge) is DecodeCadence.VLLM
-    # The config's own runner choice decides (V1 on this CPU up to 0.28, MRV2 later).
-    config = scheduler.vllm_config
-    expected = merge if config.use_v2_model_runner else DecodeCadence.VLLM
-    assert config_cadence(config, merge) is expected
-    monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: False))
-    assert config_cadence(config, merge) is DecodeCadence.VLLM
+def test_the_scheduler_runs_its_engines_planned_cadence(model_dir):
+    """The hook asks the engine's plan once per scheduler: vLLM's cadence at PP=1."""
+    undo = _cadence("merge")
+    try:
+        for pp, expected in ((2, DecodeCadence.MERGE), (1, DecodeCadence.VLLM)):
+            scheduler = make_scheduler(model_dir, pp=pp)
+            scheduler.schedule()
+            assert scheduler._pp_cudagraph_cadence is expected
+    finally:
+        undo()
 
 
 def two_groups(model_dir: str, pp: int) -> Run:

@@ -1,4 +1,4 @@
-"""The engine core refuses to change the decode cadence for workers that cannot follow."""
+"""The engine core refuses an engine whose workers cannot follow its plan."""
 
 from __future__ import annotations
 
@@ -11,12 +11,7 @@ from _scheduler import make_scheduler
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph import engine_check
-from vllm_pp_cudagraph.engine_check import (
-    PLUGIN_RUNNER,
-    WorkerRunnerError,
-    check_workers,
-    runner_class_of,
-)
+from vllm_pp_cudagraph.engine_check import WorkerRunnerError, check_workers, plan_of
 from vllm_pp_cudagraph.engine_plan import plan_engine
 from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
 
@@ -40,31 +35,42 @@ def config(tmp_path, monkeypatch):
     return config
 
 
-def rpc_answering(classes):
+def rpc_answering(records):
     calls = []
 
     def collective_rpc(fn):
         calls.append(fn)
-        return list(classes)
+        return list(records)
 
     return collective_rpc, calls
 
 
+#: A worker that runs vLLM's own runner answers None.
+STOCK = None
+
+
+def ours(config, cadence=AUTO, partition=LayerPartition.VLLM, **changed):
+    """What a worker running the plugin's runner answers (its plan's record)."""
+    return {**plan(config, cadence, partition).record(), **changed}
+
+
 def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config):
     assert config.scheduler_config.get_scheduler_cls() is AsyncScheduler
-    stock = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
-    rpc, _ = rpc_answering([PLUGIN_RUNNER, stock])
-    with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*DECODE_CADENCE=vllm"):
+    rpc, _ = rpc_answering([ours(config), STOCK])
+    with pytest.raises(WorkerRunnerError, match=r"worker 1: vLLM's own runner.*DECODE_CADENCE=vllm"):
         check_workers(config, rpc, plan(config, AUTO))
 
 
 def test_workers_with_the_plugins_runner_pass(config):
-    rpc, calls = rpc_answering([PLUGIN_RUNNER, PLUGIN_RUNNER])
+    rpc, calls = rpc_answering([ours(config), ours(config)])
     check_workers(config, rpc, plan(config, AUTO))
-    assert calls == [runner_class_of]
+    assert calls == [plan_of]
 
 
-STOCK = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
+def test_every_worker_without_the_package_is_refused_under_a_lifting_cadence(config):
+    rpc, _ = rpc_answering([STOCK, STOCK])
+    with pytest.raises(WorkerRunnerError, match="worker 0: .*worker 1: .*stale tokens"):
+        check_workers(config, rpc, plan(config, DecodeCadence.MERGE))
 
 
 def test_on_vllms_cadence_stock_workers_are_not_refused(config, caplog):
@@ -81,7 +87,7 @@ def test_without_async_scheduling_the_cadence_is_vllms_and_nothing_is_refused(co
     monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
                         lambda self: Scheduler)
     assert plan(config, AUTO).cadence is DecodeCadence.VLLM
-    rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
+    rpc, _ = rpc_answering([ours(config), STOCK])
     check_workers(config, rpc, plan(config, AUTO))
 
 
@@ -101,7 +107,7 @@ def test_one_line_says_the_plugin_is_active_with_its_layout_cadence_and_graphs(c
     import logging
 
     caplog.set_level(logging.INFO, logger="vllm.pp_cudagraph.engine_check")
-    rpc, _ = rpc_answering([PLUGIN_RUNNER, PLUGIN_RUNNER])
+    rpc, _ = rpc_answering([ours(config), ours(config)])
     check_workers(config, rpc, plan(config, AUTO))
     lines = [r.getMessage() for r in caplog.records if "vllm-pp-cudagraph" in r.getMessage()]
     mode = config.compilation_config.cudagraph_mode
@@ -124,7 +130,7 @@ def test_a_refusal_shuts_the_workers_down_before_raising(config):
         shut_down = False
 
         def collective_rpc(self, fn):
-            return ["vllm.v1.worker.gpu_model_runner.GPUModelRunner"] * 2
+            return [STOCK] * 2
 
         def shutdown(self):
             self.shut_down = True
@@ -142,12 +148,12 @@ def test_a_refusal_shuts_the_workers_down_before_raising(config):
 
 def test_the_probe_runs_on_a_worker_that_lacks_this_package():
     """It travels by value, as the check sends it: a worker without the plugin
-    must answer with its runner class, not fail to import the probe."""
+    must answer that it runs vLLM's runner, not fail to import the probe."""
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(engine_check)
     try:
-        payload = cloudpickle.dumps(runner_class_of)
+        payload = cloudpickle.dumps(plan_of)
     finally:
         cloudpickle.unregister_pickle_by_value(engine_check)
     script = (
@@ -155,49 +161,32 @@ def test_the_probe_runs_on_a_worker_that_lacks_this_package():
         "sys.modules['vllm_pp_cudagraph'] = None  # not installed on this worker\n"
         "probe = pickle.loads(sys.stdin.buffer.read())\n"
         "class GPUModelRunner: pass\n"
-        "GPUModelRunner.__module__ = 'vllm.v1.worker.gpu.model_runner'\n"
         "print(probe(types.SimpleNamespace(model_runner=GPUModelRunner())))\n"
     )
     out = subprocess.run([sys.executable, "-c", script], input=payload,
                          capture_output=True, check=True).stdout.decode().strip()
-    assert out == "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
+    assert out == "None"
     with pytest.raises(Exception):  # by reference it would need the package
-        subprocess.run([sys.executable, "-c", script], input=pickle.dumps(runner_class_of),
+        subprocess.run([sys.executable, "-c", script], input=pickle.dumps(plan_of),
                        capture_output=True, check=True)
 
 
-@pytest.fixture
-def auto_partition(config, monkeypatch):
-    """The 0.6B shape at PP=2: the engine core, which does not read the GPUs' memory,
-    cannot tell which split auto picks in the workers."""
-    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
-    assert engine_check.layer_partition.decide_for(config, LayerPartition.AUTO).undecided
-    return config
+def test_auto_partition_refuses_stock_workers_beside_a_split_of_its_own(config):
+    rpc, _ = rpc_answering([ours(config, split_source="auto", layers=[15, 13]), STOCK])
+    with pytest.raises(WorkerRunnerError, match=r"worker 1: vLLM's own runner.*split \[15, 13\]"
+                       r".*some layers would run twice.*LAYER_PARTITION=vllm"):
+        check_workers(config, rpc, plan(config, DecodeCadence.BALANCE, LayerPartition.AUTO))
 
 
-def test_auto_partition_refuses_workers_that_would_build_vllms_split(auto_partition):
-    rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
-    with pytest.raises(WorkerRunnerError, match=r"worker 1: vllm\.v1.*may build another layer "
-                       r"split .*some layers would run twice.*LAYER_PARTITION=vllm"):
-        check_workers(auto_partition, rpc,
-                      plan(auto_partition, DecodeCadence.BALANCE, LayerPartition.AUTO))
+def test_workers_that_chose_different_splits_are_refused(config):
+    rpc, _ = rpc_answering([ours(config, layers=[15, 13]), ours(config, layers=[14, 14])])
+    with pytest.raises(WorkerRunnerError, match="different layer splits.*by hand"):
+        check_workers(config, rpc, plan(config, DecodeCadence.BALANCE, LayerPartition.AUTO))
 
 
-@pytest.mark.parametrize("classes, partition", [
-    ([PLUGIN_RUNNER, PLUGIN_RUNNER], LayerPartition.AUTO),  # all build auto's split
-    ([STOCK, STOCK], LayerPartition.AUTO),  # the plugin stands aside everywhere: vLLM's
-    ([PLUGIN_RUNNER, STOCK], LayerPartition.VLLM),  # everyone builds vLLM's split
-])
-def test_workers_that_build_the_same_layers_pass(auto_partition, classes, partition):
-    rpc, _ = rpc_answering(classes)
-    check_workers(auto_partition, rpc, plan(auto_partition, DecodeCadence.BALANCE, partition))
-
-
-def test_a_hand_set_split_is_built_alike_by_every_worker(auto_partition, monkeypatch):
-    monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", "20,8")
-    rpc, _ = rpc_answering([PLUGIN_RUNNER, STOCK])
-    check_workers(auto_partition, rpc,
-                      plan(auto_partition, DecodeCadence.BALANCE, LayerPartition.AUTO))
+def test_stock_workers_beside_ones_that_kept_vllms_split_pass(config):
+    rpc, _ = rpc_answering([ours(config, partition=LayerPartition.AUTO), STOCK])
+    check_workers(config, rpc, plan(config, DecodeCadence.BALANCE, LayerPartition.AUTO))
 
 
 def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path, monkeypatch,
@@ -205,7 +194,6 @@ def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path
     from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 
     config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=1).vllm_config
-    monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
     rpc, _ = rpc_answering([STOCK])
     with caplog.at_level("INFO", logger="vllm.pp_cudagraph.engine_check"):
         check_workers(config, rpc, plan(config, AUTO, LayerPartition.AUTO))

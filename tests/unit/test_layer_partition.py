@@ -25,6 +25,7 @@ from vllm_pp_cudagraph.layer_partition import (
     decide,
     vllm_split,
 )
+from vllm_pp_cudagraph.engine_plan import plan_engine
 from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
 from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, SettingsError
 from vllm_pp_cudagraph.stage_costs import (
@@ -390,9 +391,22 @@ def vllms_ranges(num_layers, pp):
     return [get_pp_indices(num_layers, rank, pp) for rank in range(pp)]
 
 
+def worker_plan(config):
+    """The plan a worker makes for ``config`` (from its settings and its GPU's memory)."""
+    return plan_engine(PPCudaGraphSettings.current(), config, layer_partition.gpu_memory_bytes())
+
+
+def worker_applies(config):
+    """What a worker's runner does before its model is built: its plan's split, handed to
+    vLLM; returns that decision."""
+    decision = worker_plan(config).partition
+    layer_partition.apply(decision)
+    return decision
+
+
 def test_with_the_default_nothing_changes(partition_env, tmp_path):
     config = engine_config(tmp_path)
-    decision = layer_partition.apply_in_worker(config)
+    decision = worker_applies(config)
     assert decision.source == "vllm" and not decision.noteworthy
     assert VLLM_ENV not in os.environ
     assert vllms_ranges(28, 3) == [(0, 9), (9, 19), (19, 28)]
@@ -406,7 +420,7 @@ def test_auto_hands_vllm_its_split_even_with_vllms_variables_cached(partition_en
     if cached:  # as in a worker forked from a process that already served
         envs.enable_envs_cache()
         assert envs.VLLM_PP_LAYER_PARTITION is None
-    decision = layer_partition.apply_in_worker(config)
+    decision = worker_applies(config)
     assert decision.env_value == "10,10,8"
     assert vllms_ranges(28, 3) == [(0, 10), (10, 20), (20, 28)]
     assert config.model_config.get_layers_start_end_indices(config.parallel_config) == (0, 10)
@@ -415,7 +429,7 @@ def test_auto_hands_vllm_its_split_even_with_vllms_variables_cached(partition_en
 def test_a_hand_set_partition_is_left_to_vllm(partition_env, tmp_path):
     partition_env.setenv(SETTING, "auto")
     partition_env.setenv(VLLM_ENV, "20,8")
-    assert layer_partition.apply_in_worker(engine_config(tmp_path, pp=2)).source == "hand-set"
+    assert worker_applies(engine_config(tmp_path, pp=2)).source == "hand-set"
     assert os.environ[VLLM_ENV] == "20,8"
     assert vllms_ranges(28, 2) == [(0, 20), (20, 28)]
 
@@ -423,10 +437,10 @@ def test_a_hand_set_partition_is_left_to_vllm(partition_env, tmp_path):
 def test_a_later_engine_in_the_process_drops_the_split_it_no_longer_chooses(partition_env,
                                                                            on_h200, tmp_path):
     partition_env.setenv(SETTING, "auto")
-    layer_partition.apply_in_worker(engine_config(tmp_path))
+    worker_applies(engine_config(tmp_path))
     assert os.environ[VLLM_ENV] == "10,10,8"
     # Its own value is not a hand-set one: the next engine decides again.
-    again = layer_partition.apply_in_worker(engine_config(tmp_path, "qwen3-30b-a3b"))
+    again = worker_applies(engine_config(tmp_path, "qwen3-30b-a3b"))
     assert again.source == "vllm" and VLLM_ENV not in os.environ
     assert vllms_ranges(48, 3) == [(0, 16), (16, 32), (32, 48)]
 
@@ -436,10 +450,10 @@ def test_the_worker_decides_from_this_gpus_memory_or_the_fixed_kv_cache(partitio
     partition_env.setenv(SETTING, "auto")
     monkeypatch.setattr(layer_partition, "gpu_memory_bytes", lambda: None)  # no GPU here
     config = engine_config(tmp_path)
-    unknown = layer_partition.apply_in_worker(config)
+    unknown = worker_applies(config)
     assert unknown.source == "vllm" and "the GPU's memory is not known" in unknown.why
     config.cache_config.kv_cache_memory_bytes = FIXED.kv_cache_bytes
-    fixed = layer_partition.apply_in_worker(config)
+    fixed = worker_applies(config)
     assert fixed.layers == (10, 10, 8) and fixed.kv.memory.kv_cache_bytes == FIXED.kv_cache_bytes
     assert "kv_cache_memory_bytes=21474836480 (20.00 GiB) on every stage" in fixed.describe()[-2]
 
@@ -450,7 +464,7 @@ def test_more_stages_than_layers_stops_the_worker_before_its_model_is_built(part
     config = engine_config(tmp_path)
     config.parallel_config.pipeline_parallel_size = 29
     with pytest.raises(LayerPartitionError, match=SETTING):
-        layer_partition.apply_in_worker(config)
+        worker_applies(config)
     assert VLLM_ENV not in os.environ
 
 
@@ -470,7 +484,8 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
     monkeypatch.setattr("vllm_pp_cudagraph.model_runner.get_tp_group",
                         lambda: type("TP", (), {"rank_in_group": 0})())
     runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
-    runner.__dict__.update(use_pp=True, pp_stage=0, vllm_config=engine_config(tmp_path))
+    config = engine_config(tmp_path)
+    runner.__dict__.update(use_pp=True, pp_stage=0, vllm_config=config, plan=worker_plan(config))
     runner.load_model()
     assert seen == ["10,10,8"]
 
@@ -495,7 +510,8 @@ def test_stage_zero_logs_one_line_naming_the_split_the_bench_reads(
     config = engine_config(tmp_path, pp=pp)
     for stage in range(pp):  # every stage decides; stage 0 alone logs
         runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
-        runner.__dict__.update(use_pp=True, pp_stage=stage, vllm_config=config)
+        runner.__dict__.update(use_pp=True, pp_stage=stage, vllm_config=config,
+                               plan=worker_plan(config))
         with caplog.at_level(logging.INFO, logger="vllm.pp_cudagraph"):
             runner.load_model()
     lines = [r.getMessage() for r in caplog.records

@@ -248,12 +248,14 @@ def test_the_profiling_run_under_pp_ends_with_the_warm_up(monkeypatch, token_upd
 
 def handoff_plan(direct: bool, blocker: str | None = None):
     from vllm_pp_cudagraph.engine_plan import EnginePlan
+    from vllm_pp_cudagraph.layer_partition import Decision
     from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
 
     return EnginePlan(refusal=None, stand_aside=None, no_pipeline=False,
                       cadence=DecodeCadence.AUTO, asked_cadence=DecodeCadence.AUTO,
                       direct_handoff=direct, direct_handoff_blocker=blocker,
-                      layer_partition=LayerPartition.VLLM)
+                      layer_partition=LayerPartition.VLLM, layers=None, split_decided=True,
+                      partition=Decision("vllm", "vLLM's split"))
 
 
 @pytest.mark.parametrize("direct, blocker, custom_send", [

@@ -23,13 +23,15 @@ moe = ModelConfig(model="{DATA / 'qwen3_moe_tiny'}", skip_tokenizer_init=True)
 config = VllmConfig(model_config=moe, device_config=DeviceConfig(device="cpu"))
 from vllm.plugins import load_general_plugins
 load_general_plugins()
+import inspect
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
-from vllm_pp_cudagraph import PPCudaGraphModelRunner
-from vllm_pp_cudagraph import patches, plugin
+from vllm_pp_cudagraph import compat, patches, plugin
 plugin.register()  # a second call in the same process
+factory = compat.worker_runner_factory()
+builder = getattr(*factory) if factory else GPUModelRunnerV2
 print(json.dumps({{
-    "runner_is_plugin": GPUModelRunnerV2 is PPCudaGraphModelRunner,
-    "runner_name": GPUModelRunnerV2.__name__,
+    "runner_is_plugin": builder is not inspect.unwrap(builder),
+    "runner_name": inspect.unwrap(GPUModelRunnerV2).__name__,
     "v2_env": os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
     "moe_uses_v2": config.use_v2_model_runner,
     "applied": patches.is_applied(),
@@ -67,7 +69,7 @@ def test_vllm_loader_with_plugin_named_swaps_runner_and_keeps_vllms_runner_choic
     assert report["applied"] is True
     # One "active" line per process, even though register() ran twice.
     assert log.count("vllm-pp-cudagraph active in process") == 1
-    assert "patched v2-runner-class," in log
+    assert "patched runner-factory," in log
 
 
 _without_plugin: list[tuple[dict, str]] = []

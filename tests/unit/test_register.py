@@ -7,6 +7,8 @@ import os
 import pytest
 import vllm.v1.worker.gpu.model_runner as mr
 
+from _scheduler import pp_engine_config
+
 from vllm_pp_cudagraph import compat, patches, plugin
 from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
 from vllm_pp_cudagraph.settings import PluginConfigError
@@ -14,45 +16,66 @@ from vllm_pp_cudagraph.settings import PluginConfigError
 STOCK_RUNNER = mr.GPUModelRunner
 
 
-def test_register_is_inert_without_vllm_plugins(clean_env):
+@pytest.fixture(autouse=True)
+def worker(tmp_path, monkeypatch):
+    """What vLLM's worker builds for a PP=2 MRV2 engine, through its own code path
+    (``Worker._make_model_runner``, or before 0.32 its inline import); the runners'
+    constructors are left out (no GPU here)."""
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    config = pp_engine_config(str(write_model_dir(tmp_path, tokenizer=False)))
+    monkeypatch.setattr(STOCK_RUNNER, "__init__", lambda self, *args: None)
+    monkeypatch.setattr(PPCudaGraphModelRunner, "__init__", lambda self, *args: None)
+
+    def builds() -> type:
+        if factory := compat.worker_runner_factory():
+            worker = type("Worker", (), {"use_v2_model_runner": True, "vllm_config": config,
+                                         "device": "cpu"})()
+            return type(getattr(factory[0], factory[1])(worker))
+        return type(mr.GPUModelRunner(config, "cpu"))
+
+    return builds
+
+
+def test_register_is_inert_without_vllm_plugins(clean_env, worker):
     plugin.register()
-    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert worker() is STOCK_RUNNER
     assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
     assert not patches.is_applied()
 
 
-def test_register_twice_patches_once_and_undo_restores(clean_env):
+def test_register_twice_patches_once_and_undo_restores(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     plugin.register()
-    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+    assert worker() is PPCudaGraphModelRunner
     assert issubclass(PPCudaGraphModelRunner, STOCK_RUNNER)
     assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ  # vLLM picks the runner
 
     plugin.register()
-    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+    assert worker() is PPCudaGraphModelRunner
     assert PPCudaGraphModelRunner.__mro__[1] is STOCK_RUNNER  # not re-subclassed
     assert patches.apply_all(patches_settings()) == []
 
     patches.undo_all()
-    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert worker() is STOCK_RUNNER and mr.GPUModelRunner is STOCK_RUNNER
     assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
 
 
-def test_explicit_v2_setting_is_kept(clean_env):
+def test_explicit_v2_setting_is_kept(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     plugin.register()
-    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+    assert worker() is PPCudaGraphModelRunner
     patches.undo_all()
     assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
 
 
-def test_v1_runner_requested_together_with_plugin_is_refused(clean_env):
+def test_v1_runner_requested_together_with_plugin_is_refused(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     with pytest.raises(PluginConfigError, match="VLLM_USE_V2_MODEL_RUNNER"):
         plugin.register()
-    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert worker() is STOCK_RUNNER
     assert not patches.is_applied()
 
 
@@ -61,7 +84,7 @@ def test_each_patch_says_whether_it_stands_aside_here(clean_env):
     from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
 
     standing = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
-    assert standing["v2-runner-class"] is None
+    assert standing["runner-factory"] is None
     assert standing["breakable-env"] == "VLLM_PP_CUDAGRAPH_BREAKABLE is off"
     off = PPCudaGraphSettings(decode_cadence="vllm", kv_update_in_graphs=False)
     assert dict((p.name, why) for p, why in patches.standing(off))["decode-cadence"]
@@ -83,7 +106,7 @@ def test_patches_fixed_upstream_stand_aside_from_their_release(clean_env):
             patch.name, why)
 
 
-def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env):
+def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.25.1", "2.11.0"))
     with pytest.raises(plugin.UnsupportedVLLMError) as err:
@@ -92,27 +115,27 @@ def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env):
     assert "0.25.1" in message
     assert compat.SUPPORTED_RANGE in message
     assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1" in message
-    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert worker() is STOCK_RUNNER
     assert not patches.is_applied()
 
 
-def test_unsupported_version_override_activates(clean_env):
+def test_unsupported_version_override_activates(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM", "1")
     clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.40.0", "2.11.0"))
     plugin.register()
-    assert mr.GPUModelRunner is PPCudaGraphModelRunner
+    assert worker() is PPCudaGraphModelRunner
 
 
-def test_bad_setting_is_refused_before_anything_is_patched(clean_env):
+def test_bad_setting_is_refused_before_anything_is_patched(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM", "maybe")
     with pytest.raises(ValueError, match="VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM"):
         plugin.register()
-    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert worker() is STOCK_RUNNER
 
 
-def test_failing_patch_leaves_nothing_half_applied(clean_env):
+def test_failing_patch_leaves_nothing_half_applied(clean_env, worker):
     def broken(settings):
         raise RuntimeError("boom")
 
@@ -121,7 +144,7 @@ def test_failing_patch_leaves_nothing_half_applied(clean_env):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     with pytest.raises(RuntimeError, match="boom"):
         plugin.register()
-    assert mr.GPUModelRunner is STOCK_RUNNER
+    assert worker() is STOCK_RUNNER
     assert not patches.is_applied()
 
 

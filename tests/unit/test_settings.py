@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_pp_cudagraph.compat import parse_release
-from vllm_pp_cudagraph.decode_cadence import lifts_decodes
+from vllm_pp_cudagraph.engine_plan import LIFTING
 from vllm_pp_cudagraph.settings import (
     DecodeCadence,
     LayerPartition,
@@ -52,7 +52,7 @@ def test_decode_cadence_parses_and_says_whether_workers_must_follow(raw, lifts):
     worker (the engine core checks); balance only delays and vllm changes nothing."""
     cadence = PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_DECODE_CADENCE": raw}).decode_cadence
     assert cadence.value == raw.strip().lower()
-    assert lifts_decodes(cadence) is lifts
+    assert (cadence in LIFTING) is lifts
 
 
 def test_decode_cadence_names_its_choices():
@@ -79,6 +79,8 @@ def test_unrelated_variables_are_ignored_and_leave_every_default():
         "kv_update_in_graphs": True,
         "direct_handoff": False,
         "layer_partition": LayerPartition.VLLM,
+        "metrics": True,
+        "metrics_dir": "",
     }
 
 

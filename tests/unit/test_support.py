@@ -9,8 +9,10 @@ import pytest
 import torch
 from vllm.config import speculative as vllm_speculative
 
+from _scheduler import pp_engine_config
+
 from vllm_pp_cudagraph import compat, model_runner, support
-from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner, build_runner
 
 
 class Config:
@@ -33,6 +35,13 @@ class Config:
                                    if connector else None)
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    return str(write_model_dir(tmp_path_factory.mktemp("model"), tokenizer=False))
+
+
 def vllms_speculative_methods() -> list[str]:
     """Every method this vLLM's SpeculativeConfig accepts, nested Literals flattened."""
     def flat(tp):
@@ -46,35 +55,35 @@ HERE = f"{RELEASE[0]}.{RELEASE[1]}"
 
 
 def test_no_speculation_and_no_connector_run_with_the_plugin():
-    assert support.stand_aside_reason(Config()) is None
+    assert support.unproven_reason(Config()) is None
 
 
 @pytest.mark.parametrize("method", vllms_speculative_methods())
 def test_each_speculative_method_vllm_offers_engages_only_where_proven(method):
-    reason = support.stand_aside_reason(Config(method=method))
+    reason = support.unproven_reason(Config(method=method))
     proven = support.PROVEN_SPECULATIVE.get(method)
     if proven is not None and HERE in proven.releases:
         assert reason is None
     else:
         assert reason is not None and repr(method) in reason
-    assert support.stand_aside_reason(Config(method=method), allow_unproven=True) is None
+    assert support.unproven_reason(Config(method=method), allow_unproven=True) is None
 
 
 @pytest.mark.parametrize("connector", ["SharedStorageConnector", "NixlConnector",
                                        "OffloadingConnector", "LMCacheConnectorV1"])
 def test_every_kv_connector_stands_aside_until_proven(connector):
-    reason = support.stand_aside_reason(Config(connector=connector))
+    reason = support.unproven_reason(Config(connector=connector))
     assert reason == f"KV connector {connector!r} is not yet run on a GPU with the plugin"
 
 
 def test_a_proven_method_on_another_release_stands_aside_naming_both(monkeypatch):
     monkeypatch.setitem(support.PROVEN_SPECULATIVE, "ngram",
                         support.Proven(("0.1",), "elsewhere"))
-    reason = support.stand_aside_reason(Config(method="ngram"))
+    reason = support.unproven_reason(Config(method="ngram"))
     assert reason == f"speculative method 'ngram' is proven on vLLM 0.1 only, not {HERE}"
 
 
-def test_the_runner_builds_vllms_own_where_it_stands_aside(monkeypatch):
+def test_the_runner_factory_builds_vllms_own_where_it_stands_aside(monkeypatch, model_dir):
     built = []
 
     def stock_init(self, vllm_config, device):
@@ -82,21 +91,23 @@ def test_the_runner_builds_vllms_own_where_it_stands_aside(monkeypatch):
 
     monkeypatch.setattr(model_runner.GPUModelRunner, "__init__", stock_init)
     monkeypatch.delenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", raising=False)
-    config = Config(connector="SharedStorageConnector")
-    runner = PPCudaGraphModelRunner(config, torch.device("cpu"))
+    config = pp_engine_config(model_dir, connector="SharedStorageConnector")
+    runner = build_runner(config, torch.device("cpu"))
     assert type(runner) is model_runner.GPUModelRunner and built == [(config, torch.device("cpu"))]
 
 
 @pytest.mark.parametrize("method", ["ngram", "eagle3"])
 def test_speculation_under_pp_without_async_scheduling_is_refused_where_stock_fails(
-        method, monkeypatch):
+        method, monkeypatch, model_dir):
     """Stock vLLM 0.33 dies on the first step of such an engine: the plugin's runner
     refuses it at start, naming the setting, whatever the opt-in says."""
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
     monkeypatch.setitem(support.SPECULATIVE_SYNC_PP_FAILS, HERE, "it fails")
+    refused = pp_engine_config(model_dir, speculative=method, async_scheduling=False)
     with pytest.raises(support.KnownStockFailureError, match="async scheduling back on"):
-        PPCudaGraphModelRunner(Config(method=method, async_scheduling=False),
-                               torch.device("cpu"))
+        build_runner(refused, torch.device("cpu"))
+    with pytest.raises(support.KnownStockFailureError, match="async scheduling back on"):
+        PPCudaGraphModelRunner(refused, torch.device("cpu"))
     for fine in (Config(method=method), Config(method=method, async_scheduling=None),
                  Config(async_scheduling=False),
                  Config(method=method, async_scheduling=False, pp=1)):
@@ -109,7 +120,7 @@ def test_speculation_under_pp_without_async_scheduling_is_refused_where_stock_fa
     (2, None, 14), (2, "13,15", 15), (2, "15,13", None), (4, None, None),
     (4, "4,4,4,16", 16), (3, "10,10,8", None)])
 def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
-        pp, partition, clash, monkeypatch):
+        pp, partition, clash, monkeypatch, model_dir):
     """Stock vLLM 0.33 names an EAGLE-1 draft's layer after the last stage's layer
     count: where the stage holds that index, loading fails ('Duplicate layer name'). The
     plugin refuses exactly those engines, naming the layer, whatever the opt-in says."""
@@ -126,24 +137,27 @@ def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
     else:
         assert f"(here model.layers.{clash})" in reason and "EAGLE3" in reason
         with pytest.raises(support.KnownStockFailureError, match="EAGLE draft"):
-            PPCudaGraphModelRunner(engine, torch.device("cpu"))
+            build_runner(pp_engine_config(model_dir, pp, speculative="eagle"),
+                         torch.device("cpu"))
     assert support.known_failure(Config(method="eagle3", pp=pp)) is None
     monkeypatch.delitem(support.EAGLE_DRAFT_NAME_CLASH, HERE)
     assert support.known_failure(engine) is None
 
 
-def test_without_a_pipeline_the_plugin_stands_aside_whatever_the_settings(monkeypatch):
-    reason = support.stand_aside_reason(Config(pp=1), allow_unproven=True)
-    assert reason and "PP=1" in reason
+def test_without_a_pipeline_the_plugin_stands_aside_whatever_the_settings(monkeypatch,
+                                                                         model_dir):
+    assert "PP=1" in support.no_pipeline_reason(Config(pp=1))
     monkeypatch.setattr(model_runner.GPUModelRunner, "__init__", lambda *a: None)
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
-    assert type(PPCudaGraphModelRunner(Config(pp=1), "cpu")) is model_runner.GPUModelRunner
+    runner = build_runner(pp_engine_config(model_dir, pp=1), "cpu")
+    assert type(runner) is model_runner.GPUModelRunner
 
 
-def test_the_opt_in_keeps_the_plugins_runner(monkeypatch):
+def test_the_opt_in_keeps_the_plugins_runner(monkeypatch, model_dir):
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
-    monkeypatch.setattr(PPCudaGraphModelRunner, "__init__", lambda self, config, device: None)
-    runner = PPCudaGraphModelRunner(Config(connector="SharedStorageConnector"), "cpu")
+    monkeypatch.setattr(PPCudaGraphModelRunner, "__init__",
+                        lambda self, config, device, plan: None)
+    runner = build_runner(pp_engine_config(model_dir, connector="SharedStorageConnector"), "cpu")
     assert type(runner) is PPCudaGraphModelRunner
 
 
@@ -159,7 +173,7 @@ def test_check_lists_each_proven_feature_and_what_stands_aside():
 
 def test_a_proven_connector_runs_with_the_plugin_only_on_its_releases():
     proven = support.PROVEN_CONNECTORS["ExampleConnector"]
-    reason = support.stand_aside_reason(Config(connector="ExampleConnector"))
+    reason = support.unproven_reason(Config(connector="ExampleConnector"))
     if HERE in proven.releases:
         assert reason is None
     else:
