@@ -1,0 +1,1 @@
+"""Per-stage pipeline metrics: the stages' snapshot files and the stat logger exporting them."""

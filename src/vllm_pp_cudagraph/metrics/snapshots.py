@@ -1,0 +1,256 @@
+"""Snapshot files through which pipeline stages and engine cores report their metrics.
+
+Each stage's worker writes ``stage-<stage>.json``, each engine core ``engine-<engine>.json``,
+into one directory per deployment; the API server's stat logger reads them. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+METRICS_DIR_ENV = "VLLM_PP_CUDAGRAPH_METRICS_DIR"
+DEFAULT_MAX_AGE_S = 60.0
+
+logger = logging.getLogger("vllm.pp_cudagraph.metrics")
+_write_failed_logged = False
+#: The directory this process made (the settings, read earlier, do not name it).
+_made_here: str | None = None
+
+
+def ensure_metrics_dir() -> Path:
+    """The metrics directory (``VLLM_PP_CUDAGRAPH_METRICS_DIR``), created if needed.
+
+    Without the setting, makes a fresh temporary directory, sets the variable so that the
+    processes started from here use it too, and removes the directory when this process
+    exits.
+    """
+    global _made_here
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+    if configured := _made_here or PPCudaGraphSettings.current().metrics_dir:
+        path = Path(configured)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    _made_here = tempfile.mkdtemp(prefix="vllm-pp-cudagraph-metrics-")
+    os.environ[METRICS_DIR_ENV] = _made_here
+    atexit.register(shutil.rmtree, _made_here, ignore_errors=True)
+    return Path(_made_here)
+
+
+def metrics_dir() -> Path:
+    """The metrics directory of this deployment (:func:`ensure_metrics_dir`)."""
+    return ensure_metrics_dir()
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _optional_float(value: Any) -> float | None:
+    # A non-finite prediction means no prediction; it must not drop the whole snapshot.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return None if value is None else _float(value)
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"expected a list of integers, got {value!r}")
+    return tuple(_int(item) for item in value)
+
+
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "int": _int,
+    "float": _float,
+    "str": _str,
+    "float | None": _optional_float,
+    "str | None": _optional_str,
+    "tuple[int, ...]": _ints,
+}
+
+S = TypeVar("S", bound="_Snapshot")
+
+
+class _Snapshot:
+    """JSON round trip shared by the snapshot dataclasses."""
+
+    def to_json(self) -> str:
+        fields = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return json.dumps(fields, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls: type[S], data: str | bytes | Mapping[str, Any]) -> S:
+        """Parse a snapshot; keys this version does not know are ignored.
+
+        Raises ``ValueError`` for text that is not a JSON object of this schema.
+        """
+        if not isinstance(data, Mapping):
+            data = json.loads(data)
+            if not isinstance(data, dict):
+                raise ValueError("a snapshot is a JSON object")
+        values = {}
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if field.name in data:
+                try:
+                    values[field.name] = _READERS[str(field.type)](data[field.name])
+                except ValueError as exc:
+                    raise ValueError(f"{field.name}: {exc}") from None
+            elif field.default is dataclasses.MISSING:
+                raise ValueError(f"{field.name} is missing")
+        return cls(**values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSnapshot(_Snapshot):
+    """One pipeline stage's measurements over its last window, written by its TP rank 0."""
+
+    stage: int
+    pp_size: int
+    tp_size: int
+    engine: int = 0
+    time: float
+    window_s: float
+    steps: int
+    busy_fraction: float
+    wait_fraction: float
+    step_ms: float
+    handoff_ms: float
+    handoff_bytes_total: int
+    graph_steps_total: int
+    eager_steps_total: int
+    layers: int
+    predicted_step_ms: float | None = None
+
+    @property
+    def filename(self) -> str:
+        # Engine 0 keeps the short name; other engines (data parallel) need their own files.
+        suffix = "" if self.engine == 0 else f"-engine-{self.engine}"
+        return f"stage-{self.stage}{suffix}.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSnapshot(_Snapshot):
+    """An engine core's decode cadence, decode groups and layer split, written by the core."""
+
+    engine: int
+    time: float
+    pp_size: int
+    cadence: str
+    asked_cadence: str
+    cadence_switches_total: int
+    last_switch_reason: str | None = None
+    group_sizes: tuple[int, ...]
+    running_reqs: int
+    layer_split: tuple[int, ...]
+    split_reason: str
+
+    def __post_init__(self) -> None:
+        # Callers pass lists; keep the frozen snapshot immutable (and hashable).
+        object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
+        object.__setattr__(self, "layer_split", tuple(self.layer_split))
+
+    @property
+    def filename(self) -> str:
+        return f"engine-{self.engine}.json"
+
+
+def write_snapshot(
+    snapshot: StageSnapshot | EngineSnapshot, directory: Path | None = None
+) -> Path | None:
+    """Write ``snapshot`` atomically (temporary file, then rename) into ``directory``.
+
+    Returns the file's path, or None where the write failed (logged once per process):
+    metrics must never stop a worker or an engine core.
+    """
+    global _write_failed_logged
+    directory = metrics_dir() if directory is None else Path(directory)
+    target = directory / snapshot.filename
+    tmp = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{snapshot.filename}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(snapshot.to_json())
+        os.replace(tmp, target)
+        return target
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if not _write_failed_logged:
+            _write_failed_logged = True
+            logger.warning("Could not write pipeline metrics to %s: %s", target, exc)
+        return None
+
+
+def read_snapshot(path: Path, kind: type[S]) -> S | None:
+    """The snapshot in ``path``, or None where it is missing, partial or not of ``kind``."""
+    try:
+        return kind.from_json(Path(path).read_bytes())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _fresh(written: float, max_age_s: float, now: float | None) -> bool:
+    return (time.time() if now is None else now) - written <= max_age_s
+
+
+def read_stage_snapshots(
+    engine: int = 0,
+    directory: Path | None = None,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+    now: float | None = None,
+) -> dict[int, StageSnapshot]:
+    """Fresh stage snapshots of ``engine``, by stage; unreadable or stale files are skipped."""
+    directory = metrics_dir() if directory is None else Path(directory)
+    found: dict[int, StageSnapshot] = {}
+    for path in sorted(directory.glob("stage-*.json")):
+        snap = read_snapshot(path, StageSnapshot)
+        if snap is None or snap.engine != engine or not _fresh(snap.time, max_age_s, now):
+            continue
+        if snap.stage not in found or found[snap.stage].time < snap.time:
+            found[snap.stage] = snap
+    return found
+
+
+def read_engine_snapshot(
+    engine: int = 0,
+    directory: Path | None = None,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+    now: float | None = None,
+) -> EngineSnapshot | None:
+    """The fresh snapshot of ``engine``, or None where it is missing, unreadable or stale."""
+    directory = metrics_dir() if directory is None else Path(directory)
+    snap = read_snapshot(directory / f"engine-{engine}.json", EngineSnapshot)
+    if snap is None or snap.engine != engine or not _fresh(snap.time, max_age_s, now):
+        return None
+    return snap

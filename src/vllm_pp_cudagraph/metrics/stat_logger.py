@@ -1,0 +1,317 @@
+"""vLLM stat-logger plugin (``vllm.stat_logger_plugins``: ``pp_cudagraph``): pipeline metrics.
+
+In the API server it reads the stages' and engine cores' snapshot files at most once a
+second, exports them as ``vllm_pp_cudagraph:*`` Prometheus series, and logs one line.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from vllm_pp_cudagraph.metrics.snapshots import (
+    DEFAULT_MAX_AGE_S,
+    EngineSnapshot,
+    StageSnapshot,
+    metrics_dir,
+    read_engine_snapshot,
+    read_stage_snapshots,
+)
+from vllm_pp_cudagraph.plugin import is_enabled
+
+logger = init_logger("vllm.pp_cudagraph.metrics")
+
+PREFIX = "vllm_pp_cudagraph:"
+REFRESH_INTERVAL_S = 1.0
+_STAGE = ["engine", "stage"]
+
+#: Per-stage gauges: name -> (help, value from the snapshot; None leaves the sample out).
+STAGE_GAUGES: dict[str, tuple[str, Callable[[StageSnapshot], float | None]]] = {
+    "stage_busy_ratio": ("Fraction of the window the stage's GPU ran its steps.",
+                         lambda s: s.busy_fraction),
+    "stage_wait_ratio": ("Fraction of the window the stage's GPU waited for the previous "
+                         "stage's tensors (pipeline bubble).", lambda s: s.wait_fraction),
+    "stage_step_seconds": ("Mean GPU time of one step of the stage, in seconds.",
+                           lambda s: s.step_ms / 1e3),
+    "stage_handoff_seconds": ("Mean time per step sending and receiving intermediate "
+                              "tensors, in seconds.", lambda s: s.handoff_ms / 1e3),
+    "stage_predicted_step_seconds": (
+        "Predicted decode-step time of the stage at the window's mean batch size, in seconds.",
+        lambda s: None if s.predicted_step_ms is None else s.predicted_step_ms / 1e3),
+    "stage_layers": ("Decoder layers on the stage.", lambda s: s.layers),
+}
+#: Per-stage counters: name (without ``_total``) -> (help, cumulative snapshot field).
+STAGE_COUNTERS: dict[str, tuple[str, str]] = {
+    "stage_handoff_bytes": ("Bytes of intermediate tensors the stage sent and received.",
+                            "handoff_bytes_total"),
+    "stage_graph_steps": ("Steps the stage replayed from a CUDA graph.", "graph_steps_total"),
+    "stage_eager_steps": ("Steps the stage ran eagerly.", "eager_steps_total"),
+}
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """What one engine's pipeline reported at the last refresh; counters already monotonic."""
+
+    engine: int
+    pp_size: int
+    stages: Mapping[int, StageSnapshot] = field(default_factory=dict)
+    engine_snapshot: EngineSnapshot | None = None
+    #: (snapshot counter field, stage) -> total, for every stage ever seen.
+    stage_totals: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    switches_total: int | None = None
+    #: Every (cadence, asked cadence) pair reported so far, in order.
+    cadences: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def has_reports(self) -> bool:
+        return bool(self.stages) or self.engine_snapshot is not None
+
+
+def metric_families(views: Iterable[PipelineView]) -> list[Metric]:
+    """The Prometheus families for ``views``; every family, even without samples."""
+    views = list(views)
+    families: list[Metric] = []
+    for name, (doc, value_of) in STAGE_GAUGES.items():
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=_STAGE)
+        for view in views:
+            for stage, snap in sorted(view.stages.items()):
+                value = value_of(snap)
+                if value is not None:
+                    family.add_metric([str(view.engine), str(stage)], value)
+        families.append(family)
+    reporting = GaugeMetricFamily(
+        PREFIX + "stage_reporting",
+        "1 while the stage's snapshot is fresh, 0 for an expected stage that went silent.",
+        labels=_STAGE)
+    for view in views:
+        for stage in range(view.pp_size):
+            reporting.add_metric([str(view.engine), str(stage)], int(stage in view.stages))
+    families.append(reporting)
+    for name, (doc, total_field) in STAGE_COUNTERS.items():
+        family = CounterMetricFamily(PREFIX + name, doc, labels=_STAGE)
+        for view in views:
+            for (key, stage), total in sorted(view.stage_totals.items()):
+                if key == total_field:
+                    family.add_metric([str(view.engine), str(stage)], total)
+        families.append(family)
+    families.extend(_engine_families(views))
+    return families
+
+
+def _engine_families(views: list[PipelineView]) -> list[Metric]:
+    groups = GaugeMetricFamily(PREFIX + "decode_group_size",
+                               "Running decode requests in each decode group, last step.",
+                               labels=["engine", "group"])
+    running = GaugeMetricFamily(PREFIX + "running_requests",
+                                "Running requests in the engine's last scheduled step.",
+                                labels=["engine"])
+    cadence = GaugeMetricFamily(PREFIX + "cadence",
+                                "1 for the decode cadence in effect, 0 for those before.",
+                                labels=["engine", "cadence", "asked"])
+    switches = CounterMetricFamily(PREFIX + "cadence_switches",
+                                   "Switches of the decode cadence.", labels=["engine"])
+    for view in views:
+        engine, snap = str(view.engine), view.engine_snapshot
+        if snap is not None:
+            for group, size in enumerate(snap.group_sizes):
+                groups.add_metric([engine, str(group)], size)
+            running.add_metric([engine], snap.running_reqs)
+        current = None if snap is None else (snap.cadence, snap.asked_cadence)
+        for pair in view.cadences:
+            cadence.add_metric([engine, *pair], int(pair == current))
+        if view.switches_total is not None:
+            switches.add_metric([engine], view.switches_total)
+    return [groups, running, cadence, switches]
+
+
+def _sample_names(family: Metric) -> str:
+    return family.name + "_total" if family.type == "counter" else family.name
+
+
+#: Every series name the logger exposes, as written in the exposition text.
+METRIC_NAMES: tuple[str, ...] = tuple(_sample_names(f) for f in metric_families(()))
+
+
+def format_log_line(view: PipelineView) -> str | None:
+    """The one-line summary of ``view``, or None where nothing has reported."""
+    if not view.has_reports:
+        return None
+    parts = []
+    for stage in range(max(view.pp_size, max(view.stages, default=-1) + 1)):
+        snap = view.stages.get(stage)
+        parts.append(f"stage {stage} silent" if snap is None else
+                     f"stage {stage} busy {snap.busy_fraction:.0%}, waits {snap.wait_fraction:.0%}")
+    if view.stages:
+        handoff = sum(s.handoff_ms for s in view.stages.values()) / len(view.stages)
+        parts.append(f"hand-off {handoff:.2f} ms/step")
+    snap = view.engine_snapshot
+    if snap is not None:
+        switches = snap.cadence_switches_total
+        parts.append(
+            f"cadence {snap.cadence} (asked {snap.asked_cadence}, {switches} "
+            f"switch{'' if switches == 1 else 'es'}), "
+            f"groups {'/'.join(map(str, snap.group_sizes)) or '-'}")
+    graphs = sum(s.graph_steps_total for s in view.stages.values())
+    steps = graphs + sum(s.eager_steps_total for s in view.stages.values())
+    if steps:
+        parts.append(f"graphs {100 * graphs / steps:.1f}% of steps")
+    return "Pipeline: " + "; ".join(parts)
+
+
+class _MonotonicTotal:
+    """A cumulative count that survives the writer restarting from zero."""
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.last: int | None = None
+
+    def observe(self, raw: int) -> int:
+        if self.last is not None and raw < self.last:
+            self.base += self.last
+        self.last = raw
+        return self.base + raw
+
+
+class _PipelineCollector(Collector):
+    """Yields the families of every engine's latest view at scrape time.
+
+    Rather than Gauge/Counter objects: counters come straight from the snapshots' cumulative
+    values, and a stage that stops reporting leaves the scrape instead of freezing there.
+    """
+
+    def __init__(self) -> None:
+        self.loggers: dict[int, PipelineStatLogger] = {}
+
+    def collect(self) -> list[Metric]:
+        loggers = list(self.loggers.values())
+        for stat_logger in loggers:
+            stat_logger.maybe_refresh()
+        return metric_families(stat_logger.view for stat_logger in loggers)
+
+    def describe(self) -> list[Metric]:
+        return metric_families(())
+
+
+_collectors: weakref.WeakKeyDictionary[CollectorRegistry, _PipelineCollector] = (
+    weakref.WeakKeyDictionary())
+_registration_lock = threading.Lock()
+_logged_once: set[str] = set()
+
+
+def _log_once(key: str, message: str, *args: object) -> None:
+    if key not in _logged_once:
+        _logged_once.add(key)
+        logger.info(message, *args)
+
+
+def _default_registry() -> CollectorRegistry | None:
+    """vLLM's registry, or None where /metrics carries only multiprocess files."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    try:
+        from vllm.v1.metrics.prometheus import get_prometheus_registry
+    except ImportError:
+        return REGISTRY
+    return get_prometheus_registry()
+
+
+def _collector(registry: CollectorRegistry) -> _PipelineCollector:
+    with _registration_lock:
+        if registry not in _collectors:
+            collector = _PipelineCollector()
+            registry.register(collector)
+            _collectors[registry] = collector
+        return _collectors[registry]
+
+
+class PipelineStatLogger(StatLoggerBase):
+    """Exports one engine's per-stage pipeline metrics to Prometheus and vLLM's stats log.
+
+    vLLM makes one per engine (data-parallel rank); they share one collector per registry.
+    Inert unless ``VLLM_PLUGINS`` names the plugin (vLLM loads every installed stat logger
+    where ``VLLM_PLUGINS`` is unset).
+    """
+
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0, *,
+                 registry: CollectorRegistry | None = None, directory: Path | None = None,
+                 max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
+        parallel = vllm_config.parallel_config
+        self.engine_index = engine_index
+        self.max_age_s = max_age_s
+        self.view = PipelineView(engine=engine_index, pp_size=parallel.pipeline_parallel_size)
+        self._prefix = f"Engine {engine_index:03d}: " if parallel.data_parallel_size > 1 else ""
+        self._totals: dict[tuple[str, int | None], _MonotonicTotal] = {}
+        self._cadences: dict[tuple[str, str], None] = {}
+        self._lock = threading.Lock()
+        self._next_refresh = 0.0
+        self.active = is_enabled()
+        if not self.active:
+            return
+        self.directory = metrics_dir() if directory is None else Path(directory)
+        registry = _default_registry() if registry is None else registry
+        if registry is None:
+            _log_once("multiproc", "Pipeline metrics: with several API servers the "
+                      "vllm_pp_cudagraph:* series are not exported at /metrics; the stats "
+                      "log line still shows them.")
+        else:
+            _collector(registry).loggers[engine_index] = self
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any,
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        self.maybe_refresh()
+
+    def maybe_refresh(self) -> None:
+        """Re-read the snapshots where the last read is a second old or more."""
+        if self.active and time.monotonic() >= self._next_refresh:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Re-read the snapshots now."""
+        with self._lock:
+            self._next_refresh = time.monotonic() + REFRESH_INTERVAL_S
+            stages = read_stage_snapshots(self.engine_index, self.directory, self.max_age_s)
+            snap = read_engine_snapshot(self.engine_index, self.directory, self.max_age_s)
+            self.view = self._next_view(stages, snap)
+
+    def _total(self, key: str, stage: int | None, raw: int) -> int:
+        return self._totals.setdefault((key, stage), _MonotonicTotal()).observe(raw)
+
+    def _next_view(self, stages: dict[int, StageSnapshot],
+                   snap: EngineSnapshot | None) -> PipelineView:
+        totals = dict(self.view.stage_totals)
+        for stage, stage_snap in stages.items():
+            for _, key in STAGE_COUNTERS.values():
+                totals[key, stage] = self._total(key, stage, getattr(stage_snap, key))
+        switches = self.view.switches_total
+        pp_size = max([self.view.pp_size, *(s.pp_size for s in stages.values())])
+        if snap is not None:
+            switches = self._total("cadence_switches_total", None, snap.cadence_switches_total)
+            self._cadences[snap.cadence, snap.asked_cadence] = None
+            pp_size = max(pp_size, snap.pp_size)
+        return PipelineView(engine=self.engine_index, pp_size=pp_size, stages=stages,
+                            engine_snapshot=snap, stage_totals=totals,
+                            switches_total=switches, cadences=tuple(self._cadences))
+
+    def log(self) -> None:
+        self.maybe_refresh()
+        line = format_log_line(self.view)
+        if line is not None:
+            logger.info("%s%s", self._prefix, line)
+
+    def log_engine_initialized(self) -> None:
+        if self.active:
+            _log_once("dir", "Pipeline metrics: reading stage snapshots from %s", self.directory)
