@@ -90,6 +90,9 @@
 #                A stream's pytest arguments may name --graph-modes=MODE,... first: its
 #                layout tests then run only those graph modes
 #                (both: KIT_TESTS="NODE_ID ..." runs only those tests, in that order)
+#                (KIT_LAYOUT_GPUS: the GPU of each run, "0 0 0 0" unless set)
+#   metrics-cost PP=2, 2 GPUs, --workload engine, 0.6B shape: the plugin with its
+#                per-stage metrics and without (VLLM_PP_CUDAGRAPH_METRICS=0), both orders
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95, both
 #                stages on GPU 0 (the shim fixes each stage's KV cache, so this shows the
 #                start, the serving and each stage's graph memory, not the KV sizing)
@@ -127,7 +130,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray gpu-tests shared-gpu-tests shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray gpu-tests shared-gpu-tests shared-layouts metrics-cost"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -288,6 +291,15 @@ step_scoreboard-ray() {
   return $rc
 }
 
+# What the per-stage metrics cost: the plugin with and without them, in both orders, the
+# 0.6B shape (launch-bound, where the cost shows most), a GPU per stage.
+step_metrics-cost() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-0.6b --weights dummy \
+    --prompts 128 --input-len 2 --output-len 512 --max-num-seqs 128 --repeat 3 \
+    --timeout 300 --deadline 600 --out "$RES/metrics-cost-0.6b" \
+    --modes plugin:$FAP,plugin-no-metrics:$FAP,plugin-no-metrics:$FAP,plugin:$FAP
+}
+
 step_direct() {
   local rc=0
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload batch --model qwen3-0.6b --weights random \
@@ -306,12 +318,12 @@ install_test_plugins() {
     --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
 }
 
-# Every rank on GPU 0 (shared_gpu/sitecustomize.py): for one-GPU machines. KIT_SHARED_GPU_STAGES
+# Every rank on GPU 0 (shared_gpu/sitecustomize.py; KIT_GPU names another): for one-GPU machines. KIT_SHARED_GPU_STAGES
 # (default 2) is the most ranks an engine may have (TP x PP). FlashInfer's sampler is off unless
 # set: its JIT build on first use, in the last stage only, can outlast the engine's start-up
 # time limit while the other stages wait for it.
 shared() {
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$here/shared_gpu:$site" \
+  CUDA_VISIBLE_DEVICES=${KIT_GPU:-0} PYTHONPATH="$here/shared_gpu:$site" \
     KIT_SHARED_GPU_STAGES=${KIT_SHARED_GPU_STAGES:-2} \
     VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0} "$@"
 }
@@ -383,11 +395,12 @@ step_shared-layouts() {
     "${KIT_LAYOUT_STREAM_3-$T[tp2xpp2] $B[TRITON_ATTN] $B[FLASH_ATTN] $T[pp4-light-last]}"
     "${KIT_LAYOUT_STREAM_4:-}")
   mkdir -p "$RES/gpu-tests"  # pytest makes --basetemp but not its parent
+  local gpus=(${KIT_LAYOUT_GPUS:-0 0 0 0})
   for i in 0 1 2 3; do
     [ -n "${streams[$i]}" ] || continue
     [ -d "$site-layouts-$i" ] || cp -a "$site" "$site-layouts-$i"
     # shellcheck disable=SC2086
-    (site="$site-layouts-$i" KIT_SHARED_GPU_STAGES=4 \
+    (site="$site-layouts-$i" KIT_SHARED_GPU_STAGES=4 KIT_GPU=${gpus[$i]:-0} \
       shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider \
       --basetemp "$RES/gpu-tests/layouts-$i" --junitxml "$RES/layouts-$i.xml" ${streams[$i]} \
       >"$RES/layouts-$i.txt" 2>&1) &

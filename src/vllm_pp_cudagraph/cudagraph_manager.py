@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
@@ -52,6 +53,14 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         self.stage = get_pp_group().rank_in_group
         #: Graph memory measured before KV-cache sizing, for the capture log line.
         self.estimated_bytes: int | None = None
+        #: Whether the last batch dispatched replays a graph (FULL or PIECEWISE).
+        self.last_replayed = False
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's choice of graph for a batch; the last one is kept for the stage's metrics."""
+        desc = super().dispatch(*args, **kwargs)
+        self.last_replayed = desc.cg_mode not in (None, CUDAGraphMode.NONE)
+        return desc
 
     def _init_candidates(self) -> None:
         super()._init_candidates()

@@ -9,6 +9,7 @@ says why both are safe."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,6 +18,7 @@ from vllm.v1.core.sched.interface import PauseState
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.metrics.engine_record import EngineRecord
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
 ScheduleFn = Callable[..., Any]
@@ -132,17 +134,13 @@ def changing_cadence(original: ScheduleFn, settings: PPCudaGraphSettings) -> Sch
     under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed every step."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        policy = self.__dict__.get("_pp_cudagraph_cadence")
-        if policy is None:
-            policy = self._pp_cudagraph_cadence = plan_engine(settings, self.vllm_config).cadence
-        if policy is DecodeCadence.VLLM:
+        state = self.__dict__.get("_pp_cudagraph")
+        if state is None:
+            state = self._pp_cudagraph = _SchedulerState.of(self, settings)
+        if state.cadence is DecodeCadence.VLLM:
             return original(self, *args, **kwargs)
-        chooser = None
-        if policy is DecodeCadence.AUTO:
-            chooser = self.__dict__.get("_pp_cudagraph_chooser")
-            if chooser is None:
-                chooser = self._pp_cudagraph_chooser = CadenceChooser(self.pp_size)
-            policy = chooser.cadence
+        chooser = state.chooser
+        policy = chooser.cadence if chooser is not None else state.cadence
         step = self.current_step + 1
         if policy is DecodeCadence.MERGE:
             merge_decode_groups(self.running, step)
@@ -153,7 +151,34 @@ def changing_cadence(original: ScheduleFn, settings: PPCudaGraphSettings) -> Sch
         output = original(self, *args, **kwargs)
         if chooser is not None:
             chooser.record_step(decode_tokens(output), sum(1 for r in self.running if is_decoding(r)))
+        if state.record is not None:
+            state.record.step(self.running, str(policy), chooser.switches if chooser else [])
         return output
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
     return schedule
+
+
+@dataclass
+class _SchedulerState:
+    """What the hook keeps per scheduler: its plan's cadence, the ``auto`` chooser, and
+    the engine's metrics record."""
+
+    cadence: DecodeCadence
+    chooser: CadenceChooser | None
+    record: EngineRecord | None
+
+    @classmethod
+    def of(cls, scheduler: Any, settings: PPCudaGraphSettings) -> _SchedulerState:
+        plan = plan_engine(settings, scheduler.vllm_config)
+        chooser = CadenceChooser(scheduler.pp_size) if plan.cadence is DecodeCadence.AUTO else None
+        record = None
+        if settings.metrics and plan.cadence is not DecodeCadence.VLLM:
+            parallel = scheduler.vllm_config.parallel_config
+            record = EngineRecord(
+                engine=getattr(parallel, "data_parallel_rank", 0), pp_size=scheduler.pp_size,
+                asked_cadence=str(plan.asked_cadence),
+                layer_split=(plan.layers or ()) if plan.split_decided else (),
+                split_reason=plan.partition.why if plan.split_decided else
+                "auto: each worker decides from its GPU's memory")
+        return cls(plan.cadence, chooser, record)

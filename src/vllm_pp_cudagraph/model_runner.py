@@ -17,6 +17,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 from vllm_pp_cudagraph import compat, graph_memory, layer_partition, stage_handoff, support
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
+from vllm_pp_cudagraph.metrics.stage_clock import StageClock
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages
@@ -118,6 +119,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _pending_input: stage_handoff.PendingStageInput | None = None
     direct_handoff: bool = False
     """Whether this stage passes intermediate tensors without per-step metadata."""
+    stage_clock: StageClock | None = None
+    """Times this stage's serving steps for the metrics (TP rank 0 of each stage)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device,
                  plan: EnginePlan | None = None):
@@ -165,6 +168,18 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         super().load_model(*args, **kwargs)
         if self.use_pp:
             self._check_stage_handoffs()
+            self._start_stage_clock()
+
+    def _start_stage_clock(self) -> None:
+        if not PPCudaGraphSettings.current().metrics or get_tp_group().rank_in_group != 0:
+            return
+        start, end = self.model_config.get_layers_start_end_indices(self.parallel_config)
+        stage_ms = self.plan.record()["predicted_stage_ms"]
+        self.stage_clock = StageClock(
+            stage=self.pp_stage, pp_size=self.parallel_config.pipeline_parallel_size,
+            tp_size=self.tp_size, layers=end - start,
+            predicted_step_ms=stage_ms[self.pp_stage] if stage_ms else None,
+            engine=getattr(self.parallel_config, "data_parallel_rank", 0))
 
     def _apply_layer_split(self) -> None:
         """Hand vLLM the plan's layer split before the model is built; stage 0 logs it
@@ -278,9 +293,18 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         *args,
         **kwargs,
     ):
+        clock = None if dummy_run else self.stage_clock
+        if clock is not None:
+            clock.step_started()
         with self._serving_step("execute_model", serving=not dummy_run):
-            return self._execute_step(scheduler_output, intermediate_tensors, dummy_run,
-                                      *args, **kwargs)
+            output = self._execute_step(scheduler_output, intermediate_tensors, dummy_run,
+                                        *args, **kwargs)
+        if clock is not None and isinstance(output, IntermediateTensors):
+            clock.step_ended(self._replayed(), sum(t.nbytes for t in output.tensors.values()))
+        return output
+
+    def _replayed(self) -> bool:
+        return bool(getattr(self.cudagraph_manager, "last_replayed", False))
 
     def _execute_step(self, scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs):
         self._pending_input = None if dummy_run else stage_handoff.pending_input(
@@ -311,7 +335,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def sample_tokens(self, *args, **kwargs):
         with self._serving_step("sample_tokens"):
-            return super().sample_tokens(*args, **kwargs)
+            output = super().sample_tokens(*args, **kwargs)
+        if self.stage_clock is not None and self.is_last_pp_rank:
+            self.stage_clock.step_ended(self._replayed())
+        return output
 
     def _serving_step(self, what: str, serving: bool = True) -> AbstractContextManager:
         """Under PP, a serving step that raises stops this worker (stage_failure.py)."""

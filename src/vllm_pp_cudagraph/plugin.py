@@ -122,6 +122,12 @@ def register() -> None:
     settings = PPCudaGraphSettings.current()
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()
+    if settings.metrics:
+        from vllm_pp_cudagraph.metrics.snapshots import ensure_metrics_dir
+
+        # Before the engine's processes start, so they inherit it, and before the
+        # env-names patch declares the plugin's variables to vLLM.
+        ensure_metrics_dir()
     applied = patches.apply_all(settings)
     _logger().info(
         "vllm-pp-cudagraph active in process %d: patched %s",

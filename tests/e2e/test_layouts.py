@@ -33,6 +33,7 @@ ALL_MODES = ("full_and_piecewise", "piecewise", "full_decode_only", "eager", "br
 LAYOUTS = {
     # no pipeline: the plugin enabled stands aside on every worker
     "pp1": (1, 1, None, ("full_and_piecewise", "eager")),
+    "pp2": (2, 1, None, ALL_MODES),
     "pp3": (3, 1, None, ALL_MODES),
     "pp3-light-last": (3, 1, "10,10,8", ALL_MODES),
     "pp4": (4, 1, None, ALL_MODES),

@@ -13,6 +13,7 @@ breaks (the first stage would embed a stale token, with no error anywhere).
 from __future__ import annotations
 
 import json
+import functools
 import random
 from collections import deque
 from pathlib import Path
@@ -467,7 +468,7 @@ def test_the_scheduler_runs_its_engines_planned_cadence(model_dir):
         for pp, expected in ((2, DecodeCadence.MERGE), (1, DecodeCadence.VLLM)):
             scheduler = make_scheduler(model_dir, pp=pp)
             scheduler.schedule()
-            assert scheduler._pp_cudagraph_cadence is expected
+            assert scheduler._pp_cudagraph.cadence is expected
     finally:
         undo()
 
@@ -575,18 +576,28 @@ RECORDED_WINNER = {("qwen3-0.6b", 64): "merge", ("qwen3-0.6b", 1024): "balance",
                       for shape in ("qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")}}
 
 
+def simulated_chooser(clock):
+    """``auto``'s chooser measures steps on the simulated pipeline's clock."""
+    from unittest import mock
+
+    from vllm_pp_cudagraph import decode_cadence
+
+    return mock.patch.object(decode_cadence, "CadenceChooser",
+                             functools.partial(CadenceChooser, clock=clock))
+
+
 def timed(model_dir: str, cadence: str, profile: dict, pp: int = 2) -> tuple[Run, PipelineClock, object]:
     """Eight requests of 240 tokens arriving at once, served on a simulated pipeline."""
     clock = PipelineClock(pp, **profile)
     scheduler = make_scheduler(model_dir, num_blocks=256, pp=pp)
-    chooser = scheduler._pp_cudagraph_chooser = CadenceChooser(pp, clock=clock)
     requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(240, 240))
     undo = _cadence(cadence)
     try:
-        run = serve(scheduler, requests, [0] * 8, clock=clock)
+        with simulated_chooser(clock):
+            run = serve(scheduler, requests, [0] * 8, clock=clock)
     finally:
         undo()
-    return run, clock, chooser
+    return run, clock, scheduler._pp_cudagraph.chooser
 
 
 @pytest.mark.parametrize("profile, wins, loses", [(HOST_BOUND, "merge", "balance"),
@@ -617,13 +628,13 @@ def served_arrivals(model_dir: str, cadence: str, profile: dict, pp: int) -> tup
     on a simulated pipeline; ``vllm`` is stock's cadence (no patch)."""
     clock = PipelineClock(pp, **profile)
     scheduler = make_scheduler(model_dir, num_blocks=1024, pp=pp, max_num_seqs=16)
-    scheduler._pp_cudagraph_chooser = CadenceChooser(pp, clock=clock)
     rng = random.Random(0)
     requests = make_requests(64, rng, prompt=(4, 30), output=(60, 200))
     arrivals = sorted(rng.randint(0, 600) for _ in requests)
     undo = _cadence(cadence) if cadence != "vllm" else (lambda: None)
     try:
-        run = serve(scheduler, requests, arrivals, clock=clock)
+        with simulated_chooser(clock):
+            run = serve(scheduler, requests, arrivals, clock=clock)
     finally:
         undo()
     return run, clock

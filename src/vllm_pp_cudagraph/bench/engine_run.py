@@ -77,6 +77,8 @@ RUNNERS: dict[str, dict[str, str]] = {
     # The plugin choosing the layer partition from the stages' predicted costs
     # (layer_partition.py); the split it used is the run's layer_partition_used.
     "plugin-auto-split": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_LAYER_PARTITION": "auto"},
+    # The plugin without its per-stage metrics: what measuring the stages costs.
+    "plugin-no-metrics": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_METRICS": "0"},
     # The plugin with vLLM's piecewise split at the KV-cache write.
     "plugin-kvsplit": {**_PLUGIN, "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS": "0"},
     # Both: the plugin's runner and graphs with vLLM's schedule and vLLM's split.
@@ -89,7 +91,7 @@ RUNNERS: dict[str, dict[str, str]] = {
 }
 
 #: Runners for the project's own checks, accepted by --modes but not listed in --help.
-INTERNAL_RUNNERS = frozenset({"plugin-cadence-kvsplit", "plugin-unproven"})
+INTERNAL_RUNNERS = frozenset({"plugin-cadence-kvsplit", "plugin-unproven", "plugin-no-metrics"})
 
 #: Runners that spread the model over all the GPUs by tensor parallelism, without stages.
 TENSOR_PARALLEL_RUNNERS = frozenset({"tp"})

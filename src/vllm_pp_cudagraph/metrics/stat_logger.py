@@ -42,12 +42,14 @@ _STAGE = ["engine", "stage"]
 STAGE_GAUGES: dict[str, tuple[str, Callable[[StageSnapshot], float | None]]] = {
     "stage_busy_ratio": ("Fraction of the window the stage's GPU ran its steps.",
                          lambda s: s.busy_fraction),
-    "stage_wait_ratio": ("Fraction of the window the stage's GPU waited for the previous "
-                         "stage's tensors (pipeline bubble).", lambda s: s.wait_fraction),
+    "stage_wait_ratio": ("Fraction of the window the stage's GPU sat idle between its "
+                         "steps (the pipeline bubble: on the stages after the first, mostly "
+                         "waiting for the previous stage's tensors).", lambda s: s.wait_fraction),
     "stage_step_seconds": ("Mean GPU time of one step of the stage, in seconds.",
                            lambda s: s.step_ms / 1e3),
-    "stage_handoff_seconds": ("Mean time per step sending and receiving intermediate "
-                              "tensors, in seconds.", lambda s: s.handoff_ms / 1e3),
+    "stage_handoff_seconds": ("Mean host time per step receiving intermediate tensors "
+                              "(direct hand-off only), in seconds.",
+                              lambda s: None if s.handoff_ms is None else s.handoff_ms / 1e3),
     "stage_predicted_step_seconds": (
         "Predicted decode-step time of the stage at the window's mean batch size, in seconds.",
         lambda s: None if s.predicted_step_ms is None else s.predicted_step_ms / 1e3),
@@ -155,9 +157,8 @@ def format_log_line(view: PipelineView) -> str | None:
         snap = view.stages.get(stage)
         parts.append(f"stage {stage} silent" if snap is None else
                      f"stage {stage} busy {snap.busy_fraction:.0%}, waits {snap.wait_fraction:.0%}")
-    if view.stages:
-        handoff = sum(s.handoff_ms for s in view.stages.values()) / len(view.stages)
-        parts.append(f"hand-off {handoff:.2f} ms/step")
+    if timed := [s.handoff_ms for s in view.stages.values() if s.handoff_ms is not None]:
+        parts.append(f"hand-off {sum(timed) / len(timed):.2f} ms/step")
     snap = view.engine_snapshot
     if snap is not None:
         switches = snap.cadence_switches_total

@@ -1,0 +1,54 @@
+"""One engine's cadence figures in its engine core: the cadence in effect, its switches and
+the decode groups, written as an :class:`EngineSnapshot` every few seconds by the
+scheduler hook."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_pp_cudagraph.metrics.snapshots import EngineSnapshot, write_snapshot
+from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
+
+
+def group_sizes(running: Iterable[Any], pp_size: int) -> tuple[int, ...]:
+    """Running requests per decode group: those that may decode at the same steps."""
+    sizes = [0] * pp_size
+    for request in running:
+        sizes[getattr(request, "next_decode_eligible_step", 0) % pp_size] += 1
+    return tuple(sizes)
+
+
+@dataclass
+class EngineRecord:
+    """Writes one engine's snapshot at most every ``interval_s`` seconds."""
+
+    engine: int
+    pp_size: int
+    asked_cadence: str
+    layer_split: tuple[int, ...]
+    split_reason: str
+    interval_s: float = INTERVAL_S
+    clock: Callable[[], float] = time.monotonic
+    write: Callable[[EngineSnapshot], object] = write_snapshot
+    _last: float | None = None
+
+    def step(self, running: list, cadence: str, switches: list) -> None:
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval_s:
+            return
+        self._last = now
+        self.write(EngineSnapshot(
+            engine=self.engine, time=time.time(), pp_size=self.pp_size, cadence=cadence,
+            asked_cadence=self.asked_cadence, cadence_switches_total=len(switches),
+            last_switch_reason=_reason(switches[-1]) if switches else None,
+            group_sizes=group_sizes(running, self.pp_size), running_reqs=len(running),
+            layer_split=self.layer_split, split_reason=self.split_reason))
+
+
+def _reason(switch: tuple) -> str:
+    step, adopted, interval, other, decoders = switch
+    return (f"step {step}: {adopted} at {1e3 * interval:.2f} ms per token against "
+            f"{1e3 * other:.2f}, {decoders:.0f} requests decoding")

@@ -1,0 +1,96 @@
+"""One pipeline stage's step timings in its worker: CUDA events recorded around each
+serving step and read once they have completed (a step or more later), so the step
+path never waits on the GPU; every few seconds a :class:`StageSnapshot` is written."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot, write_snapshot
+
+#: Seconds between two snapshots of a stage.
+INTERVAL_S = 5.0
+
+
+@dataclass
+class _Window:
+    start: float
+    steps: int = 0
+    busy_ms: float = 0.0
+    idle_ms: float = 0.0
+
+
+@dataclass
+class StageClock:
+    """Times one stage's serving steps (its TP rank 0 only; the others skip)."""
+
+    stage: int
+    pp_size: int
+    tp_size: int
+    layers: int
+    predicted_step_ms: float | None = None
+    engine: int = 0
+    interval_s: float = INTERVAL_S
+    clock: Callable[[], float] = time.monotonic
+    write: Callable[[StageSnapshot], object] = write_snapshot
+    event: Callable[[], torch.cuda.Event] = field(default=lambda: _event(), repr=False)
+    _pending: deque = field(default_factory=deque)
+    _open: torch.cuda.Event | None = None
+    _last_end: torch.cuda.Event | None = None
+    _window: _Window | None = None
+    handoff_bytes_total: int = 0
+    graph_steps_total: int = 0
+    eager_steps_total: int = 0
+
+    def step_started(self) -> None:
+        if self._open is None:
+            self._open = self.event()
+
+    def step_ended(self, graph: bool, handoff_bytes: int = 0) -> None:
+        if self._open is None:
+            return
+        self._pending.append((self._open, self.event()))
+        self._open = None
+        self.handoff_bytes_total += handoff_bytes
+        if graph:
+            self.graph_steps_total += 1
+        else:
+            self.eager_steps_total += 1
+        self._harvest()
+
+    def _harvest(self) -> None:
+        now = self.clock()
+        window = self._window = self._window or _Window(start=now)
+        while self._pending and self._pending[0][1].query():
+            start, end = self._pending.popleft()
+            window.steps += 1
+            window.busy_ms += start.elapsed_time(end)
+            if self._last_end is not None:
+                window.idle_ms += max(0.0, self._last_end.elapsed_time(start))
+            self._last_end = end
+        if now - window.start >= self.interval_s and window.steps:
+            self.write(self._snapshot(window, now))
+            self._window = _Window(start=now)
+
+    def _snapshot(self, window: _Window, now: float) -> StageSnapshot:
+        gpu_ms = window.busy_ms + window.idle_ms
+        return StageSnapshot(
+            stage=self.stage, pp_size=self.pp_size, tp_size=self.tp_size, engine=self.engine,
+            time=time.time(), window_s=now - window.start, steps=window.steps,
+            busy_fraction=window.busy_ms / gpu_ms if gpu_ms else 1.0,
+            wait_fraction=window.idle_ms / gpu_ms if gpu_ms else 0.0,
+            step_ms=window.busy_ms / window.steps, handoff_ms=None,
+            handoff_bytes_total=self.handoff_bytes_total,
+            graph_steps_total=self.graph_steps_total, eager_steps_total=self.eager_steps_total,
+            layers=self.layers, predicted_step_ms=self.predicted_step_ms)
+
+
+def _event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event

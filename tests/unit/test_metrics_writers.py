@@ -1,0 +1,107 @@
+"""The writers of the per-stage metrics: a stage's clock in its worker, the engine's
+record in its scheduler hook."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from _scheduler import make_scheduler
+
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.metrics import snapshots
+from vllm_pp_cudagraph.metrics.engine_record import group_sizes
+from vllm_pp_cudagraph.metrics.stage_clock import StageClock
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+
+class Request:
+    def __init__(self, eligible: int):
+        self.next_decode_eligible_step = eligible
+
+
+def test_group_sizes_count_every_running_request_once():
+    running = [Request(step) for step in (4, 6, 5, 8, 7, 3)]
+    assert group_sizes(running, 2) == (3, 3)
+    assert sum(group_sizes(running, 4)) == len(running)
+
+
+@pytest.mark.parametrize("cadence", ["balance", "merge"])
+def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, cadence):
+    from test_decode_cadence import make_requests, serve
+
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "metrics"))
+    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence=cadence))
+    try:
+        model = str(write_model_dir(tmp_path / "m", tokenizer=False))
+        scheduler = make_scheduler(model, num_blocks=64, pp=2)
+        serve(scheduler, make_requests(8, random.Random(1), output=(30, 30)), [0] * 8)
+    finally:
+        undo()
+    snap = snapshots.read_engine_snapshot(0)
+    assert snap is not None and snap.cadence == cadence and snap.pp_size == 2
+    assert snap.asked_cadence == cadence and sum(snap.group_sizes) == snap.running_reqs
+
+
+def test_without_metrics_the_hook_writes_nothing(tmp_path, monkeypatch):
+    from test_decode_cadence import make_requests, serve
+
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "metrics"))
+    settings = PPCudaGraphSettings(decode_cadence="merge", metrics=False)
+    undo = patches.apply_patch("decode-cadence", settings)
+    try:
+        model = str(write_model_dir(tmp_path / "m", tokenizer=False))
+        serve(make_scheduler(model, num_blocks=64, pp=2),
+              make_requests(4, random.Random(1), output=(10, 10)), [0] * 4)
+    finally:
+        undo()
+    assert snapshots.read_engine_snapshot(0) is None
+
+
+class GPUTimeline:
+    """Events on a simulated stream: each is recorded at the stream's time and completes
+    once the stream has passed it (``done`` moves that point)."""
+
+    def __init__(self):
+        self.now_ms = 0.0
+        self.done_ms = 0.0
+
+    def event(self):
+        timeline, at = self, self.now_ms
+
+        class Event:
+            time_ms = at
+
+            def query(self):
+                return timeline.done_ms >= self.time_ms
+
+            def elapsed_time(self, other):
+                return other.time_ms - self.time_ms
+
+        return Event()
+
+
+def test_a_stage_clock_reads_its_events_only_once_done_and_reports_busy_and_bubble():
+    gpu, written, now = GPUTimeline(), [], [0.0]
+    clock = StageClock(stage=1, pp_size=2, tp_size=1, layers=14, predicted_step_ms=3.0,
+                       interval_s=1.0, clock=lambda: now[0], write=written.append,
+                       event=gpu.event)
+    for step in range(10):  # 3 ms of work, then 1 ms idle waiting for stage 0
+        clock.step_started()
+        gpu.now_ms += 3.0
+        clock.step_ended(graph=step > 0, handoff_bytes=1024)
+        gpu.now_ms += 1.0
+        gpu.done_ms = gpu.now_ms - 4.0  # the stream runs a step behind the host
+        now[0] += 0.2
+    assert len(written) == 1
+    snap = written[0]
+    assert snap.stage == 1 and snap.layers == 14 and snap.predicted_step_ms == 3.0
+    assert snap.steps < 10  # the last steps were still running on the GPU
+    assert snap.step_ms == pytest.approx(3.0)
+    assert snap.busy_fraction == pytest.approx(0.75, abs=0.06)  # n steps, n - 1 gaps
+    assert snap.busy_fraction + snap.wait_fraction == pytest.approx(1.0)
+    ended = snap.graph_steps_total + snap.eager_steps_total  # totals when it was written
+    assert ended >= snap.steps and snap.eager_steps_total == 1
+    assert snap.handoff_bytes_total == ended * 1024
+    assert (clock.graph_steps_total, clock.eager_steps_total) == (9, 1)
