@@ -296,7 +296,7 @@ step_scoreboard-ray() {
 step_metrics-cost() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-0.6b --weights dummy \
     --prompts 128 --input-len 2 --output-len 512 --max-num-seqs 128 --repeat 3 \
-    --timeout 300 --deadline 600 --out "$RES/metrics-cost-0.6b" \
+    --timeout 300 --deadline 420 --out "$RES/metrics-cost-0.6b" \
     --modes plugin:$FAP,plugin-no-metrics:$FAP,plugin-no-metrics:$FAP,plugin:$FAP
 }
 
