@@ -34,10 +34,10 @@ async def scrape_under_load(base_url: str, model_dir: str, out: Path) -> dict:
     from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
 
     bench = await asyncio.create_subprocess_exec(
-        *vllm_bench_serve_command(base_url, model_dir, concurrency=64, num_prompts=1024,
+        *vllm_bench_serve_command(base_url, model_dir, concurrency=64, num_prompts=512,
                                   input_len=64, output_len=256, result_dir=out,
                                   result_name="bench-serve.json"),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        stdout=(out / "bench-serve.log").open("w"), stderr=asyncio.subprocess.STDOUT)
     busy = []
     async with aiohttp.ClientSession() as session:
         while bench.returncode is None:
@@ -56,10 +56,14 @@ async def scrape_under_load(base_url: str, model_dir: str, out: Path) -> dict:
             "bench_rc": bench.returncode}
 
 
-def test_serve_reports_every_stage_in_metrics_and_the_log(tmp_path, random_model):
+def test_serve_reports_every_stage_in_metrics_and_the_log(tmp_path):
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
     from vllm_pp_cudagraph.bench.engine_run import RunSpec
     from vllm_pp_cudagraph.bench.serve_run import serve_and_call
 
+    # vllm bench serve tokenizes its random prompts: this model has a tokenizer.
+    random_model = write_model_dir(tmp_path / "model", "qwen3-0.6b", tokenizer=True,
+                                   weights=True)
     spec = RunSpec(runner="plugin", mode="full_and_piecewise", pp=2, workload="serve",
                    max_num_seqs=64, extra_env={"VLLM_LOG_STATS_INTERVAL": "5"})
     log = tmp_path / "serve.log"
