@@ -75,3 +75,18 @@ def test_the_sync_scheduler_keeps_vllms_cadence(engine, monkeypatch):
     monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
                         lambda self: Scheduler)
     assert plan_engine(settings(), config).cadence is DecodeCadence.VLLM
+
+
+def test_a_known_failure_is_judged_on_the_split_the_engine_will_use(engine, monkeypatch):
+    """An EAGLE-1 draft clashes with the last stage's layer names under vLLM's 14/14 on
+    0.33; a split the plan chose (here 15/13, the last stage lighter) does not, though
+    vLLM's variable is not set yet when the plan is made."""
+    from vllm_pp_cudagraph import layer_partition, support
+
+    monkeypatch.setitem(support.EAGLE_DRAFT_NAME_CLASH, support.release_line(), "it fails")
+    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
+    allowed = settings(allow_unproven=True)
+    assert "model.layers.14" in plan_engine(allowed, engine(speculative="eagle")).refusal
+    chosen = layer_partition.Decision("auto", "auto picks 15,13", (15, 13))
+    monkeypatch.setattr(layer_partition, "decide_for", lambda *args, **kwargs: chosen)
+    assert plan_engine(allowed, engine(speculative="eagle")).refusal is None
