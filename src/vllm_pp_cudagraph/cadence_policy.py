@@ -1,37 +1,7 @@
 """Choose the PP decode cadence by measurement (``VLLM_PP_CUDAGRAPH_DECODE_CADENCE=auto``).
 
-Two schedules keep a pipeline busy, each in its own regime:
-
-* ``merge``: every running request decodes at every step. A first stage then
-  waits for the last stage's tokens of the step before, so the stages never
-  run at the same time, but each step carries every request. It wins when a
-  step costs mostly host time (engine round trip, metadata, launches): small
-  models, short contexts, CUDA graphs.
-* ``balance``: the running requests take turns in ``pp_size`` groups of even
-  size, so while one group runs on the last stage the next runs on the first.
-  It wins when a step costs mostly GPU time: the models PP exists for.
-
-Which one keeps the pipeline busier depends on the model, the machine, the
-batch and the context length, and changes as requests come and go. So
-:class:`CadenceChooser` measures, in the engine core where the schedule is
-made, what matters to a request: the wall time it waits per token, i.e. the
-time between scheduler steps times the decoding requests, over the decode
-tokens those steps scheduled. It measures the cadence in use over windows of
-steps, then tries the other one for a window; it switches only if the other
-is better by ``margin`` than the median of the incumbent's last windows at
-about the same load, and tries again later, sooner when the number of
-decoding requests has moved a lot, less and less often while the incumbent
-keeps winning. Under serving traffic some windows carry a burst of prefill
-(arrivals, resumed preemptions) that slows whatever cadence is in use: the
-median keeps one such window from deciding, and after the load moves the
-incumbent is measured afresh before the other is tried. A trial that beats the
-incumbent's windows before it must also beat the incumbent's window after it: the
-arrivals that moved the load may slow the incumbent's next windows too, and by the
-window after the trial that burst has passed (or it slowed the trial as well). The
-steps right after a switch, while the groups re-form, are not measured. Nothing
-here changes what a step computes: the cadence only moves when a request decodes
-(decode_cadence.py).
-"""
+:class:`CadenceChooser` times ``merge`` and ``balance`` in the engine core, per token a
+request waits, and keeps the faster; docs/architecture.md and docs/performance.md say why."""
 
 from __future__ import annotations
 
@@ -47,8 +17,7 @@ from vllm_pp_cudagraph.settings import DecodeCadence
 
 logger = init_logger("vllm.pp_cudagraph.cadence")
 
-#: Two windows saw about the same load when their decoding requests differ by at most
-#: this share of the reference's.
+#: Windows saw about the same load when their decoding requests differ by at most this share.
 SIMILAR_LOAD = 0.25
 
 #: The cadences ``auto`` chooses between.
@@ -84,17 +53,8 @@ class _Window:
         return self.decoders / self.steps if self.steps else 0.0
 
     def token_interval(self, now: float) -> float | None:
-        """Seconds a decoding request waited per token, or None if the window says nothing.
-
-        Nothing when no token was decoded, or when one gap between steps is
-        most of the window and several times its median step (the engine was
-        idle, not slow; in a window of two steps, as in a trial's first round at
-        PP=2, one gap is always most of it). The window's time is its median gap
-        between steps times its steps: a step slowed by a burst of prefill, which
-        any cadence would have carried, does not decide against the cadence in
-        use. (Uneven groups still count: their steps alternate, and the median of
-        alternating gaps is their mean.)
-        """
+        """Seconds a decoding request waited per token (from the median gap between steps),
+        or None where no token was decoded or the engine was idle."""
         gaps = [*self.gaps, now - self.last]
         elapsed = now - self.start
         step = statistics.median(gaps)
@@ -105,12 +65,8 @@ class _Window:
 
 
 class CadenceChooser:
-    """Picks ``merge`` or ``balance`` for one scheduler from measured step times.
-
-    Call :meth:`record_step` once per ``schedule()`` with the decode tokens that
-    step scheduled and the requests decoding at the time; :attr:`cadence` is
-    the cadence for the next step.
-    """
+    """Picks ``merge`` or ``balance`` for one scheduler: feed :meth:`record_step` once per
+    ``schedule()``; :attr:`cadence` is the cadence for the next step."""
 
     def __init__(
         self,
@@ -133,8 +89,7 @@ class CadenceChooser:
         self.longest_gap = longest_gap
         self.regroup = regroup
         self.clock = clock
-        # Balance first: it only delays decodes, as close to vLLM's own schedule
-        # as the choices come.
+        # Balance first: it only delays decodes, the closest choice to vLLM's schedule.
         self.cadence = DecodeCadence.BALANCE
         #: Windows of the incumbent to measure before trying the other cadence again.
         self.gap = first_gap
@@ -142,14 +97,12 @@ class CadenceChooser:
         self._settle = 0
         self._window: _Window | None = None
         self._exploring = False
-        #: A trial that beat the incumbent's windows before it, (token interval,
-        #: decoding requests), until the incumbent's window after it confirms it.
+        #: A winning trial (token interval, decoding requests) awaiting confirmation.
         self._candidate: tuple[float, float] | None = None
         #: The incumbent's last windows (token interval, decoding requests), newest last.
         self._recent: deque[tuple[float, float]] = deque(maxlen=recent)
         self._decided_decoders = 0.0
-        #: Every adopted switch, newest last: (step, cadence adopted, its token
-        #: interval, the other's, decoding requests).
+        #: Adopted switches: (step, cadence, its token interval, the other's, decoding requests).
         self.switches: list[tuple[int, DecodeCadence, float, float, float]] = []
         self._steps = 0
 
@@ -190,9 +143,7 @@ class CadenceChooser:
             reference = self._reference()
             comparable = reference is not None and _similar_load(decoders, reference[1])
             if comparable and interval < reference[0] * (1 - self.margin):
-                # Measure the incumbent once more, after the trial, before adopting it: a
-                # burst of prefill that slowed the incumbent's windows before the trial
-                # has passed by then, or it slows the trial as well.
+                # Adopt only once the incumbent's window after the trial confirms it.
                 self._exploring = False
                 self._candidate = (interval, decoders)
                 self._switch(self.other)
@@ -213,8 +164,7 @@ class CadenceChooser:
                 return
         moved = not _similar_load(decoders, self._decided_decoders, share=self.regroup)
         if moved and decoders >= self.pp_size:
-            # The load changed within this window, bursts of prefill and all: measure
-            # the incumbent a window at the new load before trying the other cadence.
+            # The load moved: measure the incumbent at the new load before another trial.
             self._recent.clear()
             self._decided_decoders = decoders
             self.gap = self.first_gap

@@ -1,17 +1,4 @@
-"""Refuse pipeline communication while CUDA graphs are being captured.
-
-Capture is local to each rank. A send, receive, broadcast or barrier recorded
-into a graph is replayed later without its peer (vLLM issue #51887: a captured
-gloo receive hangs the first decode), so any such call during capture is a bug
-and must fail at capture time, loudly, instead of hanging in production.
-
-While the guard is active, the pipeline group's own transfer methods always
-raise, and torch.distributed's point-to-point / broadcast / object functions
-raise when they target a pipeline process group or when a CUDA stream is
-being captured. Tensor-parallel traffic outside stream capture (custom
-all-reduce registers its graph buffers with a broadcast when capture ends)
-and graph-safe collectives inside the model (all-reduce, all-gather) pass.
-"""
+"""Refuse pipeline communication while CUDA graphs are being captured (vLLM issue #51887)."""
 
 from __future__ import annotations
 
@@ -24,8 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: torch.distributed functions that pipeline stages and their helpers use
-#: (point-to-point, broadcast, object exchange, barriers).
+#: torch.distributed's point-to-point, broadcast, object and barrier functions.
 GUARDED_TORCH_FUNCTIONS = (
     "send",
     "recv",
@@ -106,12 +92,8 @@ def _guarded(
 
 @contextlib.contextmanager
 def forbid_pipeline_communication(groups: tuple[object, ...] = ()) -> Iterator[None]:
-    """While active (on this thread), the guarded calls raise.
-
-    ``groups`` are GroupCoordinator instances (the pipeline group) whose
-    methods are wrapped for the duration; torch.distributed's functions are
-    wrapped too. Everything is restored on exit.
-    """
+    """While active (on this thread), guarded calls raise :class:`CapturedCommunicationError`;
+    ``groups`` are the GroupCoordinators (the pipeline group) whose methods are guarded."""
     restore: list[tuple[object, str, Any, bool]] = []
 
     def wrap(owner: object, attr: str, label: str, process_groups) -> None:

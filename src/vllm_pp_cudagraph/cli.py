@@ -66,12 +66,8 @@ def _gpu_count() -> int | None:
 
 @contextlib.contextmanager
 def _output_held_back(held: list[str]) -> Iterator[None]:
-    """Hold back what imports print (vLLM's log, torch's warnings) until the report is out.
-
-    vLLM logs to stdout and torch's C++ code writes to file descriptor 2, so
-    both descriptors are pointed at one temporary file; its text is appended
-    to ``held``.
-    """
+    """Hold back what imports print (vLLM's log, torch's warnings) until the report is out:
+    file descriptors 1 and 2 go to a temporary file whose text is appended to ``held``."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -124,14 +120,8 @@ class EngineShape:
 
 
 def check(out=None, engine: EngineShape | None = None, full: bool = False) -> int:
-    """Report whether this install can run the plugin; return the exit status.
-
-    The status is that of the first problem found, in this order: the vLLM
-    version, an install that does not import, settings, no GPU visible
-    (``exit_status``). With ``engine``, also which layer partition that engine
-    would use, and why. ``full`` also imports vLLM's model-runner stack and
-    lists the patches (slow); what those imports print comes after the report.
-    """
+    """Report whether this install can run the plugin; return the first problem's status.
+    ``engine``: also its layer partition; ``full``: also vLLM's imports and the patches."""
     report = _Report(out or sys.stdout)
     settings = settings_error = None
     try:

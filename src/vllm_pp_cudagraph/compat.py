@@ -1,21 +1,7 @@
 """The vLLM surface this plugin relies on, and how it differs between releases.
 
-Two things live here. :data:`SURFACE` lists the vLLM names the package
-relies on: every name it imports from vLLM (a CPU test walks the source and
-fails on an import missing here) and the attributes it reads or overrides on
-vLLM's objects, private ones included. :func:`missing_surface` checks an
-installed vLLM against it, and a CPU test fails naming whatever is missing.
-The probes below absorb the differences between releases: the module paths
-the plugin patches, private attributes that moved, calls that changed shape.
-Differences are found by probing the installed vLLM (a parameter, an
-attribute, how a decorator behaves) rather than by comparing version numbers,
-so a back-port or a release candidate is handled by what it contains.
-
-Plain imports of vLLM names stay in the modules that use them; only their
-listing is here. The rest of the package asks this module, never
-``vllm.__version__``, which release it runs on. On a vLLM upgrade, the surface
-test and the repository's release matrix are where to look.
-"""
+:data:`SURFACE` lists the vLLM names the package uses (:func:`missing_surface` checks
+them); the probes tell releases apart by what they contain, never by version number."""
 
 from __future__ import annotations
 
@@ -67,14 +53,8 @@ LAYER_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 
 @dataclass(frozen=True)
 class Needed:
-    """One vLLM class or function the plugin relies on, and what of it.
-
-    ``members`` must be attributes of the object itself (methods, class
-    attributes, properties); ``instance_attrs`` are assigned in ``__init__``
-    (of the class or a base) and are found in its source. ``used_where`` names
-    a probe in this module for names only a patch that stands aside on newer
-    releases reads: where the probe says False, vLLM may lack them.
-    """
+    """One vLLM class or function the plugin relies on, and what of it: ``members`` of the
+    object, ``instance_attrs`` assigned in its source, ``used_where`` a probe excusing them."""
 
     module: str
     name: str
@@ -144,17 +124,14 @@ SURFACE: tuple[Needed, ...] = (
     # The table of VLLM_* variables vLLM knows; the env-names patch adds the plugin's.
     Needed("vllm", "envs"),
     Needed("vllm.envs", "environment_variables"),
-    # The layer partition (layer_partition.py): vLLM reads it through vllm.envs, whose
-    # module __getattr__ becomes a cache once enable_envs_cache has run.
+    # The layer partition: read through vllm.envs, whose __getattr__ enable_envs_cache caches.
     Needed("vllm.envs", "__getattr__"),
     Needed("vllm.distributed.utils", "get_pp_indices"),
     Needed("vllm.config", "ModelConfig",
            members=("get_total_num_hidden_layers", "get_layers_start_end_indices"),
            instance_attrs=("hf_text_config", "dtype", "quantization")),
     Needed("vllm.config", "ParallelConfig", instance_attrs=("pipeline_parallel_size",)),
-    # Its KV-capacity rule: the batch sizes, and the memory the engine gives the KV cache.
-    # At profiling, MRV2's sampler computes logits for one token per dummy request,
-    # min(max_num_batched_tokens, max_num_seqs) of them (GPUModelRunner.profile_run).
+    # The layer partition's KV-capacity rule: batch sizes and the KV cache's memory.
     Needed("vllm.config", "SchedulerConfig",
            instance_attrs=("max_num_seqs", "max_num_batched_tokens")),
     Needed("vllm.config", "CacheConfig",
@@ -258,12 +235,8 @@ class VersionInfo:
 
 
 def parse_release(version: str) -> tuple[int, int, int] | None:
-    """``'0.26.0'``, ``'0.26.1.dev3+gabc'`` -> ``(0, 26, 0)`` / ``(0, 26, 1)``.
-
-    Pre-releases of the lower bound (``0.26.0rc1``) count as that release:
-    the plugin is tested against the final one, and users who run a
-    release candidate opt in with the override setting if this is wrong.
-    """
+    """``'0.26.0'``, ``'0.26.1.dev3+gabc'`` -> ``(0, 26, 0)`` / ``(0, 26, 1)``; a
+    pre-release (``0.26.0rc1``) counts as its release."""
     match = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", version)
     if match is None:
         return None
@@ -289,18 +262,16 @@ def _params(fn: Callable) -> dict[str, inspect.Parameter]:
 
 
 def worker_runner_factory() -> tuple[type, str] | None:
-    """The worker class and its method that builds the model runner (0.32+:
-    ``Worker._make_model_runner``, "subclasses override this"), or None where the worker
-    builds MRV2 inline through a function-local import of ``V2_RUNNER_MODULE``."""
+    """The worker class and its method that builds the model runner (0.32+), or None
+    where the worker builds MRV2 inline (a function-local import of ``V2_RUNNER_MODULE``)."""
     worker_cls = importlib.import_module(WORKER_MODULE).Worker
     return (worker_cls, RUNNER_FACTORY) if hasattr(worker_cls, RUNNER_FACTORY) else None
 
 
 @contextlib.contextmanager
 def managers_built_as(manager_cls: type) -> Iterator[None]:
-    """Within the block, MRV2's runner builds ``manager_cls`` where it builds its model
-    CUDA-graph manager (``initialize_kv_cache`` calls the module's ``ModelCudaGraphManager``),
-    so every object handed the manager there holds the plugin's."""
+    """Within the block, MRV2's ``initialize_kv_cache`` builds ``manager_cls`` as its model
+    CUDA-graph manager."""
     module = importlib.import_module(V2_RUNNER_MODULE)
     original = module.ModelCudaGraphManager
     module.ModelCudaGraphManager = manager_cls
@@ -316,10 +287,7 @@ def _takes(fn: Callable, name: str) -> bool:
 
 
 def prev_sampled_outputs(handler: Any, draft_tokens: Any = None) -> dict | None:
-    """``PPHandler.get_prev_sampled_outputs``, passing draft tokens where it takes them (0.30+).
-
-    The signature is read once per function: this runs on the first stages' step path.
-    """
+    """``PPHandler.get_prev_sampled_outputs``, passing draft tokens where it takes them (0.30+)."""
     method = handler.get_prev_sampled_outputs
     if draft_tokens is not None and _takes(
         getattr(method, "__func__", method), "draft_tokens_to_update"
@@ -329,12 +297,8 @@ def prev_sampled_outputs(handler: Any, draft_tokens: Any = None) -> dict | None:
 
 
 def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool:
-    """Whether preempting a request leaves its in-flight output placeholders behind.
-
-    True up to 0.26. The upstream rework (vLLM PR #48245, in 0.27.0) marks such
-    output stale and passes ``is_stale`` to ``_update_request_with_output``; a
-    vLLM with that parameter needs no help.
-    """
+    """Whether preempting a request leaves its in-flight output placeholders behind: up
+    to 0.26, where ``_update_request_with_output`` takes no ``is_stale``."""
     return "is_stale" not in _params(async_scheduler_cls._update_request_with_output)
 
 
@@ -346,9 +310,8 @@ def async_preemption_fix_applies() -> bool:
 
 @functools.cache
 def upstream_measures_graph_memory() -> bool:
-    """Whether MRV2 measures CUDA-graph memory before sizing the KV cache (0.29+): upstream
-    (vLLM PR #53682) builds a minimal KV cache with ``initialize_kv_cache(...,
-    is_profiling=True)``; that parameter is the probe."""
+    """Whether MRV2 measures CUDA-graph memory before sizing the KV cache (0.29+, vLLM PR
+    #53682): whether ``initialize_kv_cache`` takes ``is_profiling``."""
     # Up to 0.31 the module's runner is the plugin's factory, which wraps vLLM's class.
     runner_cls = inspect.unwrap(importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner)
     return "is_profiling" in _params(runner_cls.initialize_kv_cache)
@@ -356,15 +319,8 @@ def upstream_measures_graph_memory() -> bool:
 
 @functools.cache
 def breakable_decided_at_import() -> bool:
-    """Whether vLLM's breakable decorator reads its switch when a module is imported.
-
-    Up to 0.32 ``eager_break_during_capture`` returns the function unchanged
-    while ``VLLM_USE_BREAKABLE_CUDAGRAPH`` is off, so the variable must be set
-    before vLLM's attention modules load. From 0.33 it always wraps, and the
-    wrapper breaks only inside a breakable capture, which vLLM starts only
-    with the switch on. Probed by decorating a function with the switch read
-    as off, whatever it is in this process, so the cached answer holds for it.
-    """
+    """Whether vLLM's breakable decorator reads its switch when a module is imported (up
+    to 0.32; from 0.33 it reads it at call time). Probed with the switch forced off."""
     from vllm.compilation import breakable_cudagraph
 
     def probe() -> None:
@@ -395,14 +351,8 @@ def admission_cap(scheduler: object) -> int:
 
 
 def set_vllm_env(name: str, value: str | None) -> None:
-    """Set (or, with None, unset) vLLM's variable ``name`` so that vLLM reads it from now on.
-
-    ``vllm.envs`` reads the environment on each access until ``enable_envs_cache``
-    wraps its module ``__getattr__`` in a cache: in a worker after it has built
-    its model, in the engine core after start-up. A worker forked from a process
-    where that already ran would read the cached value, so the cache is cleared
-    (it stays on). Raises if vLLM still reads another value.
-    """
+    """Set (or, with None, unset) vLLM's variable ``name`` so that vLLM reads it from now
+    on, clearing ``vllm.envs``'s cache; RuntimeError if vLLM still reads another value."""
     from vllm import envs
 
     if value is None:
@@ -427,25 +377,15 @@ def asked_attention_backends(vllm_config: Any) -> set[str]:
 
 
 def layer_names_are_hoisted() -> bool:
-    """Whether custom ops take layer names as hoisted opaque values (torch >= 2.11).
-
-    Then one compiled piece serves every layer even with a layer-named op inside.
-    """
+    """Whether custom ops take layer names as hoisted opaque values (torch >= 2.11)."""
     from vllm.utils import torch_utils
 
     return bool(getattr(torch_utils, "_USE_LAYERNAME", False))
 
 
 def stage_reserved_key_prefixes() -> tuple[str, ...]:
-    """Prefixes of the input-buffer keys vLLM reserves on a receiving stage itself.
-
-    For EAGLE3 over PP (0.33+), vLLM adds ``aux_hidden_states_<i>`` slots to
-    the buffers of every stage after the first
-    (``eagle3_utils.reserve_aux_intermediate_tensor_slots``), while a sender's
-    ``make_empty_intermediate_tensors`` declares only the slots it received:
-    what it adds is known once its forward runs. Empty where vLLM has no such
-    slots.
-    """
+    """Prefixes of the input-buffer keys vLLM reserves on a receiving stage itself
+    (EAGLE3's ``aux_hidden_states_<i>``, 0.33+); empty where vLLM has none."""
     try:
         from vllm.model_executor.models.interfaces import EagleModelMixin
     except ImportError:

@@ -25,15 +25,8 @@ ScheduleFn = Callable[..., Any]
 
 
 def may_lift(request: Any) -> bool:
-    """Whether ``request`` may decode sooner than vLLM's cadence lets it.
-
-    Not when structured output guides it: the engine core builds a step's
-    grammar bitmask after applying only the oldest batch in flight, and vLLM's
-    cadence is what makes that batch hold the request's previous token. Not
-    when the outputs already in flight complete it: vLLM's "already at
-    max_tokens" skip assumes at most one output in flight, so a lifted request
-    could be scheduled for tokens it will never emit.
-    """
+    """Whether ``request`` may decode sooner than vLLM's cadence lets it: not under
+    structured output, nor when the outputs in flight already reach ``max_tokens``."""
     if request.use_structured_output:
         return False
     in_flight = request.num_output_placeholders
@@ -41,16 +34,8 @@ def may_lift(request: Any) -> bool:
 
 
 def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
-    """Let the soonest-eligible group decode at ``step`` if no request may; return its size.
-
-    ``running`` are the scheduler's running requests, ``step`` the value
-    ``current_step`` will have in this ``schedule()`` call. If any running
-    request is already eligible (or there is none), nothing changes.
-    Otherwise, of the requests that :func:`may_lift`, those with the smallest
-    ``next_decode_eligible_step`` become eligible now. Lifting only that group
-    keeps other groups where they are, so with ``pp_size > 2`` groups still
-    fill different steps.
-    """
+    """Let the soonest-eligible group decode at ``step`` if no request may; return its size
+    (``step``: the ``current_step`` this ``schedule()`` call will have)."""
     held = []
     for request in running:
         if request.next_decode_eligible_step <= step:
@@ -67,13 +52,7 @@ def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
 
 
 def merge_decode_groups(running: Iterable[Any], step: int) -> int:
-    """Let every held request that :func:`may_lift` decode at ``step``; return how many.
-
-    Requests that arrive while others decode form groups of their own, and
-    vLLM's cadence keeps each group ``pp_size`` steps apart for as long as it
-    runs. Merging them makes every running request decode at every step, as
-    one batch does when all its requests arrive together.
-    """
+    """Let every held request that :func:`may_lift` decode at ``step``; return how many."""
     lifted = 0
     for request in running:
         if request.next_decode_eligible_step > step and may_lift(request):
@@ -90,15 +69,8 @@ def is_decoding(request: Any) -> bool:
 
 
 def balance_decode_groups(running: Iterable[Any], step: int, pp_size: int) -> int:
-    """Delay requests so ``step`` decodes about a ``pp_size``-th of them; return how many.
-
-    Of the decoding requests eligible at ``step``, those beyond
-    ``ceil(decoding / pp_size)`` move to ``step + 1``, newest first, where the
-    same rule applies: one lone group (everything arrived at once) splits into
-    ``pp_size`` even groups over the next steps, and lopsided groups even out.
-    Nothing is ever made eligible sooner. Structured-output requests are not
-    moved (their grammar follows vLLM's cadence), but count in their group.
-    """
+    """Delay requests so ``step`` decodes about a ``pp_size``-th of them; return how many
+    (the newest eligible ones beyond that move to ``step + 1``)."""
     decoding = [r for r in running if is_decoding(r)]
     eligible = [r for r in decoding if r.next_decode_eligible_step <= step]
     excess = len(eligible) - math.ceil(len(decoding) / pp_size)

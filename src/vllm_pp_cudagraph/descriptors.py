@@ -1,18 +1,4 @@
-"""Which (num_tokens, num_reqs) shapes FULL graphs may be captured and replayed at.
-
-A FULL graph records attention for the batch it was captured with. vLLM
-builds the capture batch by giving each of ``num_reqs`` dummy requests
-``num_tokens // num_reqs`` tokens and the remainder to the last one, so a
-shape where ``num_tokens % num_reqs != 0`` captures a batch with unequal
-query lengths, which attention backends that need uniform query lengths
-(TRT-LLM decode, FlashInfer) reject. Upstream PR #35162 worked around this
-by shrinking ``num_reqs`` at capture time until it divided, which makes the
-captured graph serve fewer requests than its descriptor promises. Here such
-shapes are simply never captured: every FULL descriptor this plugin keeps
-captures a uniform batch, and dispatch sends the batches it would have
-served to the next larger valid FULL graph of the same kind, or to the
-piecewise/eager path when there is none.
-"""
+"""Which (num_tokens, num_reqs) shapes FULL graphs may be captured at: uniform batches only."""
 
 from __future__ import annotations
 
@@ -83,11 +69,8 @@ def prune_invalid(
     candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
     max_num_reqs: int,
 ) -> list[BatchExecutionDescriptor]:
-    """Drop invalid descriptors in place from both tables; return those dropped.
-
-    In ``candidates`` an invalid descriptor is replaced by its smallest valid
-    covering one (order kept, duplicates removed); keys left empty are removed.
-    """
+    """Drop invalid descriptors in place from both tables; return those dropped (in
+    ``candidates`` each gives way to its smallest valid covering one)."""
     dropped = [d for descs in capture_descs.values() for d in descs if not is_valid(d, max_num_reqs)]
     if not dropped:
         return []

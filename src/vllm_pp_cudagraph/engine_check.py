@@ -14,6 +14,7 @@ from vllm.logger import init_logger
 
 from vllm_pp_cudagraph import layer_partition, support
 from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, plan_engine
+from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
@@ -71,6 +72,14 @@ def check_plans(plan: EnginePlan, workers: list[dict[str, Any] | None]) -> list[
     return problems
 
 
+def _record(vllm_config: Any, plan: EnginePlan, workers: list) -> None:
+    """Leave the engine's plan and its workers' where ``bench`` and ``check`` read them."""
+    if PPCudaGraphSettings.current().metrics:
+        engine = getattr(vllm_config.parallel_config, "data_parallel_rank", 0)
+        write_snapshot(PlanRecord(f"engine-{engine}", {"engine": plan.record(),
+                                                       "workers": workers}))
+
+
 def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
                   plan: EnginePlan) -> None:
     """Refuse an engine whose workers cannot follow its ``plan``; otherwise log the one
@@ -86,7 +95,10 @@ def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
         )
         return
     workers = _ask_workers(collective_rpc)
-    problems = check_plans(plan, workers)
+    try:
+        problems = check_plans(plan, workers)
+    finally:
+        _record(vllm_config, plan, workers)
     layout = (f"PP={parallel.pipeline_parallel_size} x TP={parallel.tensor_parallel_size}")
     if len(problems) == len(workers):
         reason = plan.stand_aside or "no worker runs its runner"

@@ -1,17 +1,4 @@
-"""Pipeline stages agree on which CUDA graphs exist, once, after capture.
-
-Every stage dispatches each step from the same scheduler output, and dispatch
-is a pure lookup in the manager's table of captured descriptors. So if all
-ranks hold the same table, they pick the same graph mode and padded size on
-every step with no per-step communication. This module makes the tables equal:
-after capture, each rank reports what it captured (or that capture failed);
-the tensor-parallel peers of a stage first merge theirs into the stage's
-(:func:`merge_tp_peers`), then the stages agree (:func:`agree`), so every rank
-of every stage keeps only what every rank has. If any rank failed, or nothing
-is common, every rank runs eagerly, together, instead of one replaying while a
-peer cannot (vLLM issue #45094: the pipeline hangs; a TP peer's collectives
-would no longer line up either).
-"""
+"""Pipeline stages agree, once after capture, on which CUDA graphs exist (vLLM issue #45094)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""Measure CUDA-graph memory before the KV cache is sized.
-
-vLLM's worker sizes the KV cache from the memory left after a profiling run,
-minus ``profile_cudagraph_memory()``. Stock Model Runner V2 returns 0 there,
-so at a high ``gpu_memory_utilization`` the KV cache takes the memory the
-graphs need and capture runs out of memory (vLLM issue #49224). The plugin's
-runner measures instead: it captures the model's forward at the two largest
-capture sizes into a throw-away pool (with attention skipped, as vLLM's own
-profiling run does, since no KV cache exists yet) and extrapolates to the
-number of graphs the configured mode will capture. The first sample holds the
-pool's shared activations, the second the cost of one more graph (at least
-one device page).
-"""
+"""Measure CUDA-graph memory before the KV cache is sized (vLLM issue #49224)."""
 
 from __future__ import annotations
 
@@ -27,11 +15,7 @@ from vllm_pp_cudagraph.capture_guard import forbid_pipeline_communication
 def planned_graph_count(
     mode: CUDAGraphMode, capture_sizes: list[int], lora_capture_cases: int = 1
 ) -> int:
-    """Upper bound on graphs for ``mode`` (before resolution).
-
-    MRV2 captures each shape once per LoRA capture case (the active-adapter
-    counts it keeps graphs for: one case without LoRA, more with it).
-    """
+    """Upper bound on graphs for ``mode`` (before resolution), per LoRA capture case."""
     if mode == CUDAGraphMode.NONE or not capture_sizes:
         return 0
     per_size = int(mode.mixed_mode() != CUDAGraphMode.NONE)
@@ -40,17 +24,12 @@ def planned_graph_count(
     return per_size * len(capture_sizes) * max(lora_capture_cases, 1)
 
 
-#: The device hands out memory in 2 MiB pages, so a free-memory reading moves in
-#: those steps: a second sample of 0 means "under one page", not "free"; each
-#: further graph is counted at one page at least.
+#: The device's page (free-memory readings move in these steps): a graph's least cost.
 MIN_BYTES_PER_GRAPH = 2 << 20
 
 
 def extrapolate(samples: list[int], num_graphs: int) -> int:
-    """First sample (shared pool) plus the per-graph cost for the rest.
-
-    Each further graph costs at least one device page (MIN_BYTES_PER_GRAPH).
-    """
+    """First sample (shared pool) plus the second (at least a page) for each further graph."""
     if not samples or num_graphs == 0:
         return 0
     per_graph = max(samples[1] if len(samples) > 1 else 0, MIN_BYTES_PER_GRAPH)
@@ -98,8 +77,7 @@ def measure(runner) -> tuple[int, list[int], int]:
                     return runner.model(**inputs)
 
             forward()  # warm-up outside the graph (lazy init, kernel JIT)
-            # torch.cuda.graph() empties the allocator cache on entry; do it
-            # first so the reading before capture does not count cached blocks.
+            # torch.cuda.graph() empties the allocator cache; do it first for a fair reading.
             gc.collect()
             torch.accelerator.synchronize()
             torch.accelerator.empty_cache()

@@ -1,12 +1,4 @@
-"""Whether torch, torchvision and vLLM import, and the command that repairs them.
-
-An install can hold every package and still not import: pip's configuration
-(a local wheel folder, an extra index) may pick a ``+cpu`` torch whose
-torchvision was built for another torch, and vLLM's import then fails deep
-inside torchvision (``operator torchvision::nms does not exist``).
-:func:`import_failure` imports the packages one by one, in the order they
-depend on each other, so the first that fails names the cause.
-"""
+"""Whether torch, torchvision and vLLM import, and the command that repairs them."""
 
 from __future__ import annotations
 
@@ -15,12 +7,10 @@ from dataclasses import dataclass
 
 from vllm_pp_cudagraph import compat
 
-#: ``pip install`` from the package index alone: no local wheel folder, extra
-#: index or configuration file that could pick another torch build.
+#: ``pip install`` from the package index alone (no wheel folder, extra index or config).
 INDEX_ONLY_PIP = "env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null pip install"
 
-#: What is imported per package; for vLLM also the module the plugin patches
-#: first, which pulls in its model-runner stack (transformers, torchvision).
+#: What is imported per package; for vLLM also its model-runner stack, which the plugin patches.
 IMPORTS = {
     "torch": ("torch",),
     "torchvision": ("torchvision",),
@@ -66,13 +56,8 @@ def describe(exc: BaseException) -> str:
 
 
 def fix_command(package: str) -> str:
-    """The commands that replace ``package`` (torch with its torchvision) from the index.
-
-    The broken packages are removed and vLLM is installed again from the
-    package index alone, so pip brings back the torch and torchvision builds
-    vLLM pins and leaves everything else as it is (``--force-reinstall`` would
-    also upgrade their dependencies past what vLLM's own tree allows).
-    """
+    """The commands that replace ``package`` (torch with its torchvision) from the index:
+    uninstall, then reinstall vLLM, which brings back the builds it pins."""
     broken = ["vllm"] if package == "vllm" else [
         name for name in ("torch", "torchvision") if compat.dist_version(name) is not None]
     vllm = _release(compat.dist_version("vllm") or "")
@@ -80,11 +65,8 @@ def fix_command(package: str) -> str:
 
 
 def import_failure(packages: tuple[str, ...] = PACKAGES) -> ImportFailure | None:
-    """The first installed package of ``packages`` that fails to import.
-
-    Packages that are not installed are skipped: whether vLLM is installed is
-    reported on its own, and torchvision is only needed where vLLM pulls it in.
-    """
+    """The first installed package of ``packages`` that fails to import (those not
+    installed are skipped)."""
     for package in packages:
         version = compat.dist_version(package)
         if version is None:

@@ -1,42 +1,7 @@
 """Which decoder layers each pipeline stage builds: vLLM's split, or one chosen from costs.
 
-vLLM splits the layers evenly (the remainder on the middle stages), whatever the
-stages cost besides: the last stage also runs the LM head and the sampler, which
-at decode can cost as much as several layers, so the pipeline runs at the speed
-of that stage. With ``VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto`` each worker picks,
-before it builds its model, the partition whose slowest stage has the shortest
-predicted decode step at the engine's batch size (``max_num_seqs``), from the
-costs of ``stage_costs.py``, and hands it to vLLM through vLLM's own
-``VLLM_PP_LAYER_PARTITION``. The choice is a pure function of the model's
-config, the pipeline size, the batch sizes and the memory the engine gives each
-stage (:class:`Memory`), so every rank makes the same one. In a worker that
-memory is this GPU's total memory times ``gpu_memory_utilization``: ranks on
-GPUs of different models (different total memory) could decide differently;
-the decision's log line names the memory it assumed.
-
-Rules:
-
-- A partition set by hand in ``VLLM_PP_LAYER_PARTITION`` always wins.
-- Every stage gets at least one layer; with more stages than layers ``auto`` is
-  refused, naming the setting.
-- Room for the same KV cache: vLLM gives every stage the same number of KV
-  blocks, so the engine holds ``min over stages of room / (layers x KV bytes
-  per layer and token)`` tokens. A split is allowed only where that capacity is
-  at least ``1 -`` :data:`KV_TOLERANCE` of the capacity under vLLM's split.
-  A stage's room is ``gpu_memory_utilization x`` the GPU's memory less its
-  weights (its layers, the embedding on the first stage, the LM head on the
-  last) and, on the last stage, the fp32 logits of the sampler's profiling run
-  (one token per dummy request: ``min(max_num_batched_tokens, max_num_seqs) x
-  vocab x 4`` bytes). The forward's activation peak, about the same on every
-  stage, is left out. Where the engine fixes the KV cache
-  (``kv_cache_memory_bytes``), every stage's room is that, and no stage may hold
-  more layers than vLLM's most loaded one. KV bytes per layer and token are
-  ``2 x num_key_value_heads x head_dim x`` the weights' dtype bytes (they cancel
-  out of the rule; they set the tokens reported). A config without
-  ``num_key_value_heads``, or with no GPU memory known, keeps vLLM's split.
-- vLLM's split is kept unless another is predicted at least :data:`MIN_GAIN`
-  faster; among the fastest, the one that moves the fewest layers wins.
-"""
+``auto`` picks, alike on every rank, the split whose slowest stage is predicted fastest
+within the KV-capacity rule; docs/performance.md ("Balanced stages") gives the rules."""
 
 from __future__ import annotations
 
@@ -70,8 +35,7 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 LOGIT_BYTES = 4
 GIB = 2**30
 
-#: How stage 0's line of the partition an engine uses begins (:meth:`Decision.log_line`;
-#: the bench reads it, ``bench/engine_run.layer_partition_used``).
+#: How stage 0's :meth:`Decision.log_line` begins (``bench/engine_run`` reads it).
 LOG_PREFIX = "Layer partition "
 
 #: The value this process set in ``VLLM_PP_LAYER_PARTITION`` (not a hand-set one).
@@ -156,8 +120,7 @@ class KVRoom:
 
 def kv_room(costs: StageCosts, shape: ModelShape, memory: Memory,
             logits_tokens: int) -> KVRoom:
-    """:class:`KVRoom` of a model of ``shape`` (from a config that names
-    ``num_key_value_heads``)."""
+    """:class:`KVRoom` of a model of ``shape`` (its config names ``num_key_value_heads``)."""
     per_layer = 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
     return KVRoom(memory, costs, per_layer, logits_tokens * shape.vocab_size * LOGIT_BYTES)
 
@@ -188,11 +151,8 @@ def _fill(costs: StageCosts, base: tuple[int, ...], most: list[int]) -> tuple[in
 
 
 def balanced_split(costs: StageCosts, kv: KVRoom, num_layers: int, pp: int) -> tuple[int, ...]:
-    """The split of ``num_layers`` over ``pp`` stages with the shortest slowest stage.
-
-    Within the KV rule (module docstring), every stage at least one layer;
-    among the fastest, the one closest to vLLM's split (fewest layers moved).
-    """
+    """The split of ``num_layers`` over ``pp`` stages with the shortest slowest stage, each
+    stage a layer and :meth:`KVRoom.floor`; of the fastest, the fewest layers moved."""
     base = vllm_split(num_layers, pp)
     floor = kv.floor(base)
     budgets = sorted({costs.stage_s(s, pp, n) for s in range(pp)
@@ -230,9 +190,8 @@ class Decision:
 
     @property
     def noteworthy(self) -> bool:
-        """Whether it says more than that vLLM's split applies by default: always under
-        ``auto`` at PP > 1 (its decisions all name the split, kept or not) and where a
-        split is set by hand."""
+        """Whether it says more than that vLLM's split applies by default (``auto`` at
+        PP > 1, or a split set by hand)."""
         return self.source != "vllm" or self.vllm_layers is not None
 
     @property
@@ -248,9 +207,8 @@ class Decision:
         return max(self.stage_ms(layers))
 
     def log_line(self) -> str:
-        """The one line stage 0 logs (``model_runner``): :data:`LOG_PREFIX`, the split the
-        engine uses and its stage count where known, then :meth:`describe`'s lines, e.g.
-        ``Layer partition 10,10,8 over 3 stages; auto picks 10,10,8 for PP=3 ...``."""
+        """The line stage 0 logs, e.g. ``Layer partition 10,10,8 over 3 stages; auto picks
+        10,10,8 for PP=3 ...`` (:meth:`describe`'s lines joined)."""
         used = f"{_join(self.layers)} over {len(self.layers)} stages; " if self.layers else ""
         return LOG_PREFIX + used + "; ".join(self.describe())
 
@@ -302,12 +260,8 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
     """The partition an engine of ``config`` (a Hugging Face config, object or dict) at
     ``pp`` stages and ``max_num_seqs=batch`` uses under ``setting``.
 
-    ``num_layers`` is vLLM's count of decoder layers where it differs from the
-    config's; ``dtype_bytes`` the engine's weight dtype; ``quantized`` whether
-    vLLM quantizes the weights; ``memory`` what the engine gives each stage
-    (``auto`` keeps vLLM's split where it is not known);
-    ``max_num_batched_tokens`` the scheduler's (at least ``batch`` where None).
-    """
+    ``num_layers``: vLLM's count where it differs from the config's; ``memory``: what each
+    stage gets. Raises :class:`LayerPartitionError` (``auto``, more stages than layers)."""
     environ = os.environ if environ is None else environ
     if (value := hand_set(environ)) is not None:
         over = f", which wins over {SETTING}=auto" if setting is LayerPartition.AUTO else ""
@@ -382,8 +336,7 @@ def decide_for(vllm_config: Any, setting: LayerPartition,
 
 
 def gpu_memory_bytes() -> int | None:
-    """This process's GPU's total memory; None where CUDA is not initialized here (the
-    engine core). Ranks on GPUs of different models could choose different splits."""
+    """This process's GPU's total memory; None where CUDA is not initialized (engine core)."""
     import torch
 
     if not torch.cuda.is_initialized():
@@ -392,8 +345,7 @@ def gpu_memory_bytes() -> int | None:
 
 
 def apply(decision: Decision) -> None:
-    """Hand ``decision``'s split to vLLM before the worker builds its model: vLLM reads
-    ``VLLM_PP_LAYER_PARTITION`` there (``get_pp_indices``) and later, so it stays set."""
+    """Set ``VLLM_PP_LAYER_PARTITION`` to ``decision``'s split before the worker builds its model."""
     global _set_here
     if (value := decision.env_value) is not None:
         compat.set_vllm_env(VLLM_ENV, value)

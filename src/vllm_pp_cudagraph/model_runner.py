@@ -17,6 +17,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 from vllm_pp_cudagraph import compat, graph_memory, layer_partition, stage_handoff, support
 from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
+from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -72,12 +73,22 @@ def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunne
         raise support.KnownStockFailureError(
             f"vllm-pp-cudagraph refuses this engine: {plan.refusal}.")
     if plan.stand_aside:
+        write_plan_record(plan.record())
         say = logger.info if plan.no_pipeline else logger.warning
         say("%s: %s; the worker runs vLLM's own runner%s.", support.STAND_ASIDE,
             plan.stand_aside, "" if plan.no_pipeline else
             " (VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to run the plugin anyway)")
         return GPUModelRunner(vllm_config, device)
     return PPCudaGraphModelRunner(vllm_config, device, plan)
+
+
+def write_plan_record(record: dict) -> None:
+    """Leave this rank's plan where ``bench`` and ``check`` read it (metrics/snapshots.py)."""
+    if not PPCudaGraphSettings.current().metrics:
+        return
+    stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
+    write_snapshot(PlanRecord(f"{stage}-{tp_rank}", {**record, "stage": stage,
+                                                     "tp_rank": tp_rank}))
 
 
 def check_manager_holders(runner: object) -> None:
@@ -169,6 +180,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if self.use_pp:
             self._check_stage_handoffs()
             self._start_stage_clock()
+        write_plan_record({**self.plan.record(), "direct_handoff": self.direct_handoff,
+                           "split_noteworthy": self.plan.partition.noteworthy})
 
     def _start_stage_clock(self) -> None:
         if not PPCudaGraphSettings.current().metrics or get_tp_group().rank_in_group != 0:

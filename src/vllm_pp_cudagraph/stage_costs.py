@@ -1,27 +1,7 @@
 """What each part of a model costs per decode step, to split its layers over the stages.
 
-A pipeline stage's decode step runs its share of the decoder layers, plus the
-embedding on the first stage and the LM head and sampler on the last.
-:func:`stage_costs` says what each of those costs at a batch size, from one of
-two sources:
-
-- a cost table measured on a GPU for the model's shape (``cost_tables/*.json``
-  in this package, written by ``benchmarks/tools/cost_table.py``), keyed by
-  :meth:`ModelShape.signature`;
-- else a model of bytes read and FLOPs (:func:`modelled_costs`). Decode at small
-  batch reads every weight once per step (memory-bound); at larger batch the
-  matrix products' FLOPs take over. Each part costs the larger of the two, plus
-  a fixed time per layer for its many small kernels. A MoE layer reads the
-  experts its tokens pick: ``min(num_experts, batch * top_k)`` of them. The LM
-  head reads ``vocab x hidden`` for every step and writes a logit per token and
-  word; the sampler reads those logits again in fp32. Attention's reads of the
-  KV cache are left out: they grow with the context, which is not known at
-  start-up, and add the same to every layer (with long contexts the layers weigh
-  more against the LM head than predicted).
-
-Everything here is pure arithmetic on the model's config, so every process that
-asks gets the same answer.
-"""
+A measured table (``cost_tables/*.json``) where one fits, else a bytes/FLOPs model: pure
+arithmetic on the config. docs/performance.md ("Balanced stages") says how far it holds."""
 
 from __future__ import annotations
 
@@ -34,11 +14,7 @@ from typing import Any
 #: Cost tables shipped with the package, one JSON file per model shape.
 TABLES = Path(__file__).with_name("cost_tables")
 
-# Effective rates of one H200 for decode, fitted to the one-GPU stage costs measured
-# on vLLM 0.33 (benchmarks/results/2026-11-24-vllm033-one-gpu-stage-costs): they give
-# the measured step of a 32-layer Qwen3-32B stage, a 40-layer Llama-3.1-70B stage and
-# a 24-layer Qwen3-30B-A3B stage over one request within 10%. Only ratios between
-# stages decide the partition; the rates set the predicted milliseconds.
+# One H200's effective decode rates, fitted to measured stage costs (only ratios decide).
 BYTES_PER_S = 4.15e12
 FLOPS_PER_S = 550e12
 #: Fixed time of one decoder layer's kernels (norms, rotary, attention, activations).
@@ -72,11 +48,8 @@ def num_hidden_layers(config: Any) -> int:
 
 
 def unmodelled_reason(config: Any) -> str | None:
-    """Why the bytes/FLOPs model cannot cost ``config``'s layers, or None where it can.
-
-    The model assumes identical decoder layers of grouped-query attention and a
-    gated MLP or MoE, in the config's dtype.
-    """
+    """Why the bytes/FLOPs model (identical GQA layers with a gated MLP or MoE, in the
+    config's dtype) cannot cost ``config``'s layers, or None where it can."""
     config = text_config(config)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if not config_value(config, key):

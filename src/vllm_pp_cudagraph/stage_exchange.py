@@ -6,13 +6,8 @@ from typing import Any
 
 
 def gather_from_group(obj: Any, group: Any) -> list[Any]:
-    """Return every rank's ``obj`` of vLLM's ``group``, in rank order, on every rank.
-
-    Uses one object broadcast per rank over the group's CPU (gloo) group rather
-    than ``all_gather_object``, which does not work on gloo under inference mode
-    (pytorch#126032); vLLM captures graphs under inference mode. Call it on all
-    ranks of the group at the same point, outside CUDA-graph capture.
-    """
+    """Return every rank's ``obj`` of vLLM's ``group``, in rank order, on every rank; call
+    it on all ranks at the same point, outside graph capture (gloo broadcasts)."""
     import torch.distributed as dist
 
     gathered = []

@@ -1,18 +1,4 @@
-"""A pipeline stage that fails while serving stops its worker, so vLLM stops the server.
-
-Under pipeline parallelism vLLM's multiprocess executor collects step results
-from the last stage only. A worker of any other stage that raises inside a
-step logs the exception and returns to its loop; the last stage then waits for
-tensors that never come, and the engine, the API server and every other
-worker wait with it. vLLM does stop everything when a worker *process* dies
-(its worker monitor shuts the executor down and fails the engine). So a stage
-that fails inside a step logs the error with its stage and exits its process
-with :data:`EXIT_CODE`; vLLM's own shutdown does the rest.
-
-Only steps of a pipeline-parallel runner are covered: there the runner always
-lives in a worker process of its own. Start-up errors already reach the engine
-through vLLM's collective calls and stop it.
-"""
+"""A pipeline stage that fails while serving stops its worker, so vLLM stops the server."""
 
 from __future__ import annotations
 

@@ -1,28 +1,7 @@
 """Passing intermediate tensors to the next pipeline stage without per-step metadata.
 
-Before every hand-off vLLM sends a pickled description of the tensors (keys,
-shapes, dtypes) over the pipeline group's CPU (gloo) group, and the receiving
-stage's host waits for that description before it can post its receives.
-Everything the description says is known on both sides already: the keys,
-dtypes and trailing dims are fixed by the model and checked equal on every
-stage before serving (``stage_inputs.check_handoff_schemas``), and the token
-count is the padded batch size that both stages derive from the same scheduler
-output against the same agreed set of CUDA graphs (``graph_agreement.py``).
-
-With ``VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1`` the plugin's runner enables it
-on its own pipeline group (:func:`enable` replaces that one object's two
-methods), where:
-
-- sending posts only the tensors, in key order, with vLLM's tensor-parallel
-  slicing (each TP rank sends its share, the receiver all-gathers);
-- receiving returns an empty :class:`PendingStageInput` at once; the runner
-  posts the receives straight into its persistent input buffers as soon as
-  ``prepare_inputs`` has fixed the step's padded size (:func:`receive_into`),
-  before the attention metadata is built. vLLM's own copy into those buffers
-  then reads the buffers themselves, which torch skips.
-
-Every other group keeps vLLM's behaviour.
-"""
+With ``VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1`` (:func:`enable`, :func:`receive_into`);
+docs/architecture.md (step 3, "Hand-off") says why it is safe."""
 
 from __future__ import annotations
 
@@ -53,11 +32,7 @@ def check_stages_agree(direct_per_stage: list[bool]) -> None:
 
 
 class _SentMetadata:
-    """Stands where vLLM's send returns the handle of its metadata send.
-
-    vLLM's worker waits for ``handles[1:]`` (0.29 and 0.33, where the metadata send
-    is asynchronous) or for all of them (0.26); a completed first handle fits both.
-    """
+    """Stands where vLLM's send returns the handle of its metadata send (always complete)."""
 
     def wait(self, timeout: object = None) -> bool:
         return True
@@ -67,11 +42,7 @@ class _SentMetadata:
 
 
 class PendingStageInput(dict):
-    """One step's intermediate tensors, received once the runner knows the step's size.
-
-    Empty until :func:`receive_into` posts the receives; it then maps each key to
-    its slice of the persistent input buffer.
-    """
+    """One step's intermediate tensors: empty until :func:`receive_into` fills them."""
 
     def __init__(
         self,
@@ -88,16 +59,14 @@ class PendingStageInput(dict):
 
 
 def group_blocker(group: Any) -> str | None:
-    """Why this process's pipeline ``group`` cannot hand tensors on directly, or None
-    (what the engine's plan cannot see: engine_plan.py decides the rest)."""
+    """Why this process's pipeline ``group`` cannot hand tensors on directly, or None."""
     if getattr(group, "use_cpu_custom_send_recv", False):
         return "this platform's pipeline group sends through its own communicator"
     return None
 
 
 def enable(group: Any) -> Callable[[], None]:
-    """Hand tensors on directly on ``group`` (this process's pipeline group); return
-    the undo, which gives the group vLLM's methods back."""
+    """Hand tensors on directly on ``group``; return the undo (vLLM's methods back)."""
     group.isend_tensor_dict = functools.partial(send_tensors, group)
     group.irecv_tensor_dict = functools.partial(defer_receive, group)
 
@@ -160,12 +129,7 @@ def defer_receive(
 def receive_into(
     pending: PendingStageInput, buffers: Mapping[str, torch.Tensor], num_tokens: int
 ) -> None:
-    """Receive the step's ``num_tokens`` rows of each key into ``buffers`` and fill ``pending``.
-
-    Posts every receive before waiting for any (as vLLM does), then all-gathers
-    the TP shares. On CUDA the waits only order this stage's stream after the
-    transfers; the host goes on.
-    """
+    """Receive the step's ``num_tokens`` rows of each key into ``buffers``; fill ``pending``."""
     group = pending.group
     received: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []
     handles = []

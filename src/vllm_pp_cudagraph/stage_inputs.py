@@ -1,18 +1,6 @@
 """Checking what a pipeline stage receives against its persistent input buffers.
 
-Non-first stages replay graphs that read their inputs from persistent buffers
-(``runner.intermediate_tensors``); each step the received tensors are copied
-in. Stock vLLM copies by the buffer's keys, so a missing key is a bare
-``KeyError`` and an extra key is silently dropped. This module names the
-problem instead. It reads only tensor metadata (keys, element counts, dtypes),
-which is known on the host as soon as the receive is posted, so it costs a few
-dict operations per step and never waits on the transfer.
-
-While a receive is pending, vLLM holds each tensor flat: ``irecv_tensor_dict``
-receives this tensor-parallel rank's 1-D share and, after the wait,
-all-gathers the shares over the TP group and restores the shape. A 1-D tensor
-is therefore read as ``numel * tp_size // prod(trailing dims)`` tokens.
-"""
+From tensor metadata alone, so no check waits on the transfer."""
 
 from __future__ import annotations
 
@@ -27,8 +15,7 @@ class StageInputMismatchError(RuntimeError):
 
 
 def _received_tensors(received: object) -> Mapping[str, torch.Tensor]:
-    # vLLM's AsyncIntermediateTensors waits for the transfer when `.tensors`
-    # is read; metadata is already final, so look without waiting.
+    # Reading `.tensors` on AsyncIntermediateTensors waits for the transfer; metadata is final.
     return object.__getattribute__(received, "tensors")
 
 
@@ -53,14 +40,10 @@ def check_stage_inputs(
     stage: int | None = None,
     tp_size: int = 1,
 ) -> int:
-    """Validate ``received`` against the persistent buffers ``expected``.
+    """Validate ``received`` against the buffers ``expected`` (``[max_tokens, *dims]``).
 
-    ``expected`` maps keys to buffers shaped ``[max_tokens, *dims]``; every
-    received tensor must have the same key set, dtype and trailing dims, one
-    common leading (token) dim, at least ``min_tokens`` and at most the buffer
-    size. ``tp_size`` is the tensor-parallel group vLLM all-gathers pending
-    (flat) receives over. Returns that token count.
-    """
+    Returns its one token count (``min_tokens`` to the buffer size); raises
+    :class:`StageInputMismatchError`. ``tp_size``: the TP group of pending receives."""
     tensors = _received_tensors(received)
     problems = _key_problems(expected, tensors)
     token_counts = set()
@@ -98,11 +81,8 @@ def _tensor_problems(
 def _token_count(
     key: str, want: torch.Tensor, got: torch.Tensor, tp_size: int
 ) -> tuple[int | None, str | None]:
-    """The leading dim of ``got`` read against buffer ``want``, or why it cannot be read.
-
-    A 1-D ``got`` for a buffer of more dims is a pending receive: this rank's
-    flat share of ``tp_size`` shares, counted in whole rows of the buffer.
-    """
+    """The leading dim of ``got`` read against buffer ``want``, or why it cannot be read (a
+    1-D ``got`` is a pending receive: one of ``tp_size`` flat shares)."""
     if got.dim() == 1 and want.dim() > 1:
         numel = got.numel() * tp_size
         row = math.prod(want.shape[1:])
@@ -141,14 +121,7 @@ def _mismatch_error(stage: int | None, problems: list[str]) -> StageInputMismatc
 
 
 def check_padding_agreement(received_tokens: int, padded_tokens: int, stage: int) -> None:
-    """The previous stage pads the batch exactly as this stage does.
-
-    Every stage dispatches the same scheduler output against the same agreed
-    set of CUDA graphs, so the token count a stage sends equals the padded
-    count the next stage computes. A difference means the stages picked
-    different graphs for the step, which in tensor-parallel stages ends in a
-    hang; stop here with the numbers instead.
-    """
+    """Raise :class:`StageInputMismatchError` unless the previous stage padded as this one."""
     if received_tokens != padded_tokens:
         raise StageInputMismatchError(
             f"pipeline stage {stage} expected {padded_tokens} tokens (after CUDA-graph "
@@ -178,18 +151,10 @@ def check_handoff_schemas(
     sent_as: str = DECLARED,
     reserved_prefixes: tuple[str, ...] = (),
 ) -> None:
-    """At start-up: what each stage's model sends equals what the next expects.
+    """At start-up: raise unless what each stage's model sends equals what the next expects.
 
-    ``sends[i]`` is stage i's output (None on the last stage), as ``sent_as``
-    says where it was read; ``expects[i]`` stage i's input buffers (None on
-    the first). Every stage evaluates the same lists and so raises, or not,
-    together; a mismatch then stops start-up cleanly instead of failing (and
-    hanging the pipeline) on the first request.
-
-    ``reserved_prefixes`` name buffer keys vLLM reserves on the receiving side
-    that a sender's declaration lacks by design (EAGLE3's aux hidden states):
-    a declared schema may lack them; what a forward really produced may not.
-    """
+    ``sends[i]``/``expects[i]``: stage i's output/input buffers (None where it has none);
+    ``reserved_prefixes``: keys a :data:`DECLARED` schema may lack."""
     problems = []
     for stage in range(len(sends) - 1):
         out, want = sends[stage], expects[stage + 1]

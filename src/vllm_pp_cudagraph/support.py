@@ -1,13 +1,7 @@
 """What the plugin has proven on GPUs, and the engines it stands aside for.
 
-Speculative decoding and KV connectors reach deep into the runner the plugin
-replaces. Each combination runs with the plugin only once a GPU check has
-shown stock's greedy tokens with it; for any other, the plugin stands aside
-for that engine: the worker builds vLLM's own runner and the scheduler keeps
-vLLM's decode cadence, so the engine runs exactly as stock. Setting
-``VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1`` runs the plugin anyway, at the user's
-risk. ``check`` prints this table for the installed vLLM.
-"""
+The tables ``check`` prints; docs/architecture.md and docs/deployments.md say why and
+what each entry covers."""
 
 from __future__ import annotations
 
@@ -49,8 +43,7 @@ GPU_EVIDENCE: dict[str, str] = {
 #: The torch release every GPU run of the plugin used, per vLLM release.
 GPU_TORCH: dict[str, str] = {"0.26": "2.11", "0.33": "2.11"}
 
-#: Layouts and attention backends the plugin has run with on GPUs, release by release
-#: ("shared GPU": every rank on one GPU, correctness only). docs/deployments.md has more.
+#: Layouts and backends run on GPUs, by release ("shared GPU": one GPU, correctness only).
 PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
     "0.26": ("PP=2, TP=1, every graph mode, TRITON_ATTN (a GPU per stage)",),
     "0.33": ("PP=2, TP=1, every graph mode, TRITON_ATTN and FLASH_ATTN (shared GPU; "
@@ -72,20 +65,14 @@ PROVEN_CONNECTORS: dict[str, Proven] = {
                                "near ties (results 2026-11-25, shared-gpu-layouts-decided)"),
 }
 
-#: Releases where stock vLLM itself fails speculative decoding under PP with async
-#: scheduling off, and how: the plugin refuses such an engine at start rather than let
-#: it die on its first step.
+#: Releases where stock vLLM fails speculative decoding under PP, async scheduling off.
 SPECULATIVE_SYNC_PP_FAILS: dict[str, str] = {
     "0.33": "stock vLLM 0.33.0 fails on its first step (an assertion in the first "
             "stage's prepare_inputs, then a 5-minute RPC timeout), ngram and EAGLE3 alike",
 }
 
 
-#: Releases where stock vLLM cannot load an EAGLE (EAGLE-1) draft on the last stage
-#: when that stage's own layer count is one of its layer indices (at PP=2 whenever the
-#: last stage holds half the layers or more): every EAGLE-1 draft class numbers its
-#: layers from ``get_num_layers(parallel_config)``, the stage's count, where EAGLE3's
-#: numbers past the whole model's.
+#: Releases where stock vLLM cannot load an EAGLE-1 draft whose layer index clashes.
 EAGLE_DRAFT_NAME_CLASH: dict[str, str] = {
     "0.33": "stock vLLM 0.33.0 fails to load the draft on the last stage: it names the "
             "draft's layer after that stage's layer count, a name the stage's own layers "
@@ -93,8 +80,7 @@ EAGLE_DRAFT_NAME_CLASH: dict[str, str] = {
 }
 
 
-#: How every line begins that says the plugin leaves an engine to stock vLLM (each
-#: worker's, and the engine check's); the bench counts them.
+#: How every line saying the plugin leaves an engine to stock vLLM begins (bench counts).
 STAND_ASIDE = "vllm-pp-cudagraph stands aside for this engine"
 
 

@@ -105,3 +105,35 @@ def test_a_stage_clock_reads_its_events_only_once_done_and_reports_busy_and_bubb
     assert ended >= snap.steps and snap.eager_steps_total == 1
     assert snap.handoff_bytes_total == ended * 1024
     assert (clock.graph_steps_total, clock.eager_steps_total) == (9, 1)
+
+
+def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
+    """Each rank's plan record (the runner's, or the factory's where it stood aside) is
+    what bench reports: ranks on the plugin's runner, direct hand-offs, the split used."""
+    from vllm_pp_cudagraph.bench.engine_run import record_findings
+    from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
+
+    assert record_findings(tmp_path) == {}  # stock vLLM writes none
+    for stage in (0, 1):
+        write_snapshot(PlanRecord(f"{stage}-0", {
+            "plugin_runner": True, "direct_handoff": True, "layers": [15, 13],
+            "split_noteworthy": True, "stage": stage, "tp_rank": 0}), tmp_path)
+    write_snapshot(PlanRecord("engine-0", {"engine": {}, "workers": []}), tmp_path)
+    assert record_findings(tmp_path) == {
+        "plugin_stages": 2, "stand_aside_lines": 0, "direct_handoff_stages": 2,
+        "layer_partition_used": [15, 13], "plan_records": 2}
+
+
+def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch):
+    from test_engine_check import ours, plan, rpc_answering
+
+    from vllm_pp_cudagraph.engine_check import check_workers
+    from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
+
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "records"))
+    config = make_scheduler(str(write_model_dir(tmp_path / "m", tokenizer=False)),
+                            pp=2).vllm_config
+    rpc, _ = rpc_answering([ours(config), ours(config)])
+    check_workers(config, rpc, plan(config, "auto"))
+    engine = read_plan_records(tmp_path / "records")["engine-0"]
+    assert engine["engine"]["cadence"] == "auto" and len(engine["workers"]) == 2

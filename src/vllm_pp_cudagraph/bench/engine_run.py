@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from typing import Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.layer_partition import LOG_PREFIX
+from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
 from vllm_pp_cudagraph.support import STAND_ASIDE
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.interconnect import INTERCONNECT_ENV, merge_options
@@ -526,6 +528,35 @@ def layer_partition_used(log: str) -> list[int] | None:
 
 
 
+def records_dir_of(log_path: Path) -> Path:
+    """Where a run's processes leave their plan records and metrics: beside its log."""
+    return log_path.with_name(log_path.name + ".records")
+
+
+def records_dir(log_path: Path) -> Path:
+    """:func:`records_dir_of`, emptied for a new run."""
+    directory = records_dir_of(log_path)
+    shutil.rmtree(directory, ignore_errors=True)
+    return directory
+
+
+def record_findings(directory: Path) -> dict[str, Any]:
+    """What the run's ranks recorded of their plans (metrics/snapshots.py): the same keys
+    as :func:`log_findings` reads from the log, for runs where the plugin wrote them."""
+    ranks = [r for name, r in read_plan_records(directory).items()
+             if not name.startswith("engine")]
+    if not ranks:
+        return {}
+    first = next((r for r in ranks if (r.get("stage"), r.get("tp_rank")) == (0, 0)), {})
+    return {
+        "plugin_stages": sum(1 for r in ranks if r.get("plugin_runner")),
+        "stand_aside_lines": sum(1 for r in ranks if not r.get("plugin_runner")),
+        "direct_handoff_stages": sum(1 for r in ranks if r.get("direct_handoff")),
+        "layer_partition_used": first.get("layers") if first.get("split_noteworthy") else None,
+        "plan_records": len(ranks),
+    }
+
+
 def log_findings(log: str) -> dict[str, Any]:
     """What a run's log says beyond its numbers."""
     return {
@@ -550,6 +581,7 @@ def run_in_subprocess(
     then SIGKILL.
     """
     env = engine_env(spec)
+    records = env["VLLM_PP_CUDAGRAPH_METRICS_DIR"] = str(records_dir(log_path))
     cmd = [sys.executable, "-m", "vllm_pp_cudagraph.bench.engine_run", "--child", json.dumps(asdict(spec))]
     timed_out = False
     with open(log_path, "w") as log_file:
@@ -573,6 +605,7 @@ def run_in_subprocess(
         report["error_tail"] = log[-3000:]
     report.update(capture_stats(log))
     report.update(log_findings(log))
+    report.update(record_findings(Path(records)))
     report["spec"] = spec_record(spec)
     if spec.profile_dir and Path(spec.profile_dir).is_dir():
         report["profile"] = analyze_dir(Path(spec.profile_dir))

@@ -29,6 +29,9 @@ from vllm_pp_cudagraph.bench.engine_run import (
     log_findings,
     mode_options,
     profiler_settings,
+    record_findings,
+    records_dir,
+    records_dir_of,
     spec_record,
     stop_process_group,
 )
@@ -108,7 +111,8 @@ def serve_and_call(
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             serve_command(spec, model_dir, port, extra_args),
-            env=engine_env(spec),
+            env={**engine_env(spec),
+                 "VLLM_PP_CUDAGRAPH_METRICS_DIR": str(records_dir(log_path))},
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -369,6 +373,7 @@ def run_vllm_bench_sweep(
                             lambda base_url: client.sweep(base_url, points), port,
                             startup_timeout_s, extra_args=extra_args)
     report.update(log_findings(log_path.read_text(errors="replace")))
+    report.update(record_findings(records_dir_of(log_path)))
     done = report.pop("sweep", []) or [
         dict(zip(("input_len", "concurrency"), point_shape(p, spec.input_len))) for p in points]
     return [{**report, **point, "digest": "n/a" if point.get("req_per_s") else None}

@@ -184,8 +184,37 @@ class EngineSnapshot(_Snapshot):
         return f"engine-{self.engine}.json"
 
 
+@dataclass(frozen=True)
+class PlanRecord:
+    """What one rank built and decided (its engine plan's record), for ``bench`` and
+    ``check``: ``plan-<stage>-<tp rank>.json`` (``plan-engine-<engine>.json`` for the
+    engine check's verdict)."""
+
+    name: str
+    record: Mapping[str, Any]
+
+    @property
+    def filename(self) -> str:
+        return f"plan-{self.name}.json"
+
+    def to_json(self) -> str:
+        return json.dumps(dict(self.record), separators=(",", ":"))
+
+
+def read_plan_records(directory: Path) -> dict[str, dict[str, Any]]:
+    """Every plan record in ``directory`` by name (``0-0``, ``engine-0``); unreadable
+    ones are left out."""
+    records = {}
+    for path in sorted(Path(directory).glob("plan-*.json")):
+        try:
+            records[path.stem.removeprefix("plan-")] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return records
+
+
 def write_snapshot(
-    snapshot: StageSnapshot | EngineSnapshot, directory: Path | None = None
+    snapshot: StageSnapshot | EngineSnapshot | PlanRecord, directory: Path | None = None
 ) -> Path | None:
     """Write ``snapshot`` atomically (temporary file, then rename) into ``directory``.
 

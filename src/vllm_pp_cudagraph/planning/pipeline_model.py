@@ -1,10 +1,7 @@
 """What PP with the plugin, stock PP and TP deliver for a model on N GPUs, predicted.
 
-From what one stage costs per decode step (:mod:`vllm_pp_cudagraph.stage_costs`),
-each layout's time per output token follows from how its steps overlap; how and why,
-and how far the predictions were off on measured cells: ``docs/performance.md``,
-"Predicting PP against TP".
-"""
+From stage costs (:mod:`vllm_pp_cudagraph.stage_costs`) and how each layout's steps
+overlap; docs/performance.md ("Predicting PP against TP") says how and how far it holds."""
 
 from __future__ import annotations
 
@@ -22,15 +19,10 @@ from vllm_pp_cudagraph.stage_costs import (
     table_costs,
 )
 
-#: Host time of one engine step (scheduling, input preparation, output processing),
-#: fitted to the wall time per step of the 0.6B stage at PP=1 on one H200, which is
-#: host-bound (results/2026-11-24-vllm033-one-gpu-stage-costs: 1.46 ms at 1 request,
-#: 6.00 ms at 256).
+#: Host time of one engine step, fitted to a host-bound 0.6B stage at PP=1 on one H200.
 HOST_STEP_S = 1.4e-3
 HOST_PER_REQUEST_S = 18e-6
-#: Stock MRV2's GPU time per PP step over the plugin's at the same group size: the one
-#: constant set from a cell with a GPU per stage (the 0.26.0 32B engine cell's
-#: profile, 15.6 against 11.9 ms of kernels per step; results/2026-11-23-pipelining-pp2).
+#: Stock MRV2's GPU time per PP step over the plugin's at the same group size (measured).
 STOCK_PP_GPU_FACTOR = 1.31
 
 
@@ -49,8 +41,7 @@ class Link:
         return self.latency_s + 2 * (ranks - 1) / ranks * n / self.bytes_per_s
 
 
-#: Documented defaults, not measured here: NVLink (H100/H200), PCIe without
-#: peer-to-peer, TCP sockets between nodes without InfiniBand.
+#: Documented defaults, not measured here (sockets: TCP between nodes, no InfiniBand).
 LINKS = {
     "nvlink": Link(300e9, 10e-6),
     "pcie": Link(20e9, 25e-6),
@@ -166,10 +157,8 @@ def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s:
 
 def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence: str,
              link: Link, costs_at: CostsAt | None = None, tp: int = 1) -> Prediction:
-    """PP over ``len(split)`` stages of ``tp`` GPUs each with ``cadence``: ``balance`` (the
-    running requests in pp even groups taking turns, every stage busy), ``merge`` (every
-    request every step, the stages one after the other), or ``stock`` (vLLM's: groups as
-    ``balance``, at stock's cost per step)."""
+    """PP over ``len(split)`` stages of ``tp`` GPUs each, with ``cadence`` ``balance``,
+    ``merge`` or ``stock`` (groups as ``balance``, at stock's cost per step)."""
     costs_at = costs_at or (lambda b: stage_costs(shape, b))
     pp, running, context = len(split), work.running, work.mean_context
     group = running if cadence == "merge" else running / pp
@@ -192,10 +181,8 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
 
 
 def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt) -> StageCosts:
-    """One TP rank's costs: the shard's own measured table where one ships; else the
-    bytes/FLOPs model of its shard, scaled part by part by how far ``costs_at`` (a
-    measured table, where the full shape has one) is from the model of the full shape,
-    so PP and TP rest on the same measurements."""
+    """One TP rank's costs: the shard's measured table where one ships, else its modelled
+    costs scaled by ``costs_at`` over the full shape's modelled ones."""
     if (found := find_table(tp_shard(shape, tp))) is not None:
         path, table = found
         return table_costs(tp_shard(shape, tp), table, batch, path.name)

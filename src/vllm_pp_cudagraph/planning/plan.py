@@ -130,16 +130,14 @@ def render(rows: list[Row], work: Workload, source: str) -> list[str]:
     return lines
 
 
-#: Runner names of the bench and the cadence each stands for in the model ("stock": stock
-#: MRV2's schedule and cost; V1 has no term of its own and is predicted the same way).
+#: The cadence each bench runner stands for ("stock": MRV2's; V1 is predicted the same).
 RUNNER_CADENCES = {"plugin": "auto", "plugin-merge": "merge", "plugin-balance": "balance",
                    "stock": "stock", "v1": "stock", "plugin-cadence": "stock"}
 
 
 def predict_run(config: Any, run: dict[str, Any]) -> Prediction | None:
-    """The prediction for one bench run (its spec's fields, and for ``serve`` its
-    point's ``concurrency`` and ``input_len``), on the NVLink default; None for a runner
-    or a model the model does not cover."""
+    """The prediction for one bench run (its spec's fields; for ``serve`` also its point's
+    ``concurrency``) on NVLink; None for a runner or a model it does not cover."""
     if unmodelled_reason(config) is not None:
         return None
     shape = ModelShape.from_config(config)
