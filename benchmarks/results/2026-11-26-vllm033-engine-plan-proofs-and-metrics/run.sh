@@ -18,3 +18,6 @@ bash benchmarks/gpu_kit/run_checks.sh /tmp/checks metrics-cost shared-layouts
 export KIT_LAYOUT_STREAM_1="tests/e2e/test_metrics_serve.py::test_serve_reports_every_stage_in_metrics_and_the_log"
 export KIT_LAYOUT_STREAM_2="" KIT_LAYOUT_STREAM_3="" KIT_LAYOUT_STREAM_4=""
 bash benchmarks/gpu_kit/run_checks.sh /tmp/checks shared-layouts
+
+# 3. One H200, after bench read the ranks' plan records: the shared-batch step.
+bash benchmarks/gpu_kit/run_checks.sh /tmp/checks shared-batch
