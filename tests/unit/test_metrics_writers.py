@@ -119,9 +119,19 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
             "plugin_runner": True, "direct_handoff": True, "layers": [15, 13],
             "split_noteworthy": True, "stage": stage, "tp_rank": 0}), tmp_path)
     write_snapshot(PlanRecord("engine-0", {"engine": {}, "workers": []}), tmp_path)
-    assert record_findings(tmp_path) == {
+    found = record_findings(tmp_path)
+    assert found == {
         "plugin_stages": 2, "stand_aside_lines": 0, "direct_handoff_stages": 2,
-        "layer_partition_used": [15, 13], "plan_records": 2}
+        "layer_partition_used": [15, 13], "plan_records": 2, "stage_metrics": {}}
+    # Each stage's last window, however old: bench reads it once the run is over.
+    gpu = GPUTimeline()
+    clock = StageClock(stage=1, pp_size=2, tp_size=1, layers=13, interval_s=0.0,
+                       write=lambda snap: write_snapshot(snap, tmp_path), event=gpu.event)
+    clock.step_started()
+    gpu.now_ms = gpu.done_ms = 2.0
+    clock.step_ended(graph=True)
+    stage = record_findings(tmp_path)["stage_metrics"][1]
+    assert stage["steps"] == 1 and stage["step_ms"] == 2.0 and stage["graph_steps_total"] == 1
 
 
 def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import random
 import re
@@ -29,7 +30,7 @@ from typing import Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.layer_partition import LOG_PREFIX
-from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
+from vllm_pp_cudagraph.metrics.snapshots import read_plan_records, read_stage_snapshots
 from vllm_pp_cudagraph.support import STAND_ASIDE
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.interconnect import INTERCONNECT_ENV, merge_options
@@ -540,6 +541,11 @@ def records_dir(log_path: Path) -> Path:
     return directory
 
 
+#: What bench.json keeps of each stage's last metrics snapshot.
+STAGE_METRIC_KEYS = ("window_s", "steps", "busy_fraction", "wait_fraction", "step_ms",
+                     "graph_steps_total", "eager_steps_total", "handoff_bytes_total")
+
+
 def record_findings(directory: Path) -> dict[str, Any]:
     """What the run's ranks recorded of their plans (metrics/snapshots.py): the same keys
     as :func:`log_findings` reads from the log, for runs where the plugin wrote them."""
@@ -548,12 +554,16 @@ def record_findings(directory: Path) -> dict[str, Any]:
     if not ranks:
         return {}
     first = next((r for r in ranks if (r.get("stage"), r.get("tp_rank")) == (0, 0)), {})
+    stages = read_stage_snapshots(0, directory, max_age_s=math.inf)
     return {
         "plugin_stages": sum(1 for r in ranks if r.get("plugin_runner")),
         "stand_aside_lines": sum(1 for r in ranks if not r.get("plugin_runner")),
         "direct_handoff_stages": sum(1 for r in ranks if r.get("direct_handoff")),
         "layer_partition_used": first.get("layers") if first.get("split_noteworthy") else None,
         "plan_records": len(ranks),
+        # Each stage's last metrics window (the one /metrics showed last), where it wrote one.
+        "stage_metrics": {stage: {key: getattr(snap, key) for key in STAGE_METRIC_KEYS}
+                          for stage, snap in sorted(stages.items())},
     }
 
 
