@@ -475,7 +475,8 @@ def test_vllm_reading_another_value_is_an_error(partition_env, monkeypatch):
 
 
 def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, on_h200,
-                                                               tmp_path, monkeypatch):
+                                                               tmp_path, monkeypatch,
+                                                               pp_group):
     partition_env.setenv(SETTING, "auto")
     seen = []
     monkeypatch.setattr(GPUModelRunner, "load_model",
@@ -498,7 +499,8 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
     (2, "vllm", None, None),  # the default: nothing to say
 ])
 def test_stage_zero_logs_one_line_naming_the_split_the_bench_reads(
-        partition_env, on_h200, tmp_path, monkeypatch, caplog, pp, setting, hand, used):
+        partition_env, on_h200, tmp_path, monkeypatch, caplog, pp, setting, hand, used,
+        pp_group):
     from vllm_pp_cudagraph.bench.engine_run import layer_partition_used
 
     partition_env.setenv(SETTING, setting)

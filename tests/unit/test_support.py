@@ -83,7 +83,8 @@ def test_a_proven_method_on_another_release_stands_aside_naming_both(monkeypatch
     assert reason == f"speculative method 'ngram' is proven on vLLM 0.1 only, not {HERE}"
 
 
-def test_the_runner_factory_builds_vllms_own_where_it_stands_aside(monkeypatch, model_dir):
+def test_the_runner_factory_builds_vllms_own_where_it_stands_aside(monkeypatch, model_dir,
+                                                                   pp_group):
     built = []
 
     def stock_init(self, vllm_config, device):
@@ -145,7 +146,7 @@ def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
 
 
 def test_without_a_pipeline_the_plugin_stands_aside_whatever_the_settings(monkeypatch,
-                                                                         model_dir):
+                                                                         model_dir, pp_group):
     assert "PP=1" in support.no_pipeline_reason(Config(pp=1))
     monkeypatch.setattr(model_runner.GPUModelRunner, "__init__", lambda *a: None)
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
