@@ -41,10 +41,11 @@ class EnginePlan:
         return self.refusal is None and self.stand_aside is None
 
     @property
-    def needs_plugin_workers(self) -> bool:
-        """Whether a worker without the plugin's runner would serve wrong tokens: the
-        cadence lifts decodes, or ``auto`` splits the layers."""
-        return self.cadence in LIFTING or self.layer_partition is LayerPartition.AUTO
+    def predicted_stage_ms(self) -> list[float] | None:
+        """Each stage's predicted decode-step time, where the split was costed."""
+        if self.partition.costs is None or not self.layers:
+            return None
+        return self.partition.stage_ms(self.layers)
 
     def record(self) -> dict[str, Any]:
         """The plan as plain values, for ``bench``, ``check`` and the metrics snapshot."""
@@ -55,8 +56,8 @@ class EnginePlan:
                 "layer_partition": str(self.layer_partition),
                 "layers": list(self.layers) if self.layers else None,
                 "split_source": self.partition.source, "split_why": self.partition.why,
-                "predicted_stage_ms": (self.partition.stage_ms(self.layers)
-                                       if self.partition.costs and self.layers else None)}
+                "split_noteworthy": self.partition.noteworthy,
+                "predicted_stage_ms": self.predicted_stage_ms}
 
 
 def _stand_aside(settings: PPCudaGraphSettings, vllm_config: Any) -> str | None:

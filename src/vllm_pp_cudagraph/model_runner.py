@@ -67,11 +67,7 @@ def check_graph_settings(vllm_config: VllmConfig) -> None:
 def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunner:
     """The worker's MRV2 runner (the ``runner-factory`` patch): the plugin's, or vLLM's own
     where the engine's plan stands aside; refuses an engine stock vLLM is known to fail."""
-    plan = plan_engine(PPCudaGraphSettings.current(), vllm_config,
-                       layer_partition.gpu_memory_bytes())
-    if plan.refusal:
-        raise support.KnownStockFailureError(
-            f"vllm-pp-cudagraph refuses this engine: {plan.refusal}.")
+    plan = worker_plan(vllm_config)
     if plan.stand_aside:
         write_plan_record(plan.record())
         say = logger.info if plan.no_pipeline else logger.warning
@@ -80,6 +76,21 @@ def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunne
             " (VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN=1 to run the plugin anyway)")
         return GPUModelRunner(vllm_config, device)
     return PPCudaGraphModelRunner(vllm_config, device, plan)
+
+
+def worker_plan(vllm_config: VllmConfig) -> EnginePlan:
+    """This worker's plan for its engine (with its GPU's memory), unless refused."""
+    return refusing(plan_engine(PPCudaGraphSettings.current(), vllm_config,
+                                layer_partition.gpu_memory_bytes()))
+
+
+def refusing(plan: EnginePlan) -> EnginePlan:
+    """``plan``, or an error naming what to change where it refuses the engine (an engine
+    stock vLLM of this release is known to fail)."""
+    if plan.refusal:
+        raise support.KnownStockFailureError(
+            f"vllm-pp-cudagraph refuses this engine: {plan.refusal}.")
+    return plan
 
 
 def write_plan_record(record: dict) -> None:
@@ -136,11 +147,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device,
                  plan: EnginePlan | None = None):
         check_graph_settings(vllm_config)
-        self.plan = plan or plan_engine(PPCudaGraphSettings.current(), vllm_config,
-                                        layer_partition.gpu_memory_bytes())
-        if self.plan.refusal:
-            raise support.KnownStockFailureError(
-                f"vllm-pp-cudagraph refuses this engine: {self.plan.refusal}.")
+        self.plan = refusing(plan) if plan else worker_plan(vllm_config)
         super().__init__(vllm_config, device)
         self.pp_stage = get_pp_group().rank_in_group
         self.tp_size = get_tp_group().world_size
@@ -180,14 +187,13 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if self.use_pp:
             self._check_stage_handoffs()
             self._start_stage_clock()
-        write_plan_record({**self.plan.record(), "direct_handoff": self.direct_handoff,
-                           "split_noteworthy": self.plan.partition.noteworthy})
+        write_plan_record({**self.plan.record(), "direct_handoff": self.direct_handoff})
 
     def _start_stage_clock(self) -> None:
         if not PPCudaGraphSettings.current().metrics or get_tp_group().rank_in_group != 0:
             return
         start, end = self.model_config.get_layers_start_end_indices(self.parallel_config)
-        stage_ms = self.plan.record()["predicted_stage_ms"]
+        stage_ms = self.plan.predicted_stage_ms
         self.stage_clock = StageClock(
             stage=self.pp_stage, pp_size=self.parallel_config.pipeline_parallel_size,
             tp_size=self.tp_size, layers=end - start,

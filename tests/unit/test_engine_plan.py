@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _scheduler import make_scheduler
 
-from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.engine_plan import LIFTING, plan_engine
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
 
@@ -37,7 +37,7 @@ def test_a_plain_pp_engine_runs_the_plugin_with_the_asked_cadence(engine):
     plan = plan_engine(settings(decode_cadence=DecodeCadence.MERGE), engine())
     assert plan.plugin_runner and plan.stand_aside is None and plan.refusal is None
     assert plan.cadence is plan.asked_cadence is DecodeCadence.MERGE
-    assert plan.needs_plugin_workers
+    assert plan.cadence in LIFTING
     assert not plan.direct_handoff and plan.direct_handoff_blocker is None
 
 
@@ -52,7 +52,7 @@ def test_an_unproven_connector_keeps_stocks_runner_and_cadence_unless_allowed(en
     plan = plan_engine(settings(), engine(connector="SomeConnector"))
     assert not plan.plugin_runner and not plan.no_pipeline
     assert "KV connector 'SomeConnector'" in plan.stand_aside
-    assert plan.cadence is DecodeCadence.VLLM and not plan.needs_plugin_workers
+    assert plan.cadence is DecodeCadence.VLLM and plan.cadence not in LIFTING
     # The stock runner never hands on directly, whatever is asked.
     asked = plan_engine(settings(direct_handoff=True), engine(connector="SomeConnector"))
     assert not asked.direct_handoff
