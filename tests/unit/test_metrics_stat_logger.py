@@ -294,6 +294,16 @@ def test_inert_unless_the_plugin_is_enabled(monkeypatch, tmp_path: Path) -> None
     assert "VLLM_PP_CUDAGRAPH_METRICS_DIR" not in os.environ
 
 
+def test_inert_with_the_metrics_turned_off(monkeypatch, tmp_path: Path) -> None:
+    """Nothing measures then, so no stage may be reported silent."""
+    monkeypatch.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS", "0")
+    registry = CollectorRegistry()
+    logger = PipelineStatLogger(config(), 0, registry=registry, directory=tmp_path)
+    logger.record(SchedulerStats(), None)
+    assert generate_latest(registry) == b""
+
+
 def test_entry_point_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["vllm.stat_logger_plugins"] == {

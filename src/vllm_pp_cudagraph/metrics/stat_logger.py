@@ -31,6 +31,7 @@ from vllm_pp_cudagraph.metrics.snapshots import (
     read_stage_snapshots,
 )
 from vllm_pp_cudagraph.plugin import is_enabled
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 logger = init_logger("vllm.pp_cudagraph.metrics")
 
@@ -244,7 +245,7 @@ class PipelineStatLogger(StatLoggerBase):
 
     vLLM makes one per engine (data-parallel rank); they share one collector per registry.
     Inert unless ``VLLM_PLUGINS`` names the plugin (vLLM loads every installed stat logger
-    where ``VLLM_PLUGINS`` is unset).
+    where ``VLLM_PLUGINS`` is unset) and ``VLLM_PP_CUDAGRAPH_METRICS`` is on.
     """
 
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0, *,
@@ -259,7 +260,7 @@ class PipelineStatLogger(StatLoggerBase):
         self._cadences: dict[tuple[str, str], None] = {}
         self._lock = threading.Lock()
         self._next_refresh = 0.0
-        self.active = is_enabled()
+        self.active = is_enabled() and PPCudaGraphSettings.current().metrics
         if not self.active:
             return
         self.directory = metrics_dir() if directory is None else Path(directory)
