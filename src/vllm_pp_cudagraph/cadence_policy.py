@@ -1,13 +1,14 @@
 """Choose the PP decode cadence by measurement (``VLLM_PP_CUDAGRAPH_DECODE_CADENCE=auto``).
 
-:class:`CadenceChooser` times ``merge`` and ``balance`` in the engine core, per token a
-request waits, and keeps the faster; docs/architecture.md and docs/performance.md say why."""
+:class:`CadenceChooser` times vLLM's own cadence, ``balance`` and ``merge`` in the engine
+core, per token a request waits, and keeps vLLM's unless another beats it by the margin;
+docs/architecture.md and docs/performance.md say why."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,8 +21,15 @@ logger = init_logger("vllm.pp_cudagraph.cadence")
 #: Windows saw about the same load when their decoding requests differ by at most this share.
 SIMILAR_LOAD = 0.25
 
-#: The cadences ``auto`` chooses between.
-CANDIDATES = (DecodeCadence.MERGE, DecodeCadence.BALANCE)
+#: vLLM's own cadence: ``auto`` starts on it and keeps it unless another beats it by the margin.
+STOCK = DecodeCadence.VLLM
+
+#: The cadences ``auto`` chooses between, in the order their trials are due.
+CANDIDATES = (STOCK, DecodeCadence.BALANCE, DecodeCadence.MERGE)
+
+#: A trial that measured this many times the incumbent's interval lost by a wide margin:
+#: it is not tried again at that load for much longer.
+WIDE_LOSS = 1.25
 
 
 def _similar_load(decoders: float, reference: float, share: float = SIMILAR_LOAD) -> bool:
@@ -31,42 +39,68 @@ def _similar_load(decoders: float, reference: float, share: float = SIMILAR_LOAD
 
 @dataclass
 class _Window:
-    """Steps measured under one cadence since ``start`` (clock seconds)."""
+    """Steps measured under one cadence since ``start`` (clock seconds), in rounds of
+    ``round_steps`` (``pp_size``: every decode group's turn once)."""
 
     start: float
-    last: float
-    steps: int = 0
-    tokens: int = 0
-    decoders: int = 0
-    gaps: list[float] = field(default_factory=list)
+    round_steps: int
+    times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    decoders: list[int] = field(default_factory=list)
 
     def add(self, now: float, tokens: int, decoders: int) -> None:
-        if self.steps:
-            self.gaps.append(now - self.last)
-        self.last = now
-        self.steps += 1
-        self.tokens += tokens
-        self.decoders += decoders
+        self.times.append(now)
+        self.tokens.append(tokens)
+        self.decoders.append(decoders)
+
+    @property
+    def steps(self) -> int:
+        return len(self.times)
 
     @property
     def mean_decoders(self) -> float:
-        return self.decoders / self.steps if self.steps else 0.0
+        return statistics.fmean(self.decoders) if self.decoders else 0.0
 
     def token_interval(self, now: float) -> float | None:
-        """Seconds a decoding request waited per token (from the median gap between steps),
-        or None where no token was decoded or the engine was idle."""
-        gaps = [*self.gaps, now - self.last]
+        """Seconds a decoding request waited per token: the median over the window's
+        rounds of a round's time per token it gave each decoding request; None where no
+        token was decoded or the engine was idle.
+
+        By rounds, not steps: where groups are uneven, steps alternate between long and
+        short (an empty step costs the scheduler a moment), and a round takes them all."""
+        durations = [b - a for a, b in zip(self.times, [*self.times[1:], now])]
         elapsed = now - self.start
-        step = statistics.median(gaps)
-        idle = max(gaps) > 0.5 * elapsed and max(gaps) > 4 * step
-        if self.tokens == 0 or elapsed <= 0 or idle:
+        longest = max(durations)
+        if elapsed <= 0 or (longest > 0.5 * elapsed
+                            and longest > 4 * statistics.median(durations)):
             return None
-        return step * len(gaps) * self.mean_decoders / self.tokens
+        per_token = []
+        for first in range(0, len(durations) - self.round_steps + 1, self.round_steps):
+            span = slice(first, first + self.round_steps)
+            tokens = sum(self.tokens[span])
+            if tokens:
+                decoders = statistics.fmean(self.decoders[span])
+                per_token.append(sum(durations[span]) * decoders / tokens)
+        return statistics.median(per_token) if per_token else None
 
 
 class CadenceChooser:
-    """Picks ``merge`` or ``balance`` for one scheduler: feed :meth:`record_step` once per
-    ``schedule()``; :attr:`cadence` is the cadence for the next step."""
+    """Picks vLLM's cadence, ``balance`` or ``merge`` for one scheduler: feed
+    :meth:`record_step` once per ``schedule()``; :attr:`cadence` is the cadence for the
+    next step, :attr:`incumbent` the one adopted (they differ while another is on trial).
+
+    ``auto`` starts on vLLM's cadence. The incumbent is measured in windows of
+    ``window_rounds`` rounds; every so many windows one other candidate is tried for a
+    window at the same load, and adopted only if it beats the incumbent by ``margin``
+    there and again against the incumbent's next window, so vLLM's cadence is left only
+    for one that beats it, and taken back once it beats the one adopted. (A trial of
+    vLLM's cadence starts from the groups the incumbent formed, so a tie says nothing
+    about how vLLM's own groups would do: it needs the margin too.) A candidate that held
+    no better is tried again
+    ``growth`` times later each time (at most ``longest_gap`` windows); one that lost by
+    :data:`WIDE_LOSS` or more is backed off up to ``longest_backoff`` windows, and stays
+    backed off while the load is the one it lost at.
+    """
 
     def __init__(
         self,
@@ -76,6 +110,7 @@ class CadenceChooser:
         first_gap: int = 8,
         growth: int = 4,
         longest_gap: int = 128,
+        longest_backoff: int = 1024,
         regroup: float = 0.5,
         recent: int = 3,
         clock: Callable[[], float] = time.monotonic,
@@ -87,99 +122,127 @@ class CadenceChooser:
         self.first_gap = first_gap
         self.growth = growth
         self.longest_gap = longest_gap
+        self.longest_backoff = longest_backoff
         self.regroup = regroup
         self.clock = clock
-        # Balance first: it only delays decodes, the closest choice to vLLM's schedule.
-        self.cadence = DecodeCadence.BALANCE
-        #: Windows of the incumbent to measure before trying the other cadence again.
-        self.gap = first_gap
-        self._windows_left = 1
+        self.incumbent = STOCK
+        self.cadence = STOCK
+        #: Per other candidate: windows of the incumbent between its trials, and left now.
+        self._gap = {c: first_gap for c in CANDIDATES}
+        self._windows_left = {c: 1 for c in CANDIDATES}
+        #: Per candidate, the loads (decoding requests) at which it lost widely, and its
+        #: back-off (windows) there.
+        self._wide_backoffs: dict[DecodeCadence, list[tuple[float, int]]] = {
+            c: [] for c in CANDIDATES}
         self._settle = 0
         self._window: _Window | None = None
-        self._exploring = False
-        #: A winning trial (token interval, decoding requests) awaiting confirmation.
-        self._candidate: tuple[float, float] | None = None
+        self._trial: DecodeCadence | None = None
+        #: A winning trial (cadence, token interval, decoding requests) awaiting confirmation.
+        self._candidate: tuple[DecodeCadence, float, float] | None = None
         #: The incumbent's last windows (token interval, decoding requests), newest last.
         self._recent: deque[tuple[float, float]] = deque(maxlen=recent)
         self._decided_decoders = 0.0
-        #: Adopted switches: (step, cadence, its token interval, the other's, decoding requests).
+        #: Adopted switches: (step, cadence, its token interval, the incumbent's, decoding requests).
         self.switches: list[tuple[int, DecodeCadence, float, float, float]] = []
+        #: Trials started, and steps scheduled under a trial, per cadence (the probes' cost).
+        self.trials: Counter[str] = Counter()
+        self.trial_steps: Counter[str] = Counter()
+        #: Trials that lost by :data:`WIDE_LOSS` or more, per cadence.
+        self.wide_losses: Counter[str] = Counter()
         self._steps = 0
-
-    @property
-    def other(self) -> DecodeCadence:
-        return CANDIDATES[1] if self.cadence is CANDIDATES[0] else CANDIDATES[0]
 
     def record_step(self, tokens: int, decoders: int) -> DecodeCadence:
         """Account for the step just scheduled; return the cadence for the next."""
         now = self.clock()
         self._steps += 1
+        if self.cadence is not self.incumbent:
+            self.trial_steps[self.cadence.value] += 1
         if self._settle > 0:
             self._settle -= 1
             self._window = None
             return self.cadence
         window = self._window
         if window is None:
-            self._window = _Window(start=now, last=now)
+            self._window = _Window(start=now, round_steps=self.pp_size)
             self._window.add(now, tokens, decoders)
             return self.cadence
         if window.steps < self.window_steps:
-            if self._exploring and window.steps == self.pp_size and self._far_behind(
-                    window.token_interval(now)):
-                # One round of the trial is enough to see it lose.
-                self._keep_incumbent()
-                return self.cadence
+            if self._trial is not None and window.steps == self.pp_size:
+                interval = window.token_interval(now)
+                if self._far_behind(interval):
+                    # One round of the trial is enough to see it lose.
+                    self._end_trial(interval, window.mean_decoders)
+                    return self.cadence
             window.add(now, tokens, decoders)
             return self.cadence
         interval = window.token_interval(now)
-        self._window = _Window(start=now, last=now)
+        self._window = _Window(start=now, round_steps=self.pp_size)
         self._window.add(now, tokens, decoders)
         if interval is not None:
             self._judge(interval, window.mean_decoders)
         return self.cadence
 
     def _judge(self, interval: float, decoders: float) -> None:
-        if self._exploring:
-            reference = self._reference()
-            comparable = reference is not None and _similar_load(decoders, reference[1])
-            if comparable and interval < reference[0] * (1 - self.margin):
-                # Adopt only once the incumbent's window after the trial confirms it.
-                self._exploring = False
-                self._candidate = (interval, decoders)
-                self._switch(self.other)
-            else:
-                self._keep_incumbent(held=comparable)
-            return
-        if self._candidate is not None:
-            trial, trial_decoders = self._candidate
+        if self._trial is not None:
+            self._judge_trial(interval, decoders)
+        elif self._candidate is not None and _similar_load(decoders, self._candidate[2]):
+            self._confirm(interval, decoders)
+        else:
             self._candidate = None
-            if _similar_load(decoders, trial_decoders):
-                self._recent.append((interval, decoders))
-                beaten = min(interval, self._reference()[0])
-                if trial < beaten * (1 - self.margin):
-                    self._switch(self.other)
-                    self._adopt(trial, trial_decoders, beaten=beaten)
-                else:
-                    self._hold()
-                return
+            self._incumbent_window(interval, decoders)
+
+    def _judge_trial(self, interval: float, decoders: float) -> None:
+        trial, reference = self._trial, self._reference()
+        assert trial is not None
+        if (reference is not None and _similar_load(decoders, reference[1])
+                and self._wins(interval, reference[0])):
+            # Adopt only once the incumbent's window after the trial confirms it.
+            self._trial = None
+            self._candidate = (trial, interval, decoders)
+            self._use(self.incumbent)
+        else:
+            self._end_trial(interval, decoders)
+
+    def _confirm(self, interval: float, decoders: float) -> None:
+        trial, trial_interval, trial_decoders = self._candidate
+        self._candidate = None
+        self._recent.append((interval, decoders))
+        beaten = min(interval, self._reference()[0])
+        if self._wins(trial_interval, beaten):
+            self._adopt(trial, trial_interval, trial_decoders, beaten)
+        else:
+            self._back_off(trial, self.longest_gap)
+            self._start_due_trial()
+
+    def _incumbent_window(self, interval: float, decoders: float) -> None:
         moved = not _similar_load(decoders, self._decided_decoders, share=self.regroup)
         if moved and decoders >= self.pp_size:
             # The load moved: measure the incumbent at the new load before another trial.
             self._recent.clear()
             self._decided_decoders = decoders
-            self.gap = self.first_gap
-            self._windows_left = 1
+            self._reset_gaps(decoders, first_trial_in=1)
             return
         self._recent.append((interval, decoders))
         if decoders < self.pp_size:
-            # Too few requests to form groups: balance could only leave steps empty.
-            if self.cadence is not DecodeCadence.MERGE:
-                self._switch(DecodeCadence.MERGE)
+            # Too few requests to form groups: every other cadence leaves steps empty.
+            self.incumbent = DecodeCadence.MERGE
+            self._use(DecodeCadence.MERGE)
             return
-        self._windows_left -= 1
-        if self._windows_left <= 0:
-            self._exploring = True
-            self._switch(self.other)
+        for cadence in CANDIDATES:
+            self._windows_left[cadence] -= 1
+        self._start_due_trial()
+
+    def _start_due_trial(self) -> None:
+        due = [c for c in CANDIDATES if c is not self.incumbent and self._windows_left[c] <= 0]
+        if due:
+            self._trial = due[0]
+            self.trials[due[0].value] += 1
+            self._use(due[0])
+
+    def _wins(self, interval: float, incumbent: float) -> bool:
+        """Whether a trial measured at ``interval`` beats the incumbent's ``incumbent``
+        by the margin."""
+        return interval < incumbent * (1 - self.margin)
 
     def _reference(self) -> tuple[float, float] | None:
         """The incumbent's token interval to beat: the median of its recent windows
@@ -194,37 +257,58 @@ class CadenceChooser:
         reference = self._reference()
         return interval is not None and reference is not None and interval > 1.5 * reference[0]
 
-    def _keep_incumbent(self, held: bool = True) -> None:
-        """End a trial and go back; if the incumbent held, ask again less often."""
-        self._exploring = False
-        self._switch(self.other)
-        if held:
-            self._hold()
+    def _end_trial(self, interval: float | None, decoders: float) -> None:
+        """Go back to the incumbent; try the trial again later, much later where it lost
+        widely at the incumbent's load."""
+        trial, reference = self._trial, self._reference()
+        assert trial is not None
+        self._trial = None
+        self._use(self.incumbent)
+        if reference is None or not _similar_load(decoders, reference[1]):
+            self._windows_left[trial] = self._gap[trial]  # not comparable: no verdict
+            return
+        if interval is not None and interval >= WIDE_LOSS * reference[0]:
+            self.wide_losses[trial.value] += 1
+            self._back_off(trial, self.longest_backoff)
+            self._wide_backoffs[trial] = [
+                *(b for b in self._wide_backoffs[trial] if not _similar_load(reference[1], b[0])),
+                (reference[1], self._gap[trial])]
         else:
-            self._windows_left = self.gap
+            self._back_off(trial, self.longest_gap)
 
-    def _hold(self) -> None:
-        """The incumbent held against a trial: try the other again less often."""
-        self.gap = min(self.growth * self.gap, self.longest_gap)
+    def _back_off(self, trial: DecodeCadence, longest: int) -> None:
+        """The incumbent held against ``trial``: try it again ``growth`` times later."""
+        self._gap[trial] = min(self.growth * self._gap[trial], longest)
+        self._windows_left[trial] = self._gap[trial]
         self._decided_decoders = self._recent[-1][1]
-        self._windows_left = self.gap
 
-    def _adopt(self, interval: float, decoders: float, beaten: float) -> None:
-        """Make the trial the incumbent: it measured ``interval`` against ``beaten``."""
-        self._exploring = False
-        self.switches.append((self._steps, self.cadence, interval, beaten, decoders))
+    def _adopt(self, cadence: DecodeCadence, interval: float, decoders: float,
+               beaten: float) -> None:
+        """Make ``cadence`` the incumbent: it measured ``interval`` against ``beaten``."""
+        before = self.incumbent
+        self.incumbent = cadence
+        self._use(cadence)
+        self.switches.append((self._steps, cadence, interval, beaten, decoders))
         logger.info(
             "vllm-pp-cudagraph: decode cadence %s at %.0f decoding requests "
             "(%.2f ms per token against %.2f ms with %s)",
-            self.cadence, decoders, 1e3 * interval, 1e3 * beaten, self.other,
+            cadence, decoders, 1e3 * interval, 1e3 * beaten, before,
         )
         self._decided_decoders = decoders
         self._recent.clear()
         self._recent.append((interval, decoders))
-        self.gap = self.first_gap
-        self._windows_left = self.gap
+        self._reset_gaps(decoders, first_trial_in=self.first_gap)
 
-    def _switch(self, cadence: DecodeCadence) -> None:
+    def _reset_gaps(self, decoders: float, first_trial_in: int) -> None:
+        """A new load or incumbent: every candidate is due again soon, except one that
+        lost widely at about this load, which keeps its back-off."""
+        for cadence in CANDIDATES:
+            backoffs = [gap for load, gap in self._wide_backoffs[cadence]
+                        if _similar_load(decoders, load)]
+            self._gap[cadence] = backoffs[-1] if backoffs else self.first_gap
+            self._windows_left[cadence] = backoffs[-1] if backoffs else first_trial_in
+
+    def _use(self, cadence: DecodeCadence) -> None:
         if cadence is not self.cadence:
             self.cadence = cadence
             self._settle = self.pp_size

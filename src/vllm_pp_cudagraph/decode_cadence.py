@@ -2,8 +2,8 @@
 
 ``merge`` lets every running request decode at every step, ``balance`` evens the
 ``pp_size`` decode groups, ``fill`` gives a step that would be empty the group that can go
-first, ``auto`` measures ``merge`` and ``balance`` and keeps the faster
-(cadence_policy.py). The worker half is first_stage_tokens.py; docs/architecture.md
+first, ``auto`` measures vLLM's own cadence, ``balance`` and ``merge`` and leaves vLLM's
+only for one that beats it (cadence_policy.py). The worker half is first_stage_tokens.py; docs/architecture.md
 says why both are safe."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.cadence_policy import CadenceChooser
+from vllm_pp_cudagraph.cadence_policy import STOCK, CadenceChooser
 from vllm_pp_cudagraph.engine_plan import plan_engine
 from vllm_pp_cudagraph.metrics.engine_record import EngineRecord
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
@@ -82,6 +82,26 @@ def balance_decode_groups(running: Iterable[Any], step: int, pp_size: int) -> in
     return len(movable)
 
 
+def decode_phases(running: Iterable[Any], pp_size: int) -> dict[str, int]:
+    """Each running request's decode group: its next eligible step modulo ``pp_size``."""
+    return {r.request_id: r.next_decode_eligible_step % pp_size for r in running}
+
+
+def restore_decode_phases(running: Iterable[Any], phases: dict[str, int], pp_size: int) -> int:
+    """Delay each request in ``phases`` to the next step of its recorded group (never
+    sooner; structured outputs are left alone); return how many moved."""
+    moved = 0
+    for request in running:
+        phase = phases.get(request.request_id)
+        if phase is None or request.use_structured_output:
+            continue
+        delay = (phase - request.next_decode_eligible_step) % pp_size
+        if delay:
+            request.next_decode_eligible_step += delay
+            moved += 1
+    return moved
+
+
 def may_admit(scheduler: Any) -> bool:
     """Whether this step could admit a waiting request, as ``Scheduler.schedule`` checks it.
 
@@ -114,6 +134,8 @@ def changing_cadence(original: ScheduleFn, settings: PPCudaGraphSettings) -> Sch
         chooser = state.chooser
         policy = chooser.cadence if chooser is not None else state.cadence
         step = self.current_step + 1
+        if chooser is not None:
+            state.keep_vllms_groups(chooser, self.running, self.pp_size)
         if policy is DecodeCadence.MERGE:
             merge_decode_groups(self.running, step)
         elif policy is DecodeCadence.BALANCE:
@@ -124,7 +146,7 @@ def changing_cadence(original: ScheduleFn, settings: PPCudaGraphSettings) -> Sch
         if chooser is not None:
             chooser.record_step(decode_tokens(output), sum(1 for r in self.running if is_decoding(r)))
         if state.record is not None:
-            state.record.step(self.running, str(policy), chooser.switches if chooser else [])
+            state.record.step(self.running, str(policy), chooser)
         return output
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
@@ -139,6 +161,22 @@ class _SchedulerState:
     cadence: DecodeCadence
     chooser: CadenceChooser | None
     record: EngineRecord | None
+    #: Each request's decode group under vLLM's cadence while ``auto`` tries another.
+    vllm_phases: dict[str, int] | None = None
+
+    def keep_vllms_groups(self, chooser: CadenceChooser, running: list, pp_size: int) -> None:
+        """Let a trial leave no trace on vLLM's cadence: vLLM's cadence keeps whatever
+        groups it is given, so a trial that merged or evened them would otherwise decide
+        what vLLM's cadence measures next. The groups are recorded as a trial from it
+        starts and restored as it goes back to vLLM's cadence."""
+        on_stock = chooser.incumbent is STOCK
+        if on_stock and chooser.cadence is not STOCK and self.vllm_phases is None:
+            self.vllm_phases = decode_phases(running, pp_size)
+        elif chooser.cadence is STOCK and self.vllm_phases is not None:
+            restore_decode_phases(running, self.vllm_phases, pp_size)
+            self.vllm_phases = None
+        elif not on_stock:
+            self.vllm_phases = None
 
     @classmethod
     def of(cls, scheduler: Any, settings: PPCudaGraphSettings) -> _SchedulerState:

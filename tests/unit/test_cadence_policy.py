@@ -1,10 +1,11 @@
-"""``auto``'s choice between ``merge`` and ``balance`` under serving noise.
+"""``auto``'s choice between vLLM's cadence, ``balance`` and ``merge`` under serving noise.
 
 The chooser is driven step by step on a simulated clock. Each cadence has a
 per-token cost; steps carrying a burst of prefill (arrivals, resumed
 preemptions) take longer whatever the cadence, as they do behind ``vllm serve``.
-Where the two cadences cost the same, bursts must not make ``auto`` switch back
-and forth; where one is clearly faster, ``auto`` must still find it.
+Where the cadences cost the same, bursts must not make ``auto`` switch back
+and forth; where one is clearly faster, ``auto`` must still find it; where none
+beats vLLM's own by the margin, ``auto`` runs vLLM's.
 """
 
 from __future__ import annotations
@@ -25,21 +26,26 @@ class _Clock:
         return self.now
 
 
-def drive(per_token_ms: dict[DecodeCadence, float], steps: int, pp: int = 2,
+VLLM, BALANCE, MERGE = DecodeCadence.VLLM, DecodeCadence.BALANCE, DecodeCadence.MERGE
+
+
+def drive(per_token_ms, steps: int, pp: int = 2,
           decoders=lambda step: 32, burst=lambda step: 1.0,
           trace: list[DecodeCadence] | None = None) -> CadenceChooser:
     """Run ``steps`` scheduler steps: under ``merge`` every decoding request takes a
-    token per step, under ``balance`` one group of ``pp`` does, so a step costs
-    ``per_token_ms`` (merge) or ``per_token_ms / pp`` (balance), times ``burst(step)``.
-    ``trace`` gets each step's cadence."""
+    token per step, under ``balance`` and vLLM's cadence one group of ``pp`` does, so a
+    step costs ``per_token_ms`` (merge) or ``per_token_ms / pp`` (the others), times
+    ``burst(step)``. ``per_token_ms``: a dict by cadence, or a function of the step
+    returning one. ``trace`` gets each step's cadence."""
     clock = _Clock()
     chooser = CadenceChooser(pp, clock=clock)
     for step in range(steps):
         cadence, n = chooser.cadence, decoders(step)
         if trace is not None:
             trace.append(cadence)
-        tokens = n if cadence is DecodeCadence.MERGE else n // pp
-        step_ms = per_token_ms[cadence] * (1 if cadence is DecodeCadence.MERGE else 1 / pp)
+        costs = per_token_ms(step) if callable(per_token_ms) else per_token_ms
+        tokens = n if cadence is MERGE else n // pp
+        step_ms = costs[cadence] * (1 if cadence is MERGE else 1 / pp)
         clock.now += step_ms * burst(step) / 1e3
         chooser.record_step(tokens, n)
     return chooser
@@ -52,7 +58,7 @@ def bursts(seed: int, share: float = 0.08, slowdown: float = 4.0):
     return lambda step: table[step]
 
 
-TIE = {DecodeCadence.MERGE: 40.0, DecodeCadence.BALANCE: 40.0}
+TIE = {VLLM: 40.0, MERGE: 40.0, BALANCE: 40.0}
 
 
 def load_moves(step: int) -> int:
@@ -96,14 +102,45 @@ def test_a_burst_in_the_windows_after_the_load_moves_does_not_decide_the_cadence
             assert chooser.switches == [], (offset, length, len(chooser.switches))
 
 
-@pytest.mark.parametrize("wins, loses", [(DecodeCadence.MERGE, DecodeCadence.BALANCE),
-                                         (DecodeCadence.BALANCE, DecodeCadence.MERGE)])
+@pytest.mark.parametrize("wins", [MERGE, BALANCE])
 @pytest.mark.parametrize("seed", range(3))
-def test_under_bursts_auto_still_settles_on_the_clearly_faster_cadence(wins, loses, seed):
-    chooser = drive({wins: 30.0, loses: 45.0}, 6_000, burst=bursts(seed))
+def test_under_bursts_auto_still_settles_on_the_clearly_faster_cadence(wins, seed):
+    costs = {VLLM: 45.0, MERGE: 45.0, BALANCE: 45.0, wins: 30.0}
+    chooser = drive(costs, 6_000, burst=bursts(seed))
     assert chooser.cadence is wins
-    assert len(chooser.switches) <= 1
+    assert [c for _, c, *_ in chooser.switches] == [wins]
     assert all(step < 300 for step, *_ in chooser.switches), chooser.switches
+
+
+@pytest.mark.parametrize("balance_ms", [38.5, 40.0, 42.0])
+@pytest.mark.parametrize("seed", range(3))
+def test_auto_keeps_vllms_cadence_unless_another_beats_it_by_the_margin(balance_ms, seed):
+    """vLLM's own cadence is a candidate and wins ties: where ``balance`` is no more than
+    the margin (5%) faster, or slower, and ``merge`` far slower, auto never leaves it for
+    longer than its trials."""
+    trace: list[DecodeCadence] = []
+    chooser = drive({VLLM: 40.0, BALANCE: balance_ms, MERGE: 70.0}, 6_000,
+                    burst=bursts(seed, share=0.02), trace=trace)
+    assert chooser.incumbent is VLLM
+    assert chooser.switches == []
+    assert trace.count(VLLM) > 0.95 * len(trace)
+
+
+def test_auto_goes_back_to_vllms_cadence_once_the_one_it_chose_stops_beating_it():
+    """``balance`` pays at first (30 against 45 ms per token), then costs more than vLLM's
+    cadence (45 against 40): auto must not keep running a cadence measured slower than
+    vLLM's, however long it has held."""
+    def costs(step: int) -> dict:
+        early = step < 3_000
+        return {VLLM: 45.0 if early else 40.0, BALANCE: 30.0 if early else 45.0, MERGE: 90.0}
+
+    trace: list[DecodeCadence] = []
+    chooser = drive(costs, 12_000, trace=trace)
+    assert [c for _, c, *_ in chooser.switches] == [BALANCE, VLLM]
+    assert trace[2_900] is BALANCE
+    assert chooser.incumbent is VLLM
+    # Found within two of the longest gaps between trials (128 windows of the incumbent).
+    assert chooser.switches[1][0] < 3_000 + 2 * 128 * chooser.window_steps
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -113,10 +150,41 @@ def test_a_trial_far_behind_ends_after_one_round(pp):
     rng = random.Random(0)
     jitter = [rng.uniform(0.98, 1.02) for _ in range(3_000)]
     trace: list[DecodeCadence] = []
-    chooser = drive({DecodeCadence.MERGE: 30.0, DecodeCadence.BALANCE: 90.0}, 3_000, pp=pp,
+    chooser = drive({MERGE: 30.0, BALANCE: 90.0, VLLM: 90.0}, 3_000, pp=pp,
                     burst=jitter.__getitem__, trace=trace)
-    assert [c for _, c, *_ in chooser.switches] == [DecodeCadence.MERGE]
+    assert [c for _, c, *_ in chooser.switches] == [MERGE]
     adopted = chooser.switches[0][0]
-    trials = [len(run) for run in "".join("b" if c is DecodeCadence.BALANCE else "m"
+    trials = [len(run) for run in "".join("m" if c is MERGE else "o"
                                           for c in trace[adopted:]).split("m") if run]
     assert trials and max(trials) <= 2 * pp + 1, trials
+
+
+def test_a_cadence_that_lost_widely_is_backed_off_at_that_load():
+    """At a steady load where ``merge`` takes 1.6x vLLM's cadence per token (the 32B shape
+    at 1,024 requests), its trials get rarer up to a long back-off instead of coming back
+    every 128 windows; the steps they cost are counted."""
+    chooser = drive({VLLM: 67.0, BALANCE: 67.0, MERGE: 110.0}, 40_000)
+    assert chooser.incumbent is VLLM and chooser.switches == []
+    assert chooser.wide_losses["merge"] == chooser.trials["merge"] >= 3
+    # ``balance`` ties, so it comes back every 128 windows at most; ``merge`` 1, 32, 128,
+    # 512, then 1,024 windows apart: 9 trials in these 6,667 windows.
+    assert chooser.trials["merge"] <= 9 < chooser.trials["balance"] / 4
+    # Each trial ends after one round (pp steps) and the steps that re-form the groups.
+    assert chooser.trial_steps["merge"] <= chooser.trials["merge"] * (1 + 2 * 2)
+
+
+def test_the_back_off_holds_when_the_load_comes_back_and_lifts_at_another_load():
+    """The load drains and refills between passes of a benchmark: back at the load where
+    ``merge`` lost widely it stays backed off; at a load it never lost at, it is tried
+    again as soon as the incumbent has been measured there."""
+    def decoders(step: int) -> int:
+        return 1024 if step < 12_000 or step >= 13_000 else 256
+
+    trace: list[DecodeCadence] = []
+    chooser = drive({VLLM: 67.0, BALANCE: 67.0, MERGE: 110.0}, 20_000, decoders=decoders,
+                    trace=trace)
+    merge_at = [i for i, c in enumerate(trace) if c is MERGE]
+    assert any(12_000 <= i < 12_000 + 8 * chooser.window_steps for i in merge_at), \
+        "not tried again at a new load"
+    assert not any(13_000 <= i < 13_000 + 200 * chooser.window_steps for i in merge_at), \
+        "tried again soon at the load where it lost widely"

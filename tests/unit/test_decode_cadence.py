@@ -606,20 +606,22 @@ def timed(model_dir: str, cadence: str, profile: dict, pp: int = 2) -> tuple[Run
 def test_auto_keeps_the_cadence_that_measures_faster(model_dir, profile, wins, loses, pp):
     """On a host-bound profile merging wins, on a GPU-bound one balancing does (by
     about 2x either way); auto finds the winner within a few windows, keeps it to the
-    end, and serves within 20% of the winner's time (trials of the loser cost the rest on
-    so short a run), with every token right."""
+    end, and serves within 30% of the winner's time (on so short a run, the windows of
+    vLLM's cadence it starts on and the trials of the others cost the rest), with every
+    token right."""
     runs = {c: timed(model_dir, c, profile, pp) for c in ("auto", wins, loses)}
     assert {c: run.problems[:3] for c, (run, _, _) in runs.items()} == {c: [] for c in runs}
     end = {c: clock.end_ms for c, (_, clock, _) in runs.items()}
     assert end[wins] < 0.7 * end[loses], end
-    assert end["auto"] < 1.2 * end[wins], end
+    assert end["auto"] < 1.3 * end[wins], end
     chooser = runs["auto"][2]
     assert chooser.cadence.value == wins
-    # Adopted at most once, early (auto starts balanced): within five windows (the first,
-    # as the load arrives, one of the incumbent at that load, the trial, the incumbent's
-    # again to confirm it, and the switch) and the steps that re-form the groups.
-    assert [c.value for _, c, *_ in chooser.switches] == ([] if wins == "balance" else ["merge"])
-    assert all(step < 5 * chooser.window_steps + 3 * pp for step, *_ in chooser.switches), \
+    # Adopted once, early (auto starts on vLLM's cadence): within seven windows (the
+    # first, as the load arrives, one of the incumbent at that load, a trial of the other
+    # candidate where it comes first, the winner's trial, the incumbent's again to confirm
+    # it, and the switch) and the steps that re-form the groups.
+    assert [c.value for _, c, *_ in chooser.switches] == [wins]
+    assert all(step < 7 * chooser.window_steps + 5 * pp for step, *_ in chooser.switches), \
         chooser.switches
 
 

@@ -59,7 +59,8 @@ def stage(number: int, **changes) -> StageSnapshot:
 def engine(**changes) -> EngineSnapshot:
     values = dict(engine=0, time=time.time(), pp_size=2, cadence="balance",
                   asked_cadence="auto", cadence_switches_total=2, last_switch_reason=None,
-                  group_sizes=[128, 128], running_reqs=256, layer_split=[14, 15],
+                  cadence_trials_total=7, cadence_trial_steps_total=40,
+                  cadence_wide_losses_total=3, group_sizes=[128, 128], running_reqs=256, layer_split=[14, 15],
                   split_reason="cost table")
     return EngineSnapshot(**{**values, **changes})
 
@@ -124,6 +125,9 @@ def test_every_series_for_both_stages(env) -> None:
     assert value(samples, "running_requests") == 256
     assert value(samples, "cadence", cadence="balance", asked="auto") == 1
     assert value(samples, "cadence_switches_total") == 2
+    assert value(samples, "cadence_trials_total") == 7
+    assert value(samples, "cadence_trial_steps_total") == 40
+    assert value(samples, "cadence_wide_losses_total") == 3
     assert {name for name, _ in samples} == set(METRIC_NAMES)
 
 
@@ -170,12 +174,14 @@ def test_counters_stay_monotonic_across_a_worker_restart(env) -> None:
     seen = []
     for graphs, switches in ((1000, 3), (10, 0), (25, 1)):  # restarted after 1000 and 3
         write_snapshot(stage(0, graph_steps_total=graphs), env.dir)
-        write_snapshot(engine(cadence_switches_total=switches), env.dir)
+        write_snapshot(engine(cadence_switches_total=switches,
+                              cadence_trial_steps_total=10 * switches), env.dir)
         logger.refresh()
         samples = scrape(env.registry)
         seen.append((value(samples, "stage_graph_steps_total", stage="0"),
-                     value(samples, "cadence_switches_total")))
-    assert seen == [(1000, 3), (1010, 3), (1025, 4)]
+                     value(samples, "cadence_switches_total"),
+                     value(samples, "cadence_trial_steps_total")))
+    assert seen == [(1000, 3, 30), (1010, 3, 30), (1025, 4, 40)]
 
 
 def test_a_stage_gone_stale_keeps_its_counter(env) -> None:
@@ -222,7 +228,8 @@ def test_log_line_for_two_stages() -> None:
         engine_snapshot=engine())
     assert format_log_line(view) == (
         "Pipeline: stage 0 busy 93%, waits 4%; stage 1 busy 97%, waits 1%; "
-        "hand-off 0.21 ms/step; cadence balance (asked auto, 2 switches), groups 128/128; "
+        "hand-off 0.21 ms/step; cadence balance (asked auto, 2 switches, 7 trials of 40 steps), "
+        "groups 128/128; "
         "graphs 99.8% of steps")
     assert format_log_line(PipelineView(engine=0, pp_size=2)) is None
 

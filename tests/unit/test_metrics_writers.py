@@ -44,6 +44,27 @@ def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, c
     assert snap.asked_cadence == cadence and sum(snap.group_sizes) == snap.running_reqs
 
 
+def test_the_engine_snapshot_counts_autos_trials(tmp_path, monkeypatch):
+    """What ``auto``'s probes of other cadences cost is in the engine's snapshot."""
+    from test_decode_cadence import make_requests, serve
+
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "metrics"))
+    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence="auto"))
+    try:
+        model = str(write_model_dir(tmp_path / "m", tokenizer=False))
+        scheduler = make_scheduler(model, num_blocks=64, pp=2)
+        serve(scheduler, make_requests(8, random.Random(1), output=(60, 60)), [0] * 8)
+    finally:
+        undo()
+    state = scheduler._pp_cudagraph
+    state.record._last = None  # written at most every few seconds: write the last step now
+    state.record.step(scheduler.running, str(state.chooser.cadence), state.chooser)
+    snap = snapshots.read_engine_snapshot(0)
+    assert snap.cadence_trials_total == sum(state.chooser.trials.values()) > 0
+    assert snap.cadence_trial_steps_total == sum(state.chooser.trial_steps.values()) > 0
+    assert snap.cadence_wide_losses_total == sum(state.chooser.wide_losses.values())
+
+
 def test_without_metrics_the_hook_writes_nothing(tmp_path, monkeypatch):
     from test_decode_cadence import make_requests, serve
 

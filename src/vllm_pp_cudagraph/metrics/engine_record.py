@@ -7,10 +7,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph.metrics.snapshots import EngineSnapshot, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
+
+if TYPE_CHECKING:
+    from vllm_pp_cudagraph.cadence_policy import CadenceChooser
 
 
 def group_sizes(running: Iterable[Any], pp_size: int) -> tuple[int, ...]:
@@ -35,15 +38,19 @@ class EngineRecord:
     write: Callable[[EngineSnapshot], object] = write_snapshot
     _last: float | None = None
 
-    def step(self, running: list, cadence: str, switches: list) -> None:
+    def step(self, running: list, cadence: str, chooser: CadenceChooser | None) -> None:
         now = self.clock()
         if self._last is not None and now - self._last < self.interval_s:
             return
         self._last = now
+        switches = chooser.switches if chooser is not None else []
         self.write(EngineSnapshot(
             engine=self.engine, time=time.time(), pp_size=self.pp_size, cadence=cadence,
             asked_cadence=self.asked_cadence, cadence_switches_total=len(switches),
             last_switch_reason=_reason(switches[-1]) if switches else None,
+            cadence_trials_total=sum(chooser.trials.values()) if chooser else 0,
+            cadence_trial_steps_total=sum(chooser.trial_steps.values()) if chooser else 0,
+            cadence_wide_losses_total=sum(chooser.wide_losses.values()) if chooser else 0,
             group_sizes=group_sizes(running, self.pp_size), running_reqs=len(running),
             layer_split=self.layer_split, split_reason=self.split_reason))
 

@@ -169,6 +169,10 @@ class EngineSnapshot(_Snapshot):
     asked_cadence: str
     cadence_switches_total: int
     last_switch_reason: str | None = None
+    #: ``auto``'s trials of another cadence, the steps they scheduled, and those lost widely.
+    cadence_trials_total: int = 0
+    cadence_trial_steps_total: int = 0
+    cadence_wide_losses_total: int = 0
     group_sizes: tuple[int, ...]
     running_reqs: int
     layer_split: tuple[int, ...]

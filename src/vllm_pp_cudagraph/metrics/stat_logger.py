@@ -64,6 +64,15 @@ STAGE_COUNTERS: dict[str, tuple[str, str]] = {
     "stage_eager_steps": ("Steps the stage ran eagerly.", "eager_steps_total"),
 }
 
+#: ``auto``'s probes of other cadences: what its trials cost (from the engine snapshot).
+CADENCE_PROBE_COUNTERS: dict[str, tuple[str, str]] = {
+    "cadence_trials": ("Trials auto made of another decode cadence.", "cadence_trials_total"),
+    "cadence_trial_steps": ("Steps scheduled under a trial cadence.",
+                            "cadence_trial_steps_total"),
+    "cadence_wide_losses": ("Trials that lost widely, backed off for longer.",
+                            "cadence_wide_losses_total"),
+}
+
 
 @dataclass(frozen=True)
 class PipelineView:
@@ -73,7 +82,8 @@ class PipelineView:
     pp_size: int
     stages: Mapping[int, StageSnapshot] = field(default_factory=dict)
     engine_snapshot: EngineSnapshot | None = None
-    #: (snapshot counter field, stage) -> total, for every stage ever seen.
+    #: (snapshot counter field, stage) -> total, for every stage ever seen (stage None:
+    #: the engine's own counters).
     stage_totals: Mapping[tuple[str, int], int] = field(default_factory=dict)
     switches_total: int | None = None
     #: Every (cadence, asked cadence) pair reported so far, in order.
@@ -127,6 +137,8 @@ def _engine_families(views: list[PipelineView]) -> list[Metric]:
                                 labels=["engine", "cadence", "asked"])
     switches = CounterMetricFamily(PREFIX + "cadence_switches",
                                    "Switches of the decode cadence.", labels=["engine"])
+    probes = [CounterMetricFamily(PREFIX + name, doc, labels=["engine"])
+              for name, (doc, _) in CADENCE_PROBE_COUNTERS.items()]
     for view in views:
         engine, snap = str(view.engine), view.engine_snapshot
         if snap is not None:
@@ -138,7 +150,10 @@ def _engine_families(views: list[PipelineView]) -> list[Metric]:
             cadence.add_metric([engine, *pair], int(pair == current))
         if view.switches_total is not None:
             switches.add_metric([engine], view.switches_total)
-    return [groups, running, cadence, switches]
+        for family, (_, key) in zip(probes, CADENCE_PROBE_COUNTERS.values()):
+            if (key, None) in view.stage_totals:
+                family.add_metric([engine], view.stage_totals[key, None])
+    return [groups, running, cadence, switches, *probes]
 
 
 def _sample_names(family: Metric) -> str:
@@ -165,7 +180,9 @@ def format_log_line(view: PipelineView) -> str | None:
         switches = snap.cadence_switches_total
         parts.append(
             f"cadence {snap.cadence} (asked {snap.asked_cadence}, {switches} "
-            f"switch{'' if switches == 1 else 'es'}), "
+            f"switch{'' if switches == 1 else 'es'}, {snap.cadence_trials_total} "
+            f"trial{'' if snap.cadence_trials_total == 1 else 's'} of "
+            f"{snap.cadence_trial_steps_total} steps), "
             f"groups {'/'.join(map(str, snap.group_sizes)) or '-'}")
     graphs = sum(s.graph_steps_total for s in view.stages.values())
     steps = graphs + sum(s.eager_steps_total for s in view.stages.values())
@@ -302,6 +319,8 @@ class PipelineStatLogger(StatLoggerBase):
         pp_size = max([self.view.pp_size, *(s.pp_size for s in stages.values())])
         if snap is not None:
             switches = self._total("cadence_switches_total", None, snap.cadence_switches_total)
+            for _, key in CADENCE_PROBE_COUNTERS.values():
+                totals[key, None] = self._total(key, None, getattr(snap, key))
             self._cadences[snap.cadence, snap.asked_cadence] = None
             pp_size = max(pp_size, snap.pp_size)
         return PipelineView(engine=self.engine_index, pp_size=pp_size, stages=stages,
