@@ -52,6 +52,13 @@
 #                plugin and stock TP=2 over two Ray nodes on this host, one GPU each
 #                (ray_nodes.sh; Ray installed first: ../install_ray.sh); plugin_stages
 #                in bench.json counts the runner's line from each node's worker
+#   lanes-32b    4 GPUs: the Qwen3-32B dense shape served at concurrency 1,024 (64 in / 256
+#                out, 2,048 requests a pass, 2 passes after a warm-up), two servers side by
+#                side (lanes: GPUs 0,1 and 2,3) meeting before each point: plugin | stock,
+#                stock | plugin, plugin-balance | stock, stock | plugin-balance;
+#                lanes-32b/lanes.md pairs them (KIT_LANE_A / KIT_LANE_B: other runners,
+#                the same count in each; KIT_LANE_POINTS: other IN:CONCURRENCY points;
+#                KIT_DEADLINE_S bounds each lane)
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -130,7 +137,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray lanes-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -289,6 +296,36 @@ step_scoreboard-ray() {
     --repeat 2 --points 64:256 || rc=1
   bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
   return $rc
+}
+
+# lanes NAME MODES_A MODES_B BENCH_ARGS...: two bench invocations side by side on a 4-GPU
+# host, lane a on GPUs 0,1 and lane b on 2,3, each with its own port, VLLM_PORT base and
+# output, meeting before each serve point (bench --lane-sync), so the k-th runner of each
+# lane is measured in the same minutes; ../tools/lanes_report.py pairs them (lanes.md).
+lanes() {
+  local name=$1 modes_a=$2 modes_b=$3 dir=$RES/$1 rc=0
+  shift 3
+  mkdir -p "$dir"
+  (set -o pipefail; CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=29500 $BENCH --port 8000 --out "$dir/lane-a" \
+     --modes "$modes_a" --lane-sync "$dir/sync" --lane a "$@" 2>&1 | sed -u 's/$/  (lane a)/') &
+  local lane_a=$!
+  (set -o pipefail; CUDA_VISIBLE_DEVICES=2,3 VLLM_PORT=29700 $BENCH --port 8100 --out "$dir/lane-b" \
+     --modes "$modes_b" --lane-sync "$dir/sync" --lane b "$@" 2>&1 | sed -u 's/$/  (lane b)/') &
+  wait $lane_a || rc=1
+  wait $! || rc=1
+  python3 benchmarks/tools/lanes_report.py "$dir" || rc=1
+  return $rc
+}
+
+# The never-slower cell: Qwen3-32B dense shape, served at concurrency 1,024 (64 in / 256
+# out), each plugin runner beside stock or another plugin runner in both lane orders.
+step_lanes-32b() {
+  local a=${KIT_LANE_A:-plugin:$FAP,stock:$FAP,plugin-balance:$FAP,stock:$FAP}
+  local b=${KIT_LANE_B:-stock:$FAP,plugin:$FAP,stock:$FAP,plugin-balance:$FAP}
+  lanes lanes-32b "$a" "$b" --model qwen3-32b --weights dummy --max-num-seqs 1024 \
+    --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
+    --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
+    --deadline "${KIT_DEADLINE_S:-1500}"
 }
 
 # What the per-stage metrics cost: the plugin with and without them, in both orders, the

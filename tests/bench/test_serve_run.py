@@ -154,3 +154,57 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
         (64, 256, 320.0), (64, 1024, 1088.0), (1024, 256, 1280.0)]
     # What each timed pass sent, beside the spec's --prompts.
     assert [r["requests_per_pass"] for r in reports] == [512, 2048, 512]
+
+
+def test_lanes_meet_before_each_point_and_a_lane_left_alone_goes_on(tmp_path):
+    """Two bench invocations side by side: the earlier lane waits for the later one at
+    each point of the same run; where the other never comes, it goes on after its timeout."""
+    import threading
+
+    from vllm_pp_cudagraph.bench.lanes import LaneSync
+
+    a = LaneSync(tmp_path / "sync", "a", poll_s=0.05)
+    b = LaneSync(tmp_path / "sync", "b", poll_s=0.05)
+    for lane in (a, b):
+        lane.next_run()
+    waited = {}
+    thread = threading.Thread(target=lambda: waited.setdefault("a", a.meet("c1024")))
+    thread.start()
+    time.sleep(0.5)
+    waited["b"] = b.meet("c1024")
+    thread.join(timeout=5)
+    assert waited["a"] >= 0.4 and waited["b"] < 0.2
+    # The next run's point is a new meeting: b alone there times out instead of hanging.
+    b.next_run()
+    b.timeout_s = 0.3
+    assert b.meet("c1024") is None
+
+
+def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkeypatch):
+    import asyncio
+    import sys
+
+    from vllm_pp_cudagraph.bench import lanes, serve_run
+
+    def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
+                            extra_args=()):
+        log_path.write_text("")
+        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
+
+    def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
+                    result_dir, result_name):
+        return [sys.executable, "-c", f"import json; json.dump({{'request_throughput': 1.0}}, "
+                f"open({str(result_dir / result_name)!r}, 'w'))"]
+
+    monkeypatch.setattr(serve_run, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
+    monkeypatch.setattr(lanes, "current", lanes.LaneSync(tmp_path / "sync", "a", lanes=1))
+    spec = RunSpec("stock", "full_and_piecewise", pp=2, repeat=2, workload="serve", input_len=2)
+    for run in (1, 2):
+        [report] = serve_run.run_vllm_bench_sweep(spec, str(tmp_path), tmp_path / f"{run}.log",
+                                                  [(64, 8)], 16)
+        assert report["lane_wait_s"] is not None
+        assert len(report["pass_started"]) == 2
+        assert report["pass_started"][0] <= report["pass_ended"][0] <= report["pass_started"][1]
+    assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == [
+        "run1-in64-c8.a", "run2-in64-c8.a"]

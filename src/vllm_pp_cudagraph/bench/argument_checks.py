@@ -49,6 +49,8 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
     if args.deadline is not None and args.deadline < MIN_ENGINE_S:
         problems.append(f"--deadline {args.deadline} leaves no engine time to run: each one "
                         f"started needs at least {MIN_ENGINE_S} s")
+    if args.lane_sync is not None and args.workload != "serve":
+        problems.append("--lane-sync is for --workload serve (lanes meet before each point)")
     if not 0 < args.port < 65536:
         problems.append(f"--port {args.port} must be in 1..65535")
     for problem in (model_problem(args.model, args.weights), partition_problem(args)):

@@ -253,3 +253,10 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
                        help="requests per timed run (None: --prompts); --workload serve "
                        "sends at least two per request in flight")
     group.add_argument("--port", type=int, default=8000, help="port of the server")
+    group.add_argument(
+        "--lane-sync", type=Path, default=None,
+        help="--workload serve beside another bench invocation on other GPUs of this host "
+        "(a lane each): a directory both name; before each point's warm-up the lanes wait "
+        "for each other, so each pair of runners is measured in the same minutes "
+        "(give each lane its own --port, --out and VLLM_PORT)")
+    group.add_argument("--lane", default="a", help="this invocation's lane name (--lane-sync)")

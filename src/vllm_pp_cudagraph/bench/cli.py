@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vllm_pp_cudagraph.bench import lanes
 from vllm_pp_cudagraph.bench.argument_checks import argument_problems, gpu_shortage
 from vllm_pp_cudagraph.bench.arguments import (
     add_engine_options,
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     refuse_impossible(parser, args)
+    lanes.configure(args.lane_sync, args.lane)
     shape, model = prepare_model(args)
     reports = run_engines(args, shape, model)
     unloaded = plugin_not_loaded(args, reports)

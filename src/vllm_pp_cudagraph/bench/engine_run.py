@@ -30,7 +30,8 @@ from typing import Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.layer_partition import LOG_PREFIX
-from vllm_pp_cudagraph.metrics.snapshots import read_plan_records, read_stage_snapshots
+from vllm_pp_cudagraph.metrics.snapshots import (read_engine_snapshot, read_plan_records,
+                                                 read_stage_snapshots)
 from vllm_pp_cudagraph.support import STAND_ASIDE
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.interconnect import INTERCONNECT_ENV, merge_options
@@ -489,7 +490,7 @@ _CADENCE_CHOICE = re.compile(r"vllm-pp-cudagraph: decode cadence (\w+) at")
 
 
 def cadence_choices(log: str) -> list[str]:
-    """The cadences ``auto`` switched to, in order, by its log lines (none: it kept balance)."""
+    """The cadences ``auto`` switched to, in order, by its log lines (none: it kept vLLM's)."""
     return _CADENCE_CHOICE.findall(log)
 
 
@@ -546,6 +547,12 @@ STAGE_METRIC_KEYS = ("window_s", "steps", "busy_fraction", "wait_fraction", "ste
                      "graph_steps_total", "eager_steps_total", "handoff_bytes_total")
 
 
+#: What bench.json keeps of the engine core's last cadence snapshot.
+ENGINE_METRIC_KEYS = ("cadence", "cadence_switches_total", "cadence_trials_total",
+                      "cadence_trial_steps_total", "cadence_wide_losses_total", "group_sizes",
+                      "running_reqs")
+
+
 def record_findings(directory: Path) -> dict[str, Any]:
     """What the run's ranks recorded of their plans (metrics/snapshots.py): the same keys
     as :func:`log_findings` reads from the log, for runs where the plugin wrote them."""
@@ -555,6 +562,7 @@ def record_findings(directory: Path) -> dict[str, Any]:
         return {}
     first = next((r for r in ranks if (r.get("stage"), r.get("tp_rank")) == (0, 0)), {})
     stages = read_stage_snapshots(0, directory, max_age_s=math.inf)
+    engine = read_engine_snapshot(0, directory, max_age_s=math.inf)
     return {
         "plugin_stages": sum(1 for r in ranks if r.get("plugin_runner")),
         "stand_aside_lines": sum(1 for r in ranks if not r.get("plugin_runner")),
@@ -564,6 +572,9 @@ def record_findings(directory: Path) -> dict[str, Any]:
         # Each stage's last metrics window (the one /metrics showed last), where it wrote one.
         "stage_metrics": {stage: {key: getattr(snap, key) for key in STAGE_METRIC_KEYS}
                           for stage, snap in sorted(stages.items())},
+        # The engine core's last cadence snapshot: the cadence in effect and auto's trials.
+        "engine_metrics": None if engine is None else
+        {key: getattr(engine, key) for key in ENGINE_METRIC_KEYS},
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from vllm_pp_cudagraph.bench import lanes
 from vllm_pp_cudagraph.bench.engine_run import (
     MODES,
     RunSpec,
@@ -274,12 +275,14 @@ class BenchServeClient:
         cmd = vllm_bench_serve_command(base_url, self.model_dir, concurrency, prompts,
                                        input_len, self.spec.output_len,
                                        self.result_dir, result.name)
+        started = time.time()
         with open(self.result_dir / f"{name}.log", "w") as client_log:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdout=client_log, stderr=subprocess.STDOUT)
             rc = await proc.wait()
         point: dict[str, Any] = {"concurrency": concurrency, "input_len": input_len,
-                                 "client_rc": rc}
+                                 "client_rc": rc, "started": round(started, 1),
+                                 "ended": round(time.time(), 1)}
         if rc == 0 and result.exists():
             point.update(vllm_bench_summary(json.loads(result.read_text())))
         return point
@@ -309,15 +312,20 @@ class BenchServeClient:
         input_len, concurrency = point_shape(point, self.spec.input_len)
         name = f"c{concurrency}" if isinstance(point, int) else f"in{input_len}-c{concurrency}"
         prompts = max(self.num_prompts, 2 * concurrency)
+        waited = {}
+        if lanes.current is not None:
+            waited["lane_wait_s"] = await asyncio.to_thread(lanes.current.meet, name)
         await self.one_pass(base_url, concurrency, self.warmup_prompts(concurrency),
                             f"{name}-warmup", input_len)
         passes = [await self.one_pass(base_url, concurrency, prompts, f"{name}-{i}", input_len)
                   for i in range(max(self.spec.repeat, 1))]
         done = [p for p in passes if p.get("req_per_s")]
         result = dict(median_run(done, key="req_per_s")) if done else passes[-1]
-        for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms"):
+        for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "started",
+                    "ended"):
             result[f"pass_{key}"] = [p.get(key) for p in passes]
         result["requests_per_pass"] = prompts
+        result.update(waited)
         if self.profile_dir is not None:
             result.update(await self.profiled_pass(base_url, concurrency, input_len, name))
         return result
@@ -367,6 +375,8 @@ def run_vllm_bench_sweep(
     """
     result_dir = log_path.parent / f"{log_path.stem}-results"
     result_dir.mkdir(parents=True, exist_ok=True)
+    if lanes.current is not None:
+        lanes.current.next_run()
     profile_dir, extra_args = profiler_args(spec)
     client = BenchServeClient(spec, model_dir, result_dir, num_prompts, profile_dir)
     report = serve_and_call(spec, model_dir, log_path,

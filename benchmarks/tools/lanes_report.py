@@ -1,0 +1,129 @@
+"""Pair the runs of two bench lanes that served side by side (``run_checks.sh``'s ``lanes``).
+
+Lane a ran its runners on one GPU set while lane b ran its own on another, meeting before
+each point (``bench --lane-sync``): the k-th run of each lane shared the same minutes. For
+every runner that ran beside another, the ratio of their req/s in each slot, then the
+median over the slots (both lane orders) per pair of runners:
+
+    python benchmarks/tools/lanes_report.py DIR     # DIR/lane-a/bench.json, DIR/lane-b/...
+
+Writes DIR/lanes.json and DIR/lanes.md and prints the table; exits 1 where no slot paired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def load_lane(directory: Path, lane: str) -> list[dict[str, Any]]:
+    path = directory / f"lane-{lane}" / "bench.json"
+    return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+def point_of(run: dict[str, Any]) -> tuple[Any, Any]:
+    return run.get("input_len"), run.get("concurrency")
+
+
+def run_row(run: dict[str, Any]) -> dict[str, Any]:
+    """What the table shows of one run."""
+    engine = run.get("engine_metrics") or {}
+    stages = run.get("stage_metrics") or {}
+    return {
+        "runner": run["spec"]["runner"], "req_per_s": run.get("req_per_s"),
+        "pass_req_per_s": run.get("pass_req_per_s"), "tpot_p50_ms": run.get("tpot_p50_ms"),
+        "ttft_p50_ms": run.get("ttft_p50_ms"), "plugin_stages": run.get("plugin_stages"),
+        "lane_wait_s": run.get("lane_wait_s"), "cadence": engine.get("cadence"),
+        "cadence_trials": engine.get("cadence_trials_total"),
+        "cadence_trial_steps": engine.get("cadence_trial_steps_total"),
+        "cadence_switches": engine.get("cadence_switches_total"),
+        "group_sizes": engine.get("group_sizes"),
+        "stage_busy": [round(s["busy_fraction"], 3) for s in stages.values()] or None,
+        "stage_step_ms": [round(s["step_ms"], 2) for s in stages.values()] or None,
+        "graph_share": _graph_share(stages),
+    }
+
+
+def _graph_share(stages: dict[str, dict[str, Any]]) -> float | None:
+    graphs = sum(s["graph_steps_total"] for s in stages.values())
+    steps = graphs + sum(s["eager_steps_total"] for s in stages.values())
+    return round(graphs / steps, 3) if steps else None
+
+
+def slots(directory: Path) -> list[dict[str, Any]]:
+    """The k-th run of each lane, paired where both ran the same point."""
+    a, b = load_lane(directory, "a"), load_lane(directory, "b")
+    paired = []
+    for k, (run_a, run_b) in enumerate(zip(a, b), 1):
+        if point_of(run_a) != point_of(run_b):
+            continue
+        row_a, row_b = run_row(run_a), run_row(run_b)
+        ratio = (row_a["req_per_s"] / row_b["req_per_s"]
+                 if row_a["req_per_s"] and row_b["req_per_s"] else None)
+        paired.append({"slot": k, "input_len": point_of(run_a)[0],
+                       "concurrency": point_of(run_a)[1], "a": row_a, "b": row_b,
+                       "a_over_b": ratio})
+    return paired
+
+
+def ratios(paired: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per point and pair of runners (X over Y): each slot's ratio, and their median."""
+    table: dict[tuple, list[tuple[str, float]]] = {}
+    for slot in paired:
+        if slot["a_over_b"] is None:
+            continue
+        point = (slot["input_len"], slot["concurrency"])
+        x, y, r = slot["a"]["runner"], slot["b"]["runner"], slot["a_over_b"]
+        if x > y:
+            x, y, r = y, x, 1 / r
+        table.setdefault((*point, x, y), []).append((f"slot {slot['slot']}", r))
+    return [{"input_len": i, "concurrency": c, "runner": x, "over": y,
+             "ratios": [round(r, 3) for _, r in found],
+             "median": round(statistics.median(r for _, r in found), 3)}
+            for (i, c, x, y), found in sorted(table.items())]
+
+
+def markdown(paired: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
+    lines = ["| slot | point | lane a | req/s (passes) | TPOT / TTFT p50 ms | lane b | req/s "
+             "(passes) | TPOT / TTFT p50 ms | a / b |", "|---|---|---|---|---|---|---|---|---|"]
+    for slot in paired:
+        cells = []
+        for lane in ("a", "b"):
+            row = slot[lane]
+            passes = ", ".join(f"{p:.2f}" for p in row["pass_req_per_s"] or [] if p)
+            cells += [f"{row['runner']} ({row['cadence'] or '-'})", passes,
+                      f"{_num(row['tpot_p50_ms'])} / {_num(row['ttft_p50_ms'], 0)}"]
+        ratio = f"{slot['a_over_b']:.3f}" if slot["a_over_b"] else "-"
+        lines.append(f"| {slot['slot']} | {slot['input_len']} in x c{slot['concurrency']} | "
+                     + " | ".join(cells) + f" | {ratio} |")
+    lines += ["", "| point | runner | over | per slot | median |", "|---|---|---|---|---|"]
+    for pair in pairs:
+        lines.append(f"| {pair['input_len']} in x c{pair['concurrency']} | {pair['runner']} | "
+                     f"{pair['over']} | {', '.join(map(str, pair['ratios']))} | "
+                     f"{pair['median']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    directory = parser.parse_args().directory
+    paired = slots(directory)
+    pairs = ratios(paired)
+    (directory / "lanes.json").write_text(json.dumps({"slots": paired, "pairs": pairs},
+                                                     indent=1))
+    table = markdown(paired, pairs)
+    (directory / "lanes.md").write_text(table)
+    print(table)
+    return 0 if paired else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""Pairing two lanes that served side by side: each slot's ratio, and per pair of runners
+the median over both lane orders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.tools.lanes_report import markdown, ratios, slots
+
+
+def run(runner: str, req_per_s: float, concurrency: int = 1024) -> dict:
+    return {"spec": {"runner": runner}, "input_len": 64, "concurrency": concurrency,
+            "req_per_s": req_per_s, "pass_req_per_s": [req_per_s - 0.5, req_per_s + 0.5],
+            "tpot_p50_ms": 90.0, "ttft_p50_ms": 2000.0, "plugin_stages": 2,
+            "engine_metrics": {"cadence": "vllm", "cadence_trials_total": 4,
+                               "cadence_trial_steps_total": 20,
+                               "cadence_switches_total": 0, "group_sizes": [512, 512]},
+            "stage_metrics": {"0": {"busy_fraction": 0.99, "step_ms": 40.0,
+                                    "graph_steps_total": 96, "eager_steps_total": 4}}}
+
+
+def write_lane(directory: Path, lane: str, runs: list[dict]) -> None:
+    (directory / f"lane-{lane}").mkdir(parents=True)
+    (directory / f"lane-{lane}" / "bench.json").write_text(json.dumps({"runs": runs}))
+
+
+def test_each_runner_is_compared_with_the_one_beside_it_in_both_lane_orders(tmp_path):
+    write_lane(tmp_path, "a", [run("plugin", 36.0), run("stock", 40.0), run("plugin", 10.0, 64)])
+    write_lane(tmp_path, "b", [run("stock", 40.0), run("plugin", 38.0)])
+    paired = slots(tmp_path)
+    assert [(s["slot"], s["a"]["runner"], s["b"]["runner"]) for s in paired] == [
+        (1, "plugin", "stock"), (2, "stock", "plugin")]
+    [pair] = ratios(paired)
+    assert (pair["runner"], pair["over"]) == ("plugin", "stock")
+    assert pair["ratios"] == [0.9, 0.95]
+    assert pair["median"] == pytest.approx(0.925)
+    assert paired[0]["a"]["graph_share"] == 0.96
+    assert "| 1 | 64 in x c1024 | plugin (vllm) | 35.50, 36.50 |" in markdown(paired, [pair])
