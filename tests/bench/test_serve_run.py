@@ -174,10 +174,16 @@ def test_lanes_meet_before_each_point_and_a_lane_left_alone_goes_on(tmp_path):
     waited["b"] = b.meet("c1024")
     thread.join(timeout=5)
     assert waited["a"] >= 0.4 and waited["b"] < 0.2
-    # The next run's point is a new meeting: b alone there times out instead of hanging.
+    # The next run's point is a new meeting: b alone there times out instead of hanging,
+    # and at once where a's server of that run did not serve.
     b.next_run()
     b.timeout_s = 0.3
     assert b.meet("c1024") is None
+    a.next_run(), a.next_run(), b.next_run()  # both at their third run
+    b.timeout_s = 60
+    a.leave()
+    started = time.monotonic()
+    assert b.meet("c1024") is None and time.monotonic() - started < 5
 
 
 def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ class LaneSync:
     directory: Path
     lane: str
     lanes: int = 2
-    timeout_s: float = 900.0
+    timeout_s: float = 300.0
     poll_s: float = 0.5
     runs: int = field(default=0, init=False)
 
@@ -35,10 +35,17 @@ class LaneSync:
         (self.directory / f"{key}.{self.lane}").touch()
         start = time.monotonic()
         while len(list(self.directory.glob(f"{key}.*"))) < self.lanes:
-            if time.monotonic() - start > self.timeout_s:
+            gone = list(self.directory.glob(f"run{self.runs}-gone.*"))
+            if gone or time.monotonic() - start > self.timeout_s:
                 return None
             time.sleep(self.poll_s)
         return round(time.monotonic() - start, 1)
+
+    def leave(self) -> None:
+        """This lane's current run ended without its points (its server did not serve):
+        the other lanes stop waiting for it there."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / f"run{self.runs}-gone.{self.lane}").touch()
 
 
 #: This process's lane, set from ``--lane-sync`` / ``--lane``; None outside lanes.

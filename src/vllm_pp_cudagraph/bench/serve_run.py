@@ -384,6 +384,8 @@ def run_vllm_bench_sweep(
                             startup_timeout_s, extra_args=extra_args)
     report.update(log_findings(log_path.read_text(errors="replace")))
     report.update(record_findings(records_dir_of(log_path)))
+    if not report.get("sweep") and lanes.current is not None:
+        lanes.current.leave()
     done = report.pop("sweep", []) or [
         dict(zip(("input_len", "concurrency"), point_shape(p, spec.input_len))) for p in points]
     return [{**report, **point, "digest": "n/a" if point.get("req_per_s") else None}
