@@ -59,6 +59,8 @@
 #                lanes-32b/lanes.md pairs them (KIT_LANE_A / KIT_LANE_B: other runners,
 #                the same count in each; KIT_LANE_POINTS: other IN:CONCURRENCY points;
 #                KIT_DEADLINE_S bounds each lane)
+#   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
+#                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -137,7 +139,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray lanes-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray lanes-32b never-slower-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -326,6 +328,17 @@ step_lanes-32b() {
     --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
     --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
     --deadline "${KIT_DEADLINE_S:-1500}"
+}
+
+# The same cell on 2 GPUs, one server at a time: the plugin's defaults, stock, the plugin
+# fixed on balance (the old default's steady state), stock, the plugin again, so each plugin
+# runner has stock beside it in time (KIT_MODES: other runners).
+step_never-slower-32b() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --model qwen3-32b --weights dummy --max-num-seqs 1024 \
+    --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
+    --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
+    --deadline "${KIT_DEADLINE_S:-1500}" --out "$RES/never-slower-32b" \
+    --modes "${KIT_MODES:-plugin:$FAP,stock:$FAP,plugin-balance:$FAP,stock:$FAP,plugin:$FAP}"
 }
 
 # What the per-stage metrics cost: the plugin with and without them, in both orders, the
