@@ -127,6 +127,8 @@ class CadenceChooser:
         self.clock = clock
         self.incumbent = STOCK
         self.cadence = STOCK
+        #: Whether the incumbent is merge only because too few requests decoded to form groups.
+        self._forced = False
         #: Per other candidate: windows of the incumbent between its trials, and left now.
         self._gap = {c: first_gap for c in CANDIDATES}
         self._windows_left = {c: 1 for c in CANDIDATES}
@@ -216,8 +218,13 @@ class CadenceChooser:
 
     def _incumbent_window(self, interval: float, decoders: float) -> None:
         moved = not _similar_load(decoders, self._decided_decoders, share=self.regroup)
-        if moved and decoders >= self.pp_size:
-            # The load moved: measure the incumbent at the new load before another trial.
+        if (moved or self._forced) and decoders >= self.pp_size:
+            # The load moved: measure the incumbent at the new load before another trial,
+            # vLLM's cadence where the few requests before had forced merge.
+            if self._forced:
+                self._forced = False
+                self.incumbent = STOCK
+                self._use(STOCK)
             self._recent.clear()
             self._decided_decoders = decoders
             self._reset_gaps(decoders, first_trial_in=1)
@@ -225,6 +232,7 @@ class CadenceChooser:
         self._recent.append((interval, decoders))
         if decoders < self.pp_size:
             # Too few requests to form groups: every other cadence leaves steps empty.
+            self._forced = True
             self.incumbent = DecodeCadence.MERGE
             self._use(DecodeCadence.MERGE)
             return
@@ -287,6 +295,7 @@ class CadenceChooser:
         """Make ``cadence`` the incumbent: it measured ``interval`` against ``beaten``."""
         before = self.incumbent
         self.incumbent = cadence
+        self._forced = False
         self._use(cadence)
         self.switches.append((self._steps, cadence, interval, beaten, decoders))
         logger.info(

@@ -44,7 +44,8 @@ def drive(per_token_ms, steps: int, pp: int = 2,
         if trace is not None:
             trace.append(cadence)
         costs = per_token_ms(step) if callable(per_token_ms) else per_token_ms
-        tokens = n if cadence is MERGE else n // pp
+        # Otherwise ``pp`` groups take turns; the remainder's requests in the first ones.
+        tokens = n if cadence is MERGE else n // pp + (step % pp < n % pp)
         step_ms = costs[cadence] * (1 if cadence is MERGE else 1 / pp)
         clock.now += step_ms * burst(step) / 1e3
         chooser.record_step(tokens, n)
@@ -188,3 +189,18 @@ def test_the_back_off_holds_when_the_load_comes_back_and_lifts_at_another_load()
         "not tried again at a new load"
     assert not any(13_000 <= i < 13_000 + 200 * chooser.window_steps for i in merge_at), \
         "tried again soon at the load where it lost widely"
+
+
+def test_after_a_drain_the_load_coming_back_starts_on_vllms_cadence():
+    """Between passes of a benchmark the engine drains to a request or two, where auto
+    runs merge (no groups to form); when a thousand requests come back, merge is the worst
+    cadence there (the 32B shape: 110 against 67 ms per token), so auto must not measure
+    the new load on it: it goes back to vLLM's cadence at once."""
+    def decoders(step: int) -> int:
+        return 1 if 6_000 <= step % 12_000 < 6_300 else 1024
+
+    trace: list[DecodeCadence] = []
+    drive({VLLM: 67.0, BALANCE: 67.0, MERGE: 110.0}, 24_000, decoders=decoders, trace=trace)
+    assert MERGE in trace[6_000:6_300]
+    back = trace[6_300:6_300 + 200]
+    assert back.count(MERGE) <= 3 * 2 + 2 + 6, back.count(MERGE)

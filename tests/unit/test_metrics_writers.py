@@ -143,7 +143,8 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     found = record_findings(tmp_path)
     assert found == {
         "plugin_stages": 2, "stand_aside_lines": 0, "direct_handoff_stages": 2,
-        "layer_partition_used": [15, 13], "plan_records": 2, "stage_metrics": {}}
+        "layer_partition_used": [15, 13], "plan_records": 2, "stage_metrics": {},
+        "engine_metrics": None}
     # Each stage's last window, however old: bench reads it once the run is over.
     gpu = GPUTimeline()
     clock = StageClock(stage=1, pp_size=2, tp_size=1, layers=13, interval_s=0.0,
@@ -153,6 +154,12 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     clock.step_ended(graph=True)
     stage = record_findings(tmp_path)["stage_metrics"][1]
     assert stage["steps"] == 1 and stage["step_ms"] == 2.0 and stage["graph_steps_total"] == 1
+    # And the engine core's last cadence snapshot: what auto ran and what its trials cost.
+    from test_metrics_stat_logger import engine
+
+    write_snapshot(engine(time=0.0), tmp_path)
+    cadence = record_findings(tmp_path)["engine_metrics"]
+    assert cadence["cadence"] == "balance" and cadence["cadence_trial_steps_total"] == 40
 
 
 def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch):
