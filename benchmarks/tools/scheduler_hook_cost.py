@@ -137,7 +137,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "scheduler_hook_cost.json").write_text(json.dumps(
-            {"args": {k: v for k, v in vars(args).items() if k != "out"},
+            {"args": {k: v for k, v in vars(args).items() if k not in ("out", "metrics_dir")},
              "summary": summary, "rows": rows}, indent=1, default=str))
 
 
