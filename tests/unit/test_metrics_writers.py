@@ -27,8 +27,9 @@ def test_group_sizes_count_every_running_request_once():
     assert sum(group_sizes(running, 4)) == len(running)
 
 
-@pytest.mark.parametrize("cadence", ["balance", "merge"])
-def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, cadence):
+def served(tmp_path, monkeypatch, cadence: str, output: int):
+    """vLLM's scheduler at PP=2 after serving 8 requests under ``cadence``, the hook's
+    metrics written into a fresh directory."""
     from test_decode_cadence import make_requests, serve
 
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "metrics"))
@@ -36,9 +37,15 @@ def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, c
     try:
         model = str(write_model_dir(tmp_path / "m", tokenizer=False))
         scheduler = make_scheduler(model, num_blocks=64, pp=2)
-        serve(scheduler, make_requests(8, random.Random(1), output=(30, 30)), [0] * 8)
+        serve(scheduler, make_requests(8, random.Random(1), output=(output, output)), [0] * 8)
     finally:
         undo()
+    return scheduler
+
+
+@pytest.mark.parametrize("cadence", ["balance", "merge"])
+def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, cadence):
+    served(tmp_path, monkeypatch, cadence, output=30)
     snap = snapshots.read_engine_snapshot(0)
     assert snap is not None and snap.cadence == cadence and snap.pp_size == 2
     assert snap.asked_cadence == cadence and sum(snap.group_sizes) == snap.running_reqs
@@ -46,16 +53,7 @@ def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, c
 
 def test_the_engine_snapshot_counts_autos_trials(tmp_path, monkeypatch):
     """What ``auto``'s probes of other cadences cost is in the engine's snapshot."""
-    from test_decode_cadence import make_requests, serve
-
-    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "metrics"))
-    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence="auto"))
-    try:
-        model = str(write_model_dir(tmp_path / "m", tokenizer=False))
-        scheduler = make_scheduler(model, num_blocks=64, pp=2)
-        serve(scheduler, make_requests(8, random.Random(1), output=(60, 60)), [0] * 8)
-    finally:
-        undo()
+    scheduler = served(tmp_path, monkeypatch, "auto", output=60)
     state = scheduler._pp_cudagraph
     state.record._last = None  # written at most every few seconds: write the last step now
     state.record.step(scheduler.running, str(state.chooser.cadence), state.chooser)
