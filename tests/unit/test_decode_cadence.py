@@ -591,13 +591,14 @@ def timed(model_dir: str, cadence: str, profile: dict, pp: int = 2) -> tuple[Run
     clock = PipelineClock(pp, **profile)
     scheduler = make_scheduler(model_dir, num_blocks=256, pp=pp)
     requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(240, 240))
-    undo = _cadence(cadence)
+    undo = _cadence(cadence) if cadence != "vllm" else (lambda: None)
     try:
         with simulated_chooser(clock):
             run = serve(scheduler, requests, [0] * 8, clock=clock)
     finally:
         undo()
-    return run, clock, scheduler._pp_cudagraph.chooser
+    state = getattr(scheduler, "_pp_cudagraph", None)
+    return run, clock, state.chooser if state is not None else None
 
 
 @pytest.mark.parametrize("profile, wins, loses", [(HOST_BOUND, "merge", "balance"),
@@ -659,17 +660,21 @@ def test_under_arrivals_auto_is_never_slower_than_vllms_cadence(model_dir, profi
 
 @pytest.mark.parametrize("shape, context", sorted(RECORDED_WINNER))
 def test_on_recorded_stage_costs_auto_keeps_the_faster_cadence(model_dir, shape, context):
-    """PP=2 on each shape's recorded stage costs, 8 requests standing for 256: the fixed
-    cadence that serves them sooner is the one the costs predict (for the 0.6B shape
-    that depends on the context), auto ends on it and serves within 20% of its time."""
+    """PP=2 on each shape's recorded stage costs, 8 requests standing for 256 arriving at
+    once (the seed's burst): the fixed cadence that serves them sooner is the one the costs
+    predict (for the 0.6B shape that depends on the context), auto ends on it, serves
+    within 20% of its time and ahead of vLLM's cadence."""
     winner = RECORDED_WINNER[shape, context]
     profile = recorded_profile(shape, context, requests_each=32)
-    runs = {c: timed(model_dir, c, profile) for c in ("auto", "balance", "merge")}
+    runs = {c: timed(model_dir, c, profile) for c in ("auto", "balance", "merge", "vllm")}
     assert {c: run.problems[:3] for c, (run, _, _) in runs.items()} == {c: [] for c in runs}
     end = {c: clock.end_ms for c, (_, clock, _) in runs.items()}
     assert min(("balance", "merge"), key=end.get) == winner, end
     assert runs["auto"][2].cadence.value == winner
     assert end["auto"] < 1.2 * end[winner], end
+    # The requests arrived at once, so vLLM's cadence leaves them one group and a stage
+    # idle every other step: the room stock leaves, which auto takes (1.08x to 1.6x).
+    assert end["auto"] < 0.95 * end["vllm"], end
 
 
 @pytest.mark.parametrize("shape, context", sorted(RECORDED_WINNER))
