@@ -427,6 +427,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     """``vllm-pp-cudagraph plan``: print each layout's prediction; the exit status."""
     from vllm_pp_cudagraph.layer_partition import Memory
     from vllm_pp_cudagraph.planning.pipeline_model import Workload
+    from vllm_pp_cudagraph.planning.measured import matching
     from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, render
     from vllm_pp_cudagraph.stage_costs import ModelShape, stage_costs
 
@@ -458,7 +459,10 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
           f"{args.gpu_memory_utilization}), {args.interconnect}; {work.running} requests "
           f"decoding, {args.input_len} in / {args.output_len} out", file=out)
     print(f"PP={args.gpus} layer split: {decision.describe()[0]}", file=out)
-    for line in render(rows, work, source):
+    shape = ModelShape.from_config(config)
+    measured = matching(shape, args.gpus, work, args.interconnect,
+                        lambda name: ModelShape.from_config(read_model_config(name)))
+    for line in render(rows, work, source, args.model, measured):
         print(line, file=out)
     return EXIT_OK
 

@@ -71,3 +71,69 @@ def test_plan_and_check_agree_on_the_layer_split(clean_env, capsys):
     checked = capsys.readouterr().out
     assert "auto picks 10,10,8 for PP=3" in planned
     assert "auto picks 10,10,8 for PP=3" in checked
+
+
+def bench_commands_in(out: str) -> list[list[str]]:
+    return [line.split()[2:] for line in out.splitlines()
+            if line.startswith("  vllm-pp-cudagraph bench ")]
+
+
+def test_a_measured_cell_decides_over_the_prediction(clean_env, capsys):
+    """The 32B offline cell on two GPUs was measured (TP=2 won by 15%, passes within 4%):
+    plan prints it beside the prediction, which had the plugin ahead, and recommends what
+    was measured."""
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--prompts", "256",
+                      "--max-num-seqs", "256", *H200)
+    assert "measured on 2x H200, vLLM 0.33.0, engine: plugin PP=2 37.83, stock PP=2 33.01, " \
+           "stock TP=2 43.50 req/s; stock TP=2 won" in out
+    assert "recommended: stock TP=2 (measured; the model predicted plugin PP=2)" in out
+
+
+def test_layouts_predicted_within_the_models_error_are_too_close_to_call(clean_env, capsys):
+    """No cell was measured at this load and the two best layouts are predicted closer
+    than the model's median error: plan says so and gives the bench command that decides,
+    one the bench accepts as it is."""
+    from vllm_pp_cudagraph.bench.argument_checks import argument_problems
+    from vllm_pp_cudagraph.bench.cli import build_parser
+
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "256",
+                      "--max-num-seqs", "256", *H200)
+    assert "recommended: too close to call (plugin PP=2 and stock TP=2 are predicted" in out
+    [command] = bench_commands_in(out)
+    args = build_parser().parse_args(command)
+    assert argument_problems(args) == []
+    assert (args.pp, args.tp, args.workload, args.points) == (2, 1, "serve", [(64, 256)])
+    assert [runner for runner, *_ in args.modes] == ["plugin", "tp"]
+
+
+def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measured(
+        clean_env, capsys):
+    """At concurrency 1,024 the plugin and stock PP=2 were measured level, TP=2 not at
+    all: the prediction (the plugin 26% ahead of stock PP) is not the recommendation."""
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
+                      "--max-num-seqs", "1024", *H200)
+    assert out.count("measured on ") == 2
+    assert ("recommended: too close to call (plugin PP=2 and stock PP=2 measured level on "
+            "2x H100; stock TP=2 not measured at this load)") in out
+    assert "recommended: plugin PP=2" not in out
+    [command] = bench_commands_in(out)
+    assert command[-1] == "plugin:full_and_piecewise,tp:full_and_piecewise"
+
+
+def test_a_clear_prediction_is_recommended_as_it_is(clean_env, capsys):
+    _, out = run_plan(capsys, "--model", "qwen3-30b-a3b", "--gpus", "2", "--concurrency", "256",
+                      *H200)
+    assert "recommended: stock TP=2\n" in out and "measured on" not in out
+
+
+def test_tp_times_pp_and_tp_alone_are_measured_in_one_bench_invocation():
+    from vllm_pp_cudagraph.planning.pipeline_model import Prediction, Workload
+    from vllm_pp_cudagraph.planning.plan import bench_commands
+
+    layouts = [Prediction("plugin TP=2 x PP=2", 2, 2, 0.02, 10.0, 1.0, ()),
+               Prediction("stock TP=4", 1, 4, 0.02, 9.0, 1.0, ())]
+    [command] = bench_commands("m", Workload(8, 64, 256, 256, prompts=256), layouts)
+    assert "--pp 2 --tp 2" in command and "--workload engine --prompts 256" in command
+    assert command.endswith("--modes plugin:full_and_piecewise,tp:full_and_piecewise")
+    layouts[1] = Prediction("stock PP=4", 4, 1, 0.02, 9.0, 1.0, ())
+    assert len(bench_commands("m", Workload(8, 64, 256), layouts)) == 2

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_pp_cudagraph.layer_partition import Decision, Memory, decide, vllm_split
+from vllm_pp_cudagraph.planning.measured import MeasuredCell, median_error
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
     Prediction,
@@ -103,8 +104,91 @@ def recommended(rows: list[Row], work: Workload) -> Row | None:
     return max(ok, key=lambda r: r.prediction.req_per_s, default=None)
 
 
-def render(rows: list[Row], work: Workload, source: str) -> list[str]:
-    """The table ``plan`` prints, and the lines under it."""
+def runner_up(rows: list[Row], work: Workload, best: Row) -> Row | None:
+    """The next fastest layout after ``best`` among those :func:`recommended` chose from."""
+    need = work.running * (work.input_len + work.output_len)
+    ok = [r for r in rows if r.fits and r.kv_tokens >= need] or [r for r in rows if r.fits]
+    return max((r for r in ok if r is not best), key=lambda r: r.prediction.req_per_s,
+               default=None)
+
+
+def bench_runner(prediction: Prediction) -> tuple[str, tuple[int, int]]:
+    """The ``bench`` runner that measures ``prediction``'s layout, and the ``--pp``/``--tp``
+    it runs under (runner ``tp`` spreads ``--pp`` x ``--tp`` GPUs by TP alone)."""
+    if prediction.layout.startswith("plugin"):
+        return "plugin", (prediction.pp, prediction.tp)
+    if prediction.pp > 1:
+        return "stock", (prediction.pp, prediction.tp)
+    return "tp", (prediction.tp, 1)
+
+
+def bench_commands(model: str, work: Workload, layouts: list[Prediction]) -> list[str]:
+    """``bench`` invocations that measure ``layouts`` side by side (one where they share
+    their ``--pp``/``--tp``, else one each), for ``work``'s load."""
+    if work.prompts:
+        load = f"--workload engine --prompts {work.prompts} --input-len {work.input_len}"
+    else:
+        load = f"--workload serve --points {work.input_len}:{work.concurrency}"
+    runners = [bench_runner(p) for p in layouts]
+    bases = {base for runner, base in runners if runner != "tp"} or {runners[0][1]}
+    commands = []
+    for pp, tp in sorted(bases):
+        modes = ",".join(f"{runner}:full_and_piecewise" for runner, base in runners
+                         if base == (pp, tp) or (runner == "tp" and base[0] == pp * tp))
+        commands.append(f"vllm-pp-cudagraph bench --model {model} --weights dummy --pp {pp} "
+                        f"--tp {tp} --max-num-seqs {work.max_num_seqs} {load} "
+                        f"--output-len {work.output_len} --modes {modes}")
+    return commands
+
+
+def recommendation(rows: list[Row], work: Workload, model: str,
+                   measured: list[MeasuredCell]) -> list[str]:
+    """What ``plan`` recommends: a measured winner where a committed cell is this question,
+    "too close to call" where the cells were level or the best two layouts are predicted
+    within the model's measured error (with the ``bench`` command that decides), else the
+    fastest predicted layout."""
+    best = recommended(rows, work)
+    if best is None:
+        return ["recommended: none (no layout fits)"]
+    predicted = best.prediction.layout
+    if won := [cell for cell in measured if cell.winner]:
+        note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
+        return [f"recommended: {won[0].winner} (measured{note})"]
+    rival = runner_up(rows, work, best)
+    if rival is None:
+        return [f"recommended: {predicted}"]
+    pair = [best.prediction, rival.prediction]
+    if measured:
+        why, pair = _measured_level(rows, measured)
+    else:
+        error = median_error()
+        gap = best.prediction.req_per_s / max(rival.prediction.req_per_s, 1e-9) - 1
+        if gap >= error:
+            return [f"recommended: {predicted}"]
+        why = (f"{predicted} and {rival.prediction.layout} are predicted {gap:.0%} apart, "
+               f"inside the {error:.0%} the model was off at the median on measured cells")
+    return [f"recommended: too close to call ({why}); measure on your GPUs:",
+            *(f"  {command}" for command in bench_commands(model, work, pair))]
+
+
+def _measured_level(rows: list[Row], measured: list[MeasuredCell]) -> tuple[str, list]:
+    """Why cells where every layout was level leave the choice open, and the two layouts
+    to measure: the best predicted of those measured against the best of those not."""
+    seen = list(dict.fromkeys(layout for cell in measured for layout in cell.req_per_s))
+    fitting = sorted((r.prediction for r in rows if r.fits),
+                     key=lambda p: p.req_per_s, reverse=True)
+    tried = [p for p in fitting if p.layout in seen]
+    untried = [p for p in fitting if p.layout not in seen]
+    why = f"{' and '.join(seen)} measured level on {measured[0].gpu}"
+    if untried:
+        why += f"; {', '.join(p.layout for p in untried)} not measured at this load"
+    return why, (tried[:1] + untried[:1]) if tried and untried else fitting[:2]
+
+
+def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
+           measured: list[MeasuredCell] = ()) -> list[str]:
+    """The table ``plan`` prints, and the lines under it: the measured cells that are this
+    question, the recommendation, and what the predictions rest on."""
     lines = [f"{'layout':<22} {'cadence':<8} {'req/s':>7} {'tok/s':>8} {'TPOT ms':>8} "
              f"{'KV tokens':>10}  busy per GPU or stage"]
     for row in rows:
@@ -116,10 +200,10 @@ def render(rows: list[Row], work: Workload, source: str) -> list[str]:
         lines.append(f"{p.layout:<22} {p.cadence or '-':<8} {p.req_per_s:>7.2f} "
                      f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f} {row.kv_tokens:>10,}  "
                      f"{busy}")
+    lines += [cell.line() for cell in measured]
+    lines += recommendation(rows, work, model, list(measured))
     best = recommended(rows, work)
     need = work.running * (work.input_len + work.output_len)
-    lines.append(f"recommended: {best.prediction.layout}" if best else
-                 "recommended: none (no layout fits)")
     if best and best.kv_tokens < need:
         lines.append(f"  its KV cache holds {best.kv_tokens:,} tokens, fewer than the "
                      f"{need:,} of {work.running} running requests: expect preemption")

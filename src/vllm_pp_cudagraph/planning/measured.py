@@ -1,0 +1,70 @@
+"""The cells measured with a GPU per stage that ``plan`` puts beside its predictions
+(``measured_cells.json``: each names its results folder), and the model's measured error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from vllm_pp_cudagraph.planning.pipeline_model import Workload
+from vllm_pp_cudagraph.stage_costs import ModelShape
+
+CELLS_FILE = Path(__file__).with_name("measured_cells.json")
+
+
+@dataclass(frozen=True)
+class MeasuredCell:
+    """One committed cell: its load, where it ran, each layout's req/s, and the layout
+    that won by more than its passes' spread (None where they were level)."""
+
+    shape: str
+    gpus: int
+    interconnect: str
+    workload: str
+    load: int
+    input_len: int
+    output_len: int
+    max_num_seqs: int
+    gpu: str
+    vllm: str
+    req_per_s: dict[str, float]
+    winner: str | None
+    how: str
+    source: str
+
+    def line(self) -> str:
+        figures = ", ".join(f"{layout} {value:.2f}" for layout, value in self.req_per_s.items())
+        verdict = f"{self.winner} won" if self.winner else "level within its spread"
+        return (f"measured on {self.gpu}, vLLM {self.vllm}, {self.workload}: {figures} req/s; "
+                f"{verdict} ({self.how}; {self.source})")
+
+
+@cache
+def _table() -> dict[str, Any]:
+    return json.loads(CELLS_FILE.read_text())
+
+
+def median_error() -> float:
+    """How far the model's req/s was off at the median on the measured runs."""
+    return float(_table()["median_error"])
+
+
+def cells() -> list[MeasuredCell]:
+    return [MeasuredCell(**cell) for cell in _table()["cells"]]
+
+
+def matching(shape: ModelShape, gpus: int, work: Workload, interconnect: str,
+             shape_of: Callable[[str], ModelShape]) -> list[MeasuredCell]:
+    """The measured cells that are this question: the same model shape, GPUs, link and
+    load (``work.prompts`` for ``engine``, its concurrency for ``serve``)."""
+    workload, load = ("engine", work.prompts) if work.prompts else ("serve", work.concurrency)
+    return [cell for cell in cells()
+            if (cell.gpus, cell.interconnect, cell.workload, cell.load, cell.input_len,
+                cell.output_len, cell.max_num_seqs)
+            == (gpus, interconnect, workload, load, work.input_len, work.output_len,
+                work.max_num_seqs)
+            and shape_of(cell.shape) == shape]
