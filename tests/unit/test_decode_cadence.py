@@ -278,7 +278,7 @@ def test_no_request_is_scheduled_past_max_tokens(model_dir, fill, pp):
     assert set(extra.values()) == {0}, extra
 
 
-@pytest.mark.parametrize("cadence", ["fill", "merge"])
+@pytest.mark.parametrize("cadence", ["fill", "merge", "auto"])
 @pytest.mark.parametrize("pp", [2, 4])
 def test_structured_output_requests_keep_vllms_cadence(model_dir, cadence, pp):
     """The engine core builds a step's grammar bitmask after applying only the
