@@ -317,6 +317,32 @@ def _report_proven(report: _Report) -> None:
         report.say(f"  - {line}")
 
 
+def _plan_gpu(name: str | None):
+    """The GPU ``plan`` predicts for, and how it was chosen: ``--gpu``, else the visible
+    GPU where ``plan`` knows it, else the H200 the model was fitted on."""
+    from vllm_pp_cudagraph.planning.gpus import FITTED_ON, GPUS, by_device_name
+
+    if name is not None:
+        return GPUS[name], "--gpu"
+    visible = _gpu_name()
+    if visible and (gpu := by_device_name(visible)) is not None:
+        return gpu, f"the visible {visible}"
+    return FITTED_ON, ("assumed: --gpu names yours" if not visible else
+                       f"assumed: the visible {visible} is not one plan knows; --gpu names one")
+
+
+def _gpu_name() -> str | None:
+    """The first visible GPU's name; None where torch sees none."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # a broken torch build raises more than ImportError
+        return None
+    return None
+
+
 def _gpu_memory_bytes() -> int | None:
     """The first visible GPU's total memory; None where torch sees none."""
     try:
@@ -394,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_plan_parser(sub) -> None:
+    from vllm_pp_cudagraph.planning.gpus import GPUS
     from vllm_pp_cudagraph.planning.pipeline_model import LINKS
 
     plan_parser = sub.add_parser(
@@ -417,6 +444,10 @@ def _add_plan_parser(sub) -> None:
     plan_parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
                              metavar="N", help=f"default {DEFAULT_MAX_NUM_SEQS}")
     plan_parser.add_argument("--interconnect", choices=sorted(LINKS), default="nvlink")
+    plan_parser.add_argument(
+        "--gpu", choices=sorted(GPUS), default=None,
+        help="the GPU model (its datasheet's memory, bandwidth and FLOPs); default: the "
+        "visible GPU where it is one of these, else an H200")
     plan_parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
                              help="each GPU's total memory (default: the first visible GPU's)")
     plan_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
@@ -427,6 +458,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     """``vllm-pp-cudagraph plan``: print each layout's prediction; the exit status."""
     from vllm_pp_cudagraph.layer_partition import Memory
     from vllm_pp_cudagraph.planning.pipeline_model import Workload
+    from vllm_pp_cudagraph.planning.gpus import rates
     from vllm_pp_cudagraph.planning.measured import matching
     from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, render
     from vllm_pp_cudagraph.stage_costs import ModelShape, stage_costs
@@ -438,11 +470,16 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
             parser.error(f"plan: {flag} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
         parser.error("plan: --gpu-memory-utilization must be in (0, 1]")
-    gpu_bytes = (_gpu_memory_bytes() if args.gpu_memory_gib is None
-                 else int(args.gpu_memory_gib * 2**30))
+    gpu, gpu_said = _plan_gpu(args.gpu)
+    if args.gpu_memory_gib is not None:
+        gpu_bytes = int(args.gpu_memory_gib * 2**30)
+    elif args.gpu is not None:
+        gpu_bytes = int(gpu.memory_gib * 2**30)
+    else:
+        gpu_bytes = _gpu_memory_bytes()
     if not gpu_bytes or gpu_bytes <= 0:
-        parser.error("plan: no GPU is visible to read its memory from; pass --gpu-memory-gib "
-                     "(e.g. 141 for an H200, 80 for an H100)")
+        parser.error("plan: no GPU is visible to read its memory from; pass --gpu (e.g. "
+                     "h100) or --gpu-memory-gib (e.g. 141 for an H200, 80 for an H100)")
     try:
         config = read_model_config(args.model)
         settings = PPCudaGraphSettings.current()
@@ -450,14 +487,16 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
                         args.prompts)
         memory = Memory(gpu_bytes, args.gpu_memory_utilization)
         rows, decision = make_plan(config, args.gpus, work, memory, args.interconnect,
-                                   settings.layer_partition)
+                                   settings.layer_partition, rates(gpu))
     except (ValueError, PlanError, SettingsError) as exc:
         parser.error(f"plan: {exc}")
     out = out or sys.stdout
-    source = stage_costs(ModelShape.from_config(config), work.running).source
+    source = stage_costs(ModelShape.from_config(config), work.running, rates=rates(gpu)).source
     print(f"{args.model} on {args.gpus} GPUs ({gpu_bytes / 2**30:.0f} GiB x "
           f"{args.gpu_memory_utilization}), {args.interconnect}; {work.running} requests "
           f"decoding, {args.input_len} in / {args.output_len} out", file=out)
+    print(f"GPU: {gpu.name} ({gpu_said}; {gpu.bytes_per_s / 1e12:.2f} TB/s, "
+          f"{gpu.bf16_flops / 1e12:.0f} TFLOPS BF16 by its datasheet)", file=out)
     print(f"PP={args.gpus} layer split: {decision.describe()[0]}", file=out)
     shape = ModelShape.from_config(config)
     measured = matching(shape, args.gpus, work, args.interconnect,

@@ -6,7 +6,7 @@ arithmetic on the config. docs/performance.md ("Balanced stages") says how far i
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,22 @@ TABLES = Path(__file__).with_name("cost_tables")
 # One H200's effective decode rates, fitted to measured stage costs (only ratios decide).
 BYTES_PER_S = 4.15e12
 FLOPS_PER_S = 550e12
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A GPU's effective rates for the bytes/FLOPs model, and how a measured cost table
+    converts to it (``name``: how the output names the GPU)."""
+
+    bytes_per_s: float
+    flops_per_s: float
+    name: str = "H200"
+    #: Seconds on a table's GPU to seconds on this one, by the table's ``measured.device``.
+    table_scale: Callable[[str], tuple[float, str] | None] | None = None
+
+
+#: The rates the model was fitted with, and tables as measured: what the runtime uses.
+FITTED = Rates(BYTES_PER_S, FLOPS_PER_S)
 #: Fixed time of one decoder layer's kernels (norms, rotary, attention, activations).
 LAYER_FIXED_S = 35e-6
 EMBEDDING_FIXED_S = 5e-6
@@ -197,26 +213,27 @@ class StageCosts:
         return ends * self.vocab_bytes + layers * self.layer_bytes
 
 
-def _roofline_s(bytes_read: float, flops: float) -> float:
-    return max(bytes_read / BYTES_PER_S, flops / FLOPS_PER_S)
+def _roofline_s(bytes_read: float, flops: float, rates: Rates = FITTED) -> float:
+    return max(bytes_read / rates.bytes_per_s, flops / rates.flops_per_s)
 
 
-def modelled_costs(shape: ModelShape, batch: int) -> StageCosts:
+def modelled_costs(shape: ModelShape, batch: int, rates: Rates = FITTED) -> StageCosts:
     """The bytes/FLOPs model's costs of ``shape`` at ``batch`` tokens per step."""
     logits = batch * shape.vocab_size
     head = (_roofline_s(shape.vocab_bytes + logits * shape.dtype_bytes,
-                        2 * logits * shape.hidden_size) + LM_HEAD_FIXED_S
-            + logits * SAMPLER_BYTES_PER_LOGIT / BYTES_PER_S + SAMPLER_FIXED_S)
+                        2 * logits * shape.hidden_size, rates) + LM_HEAD_FIXED_S
+            + logits * SAMPLER_BYTES_PER_LOGIT / rates.bytes_per_s + SAMPLER_FIXED_S)
     return StageCosts(
         batch=batch,
-        layer_s=_roofline_s(shape.layer_bytes_read(batch), shape.layer_flops(batch))
+        layer_s=_roofline_s(shape.layer_bytes_read(batch), shape.layer_flops(batch), rates)
         + LAYER_FIXED_S,
-        embedding_s=2 * batch * shape.hidden_size * shape.dtype_bytes / BYTES_PER_S
+        embedding_s=2 * batch * shape.hidden_size * shape.dtype_bytes / rates.bytes_per_s
         + EMBEDDING_FIXED_S,
         head_s=head,
         layer_bytes=shape.layer_bytes,
         vocab_bytes=shape.vocab_bytes,
-        source="the bytes/FLOPs model",
+        source="the bytes/FLOPs model" + ("" if rates.name == FITTED.name
+                                          else f" at {rates.name}'s rates"),
     )
 
 
@@ -263,23 +280,29 @@ def _interpolate(rows: list[dict], batch: int, field: str) -> float:
     return float(rows[-1][field])
 
 
-def table_costs(shape: ModelShape, table: dict, batch: int, name: str = "") -> StageCosts:
-    """The costs a measured ``table`` gives at ``batch`` (its weight bytes from ``shape``)."""
+def table_costs(shape: ModelShape, table: dict, batch: int, name: str = "",
+                rates: Rates = FITTED) -> StageCosts:
+    """The costs a measured ``table`` gives at ``batch`` (its weight bytes from ``shape``);
+    where ``rates`` convert from the table's GPU, scaled to theirs, and the source says so."""
     ms = {field: _interpolate(table["batches"], batch, field) / 1e3 for field in TABLE_FIELDS}
+    device = table.get("measured", {}).get("device", "")
+    scale, how = (rates.table_scale and rates.table_scale(device)) or (1.0, "")
     return StageCosts(
-        batch=batch, layer_s=ms["layer_ms"], embedding_s=ms["embedding_ms"],
-        head_s=ms["lm_head_ms"], layer_bytes=shape.layer_bytes, vocab_bytes=shape.vocab_bytes,
-        source=f"the cost table {name or table['signature']} (measured)",
+        batch=batch, layer_s=scale * ms["layer_ms"], embedding_s=scale * ms["embedding_ms"],
+        head_s=scale * ms["lm_head_ms"], layer_bytes=shape.layer_bytes,
+        vocab_bytes=shape.vocab_bytes,
+        source=f"the cost table {name or table['signature']} (measured{how})",
     )
 
 
-def stage_costs(shape: ModelShape, batch: int, directory: Path = TABLES) -> StageCosts:
+def stage_costs(shape: ModelShape, batch: int, directory: Path = TABLES,
+                rates: Rates = FITTED) -> StageCosts:
     """``shape``'s costs at ``batch``: its measured table where one exists, else the model."""
     found = find_table(shape, directory)
     if found is None:
-        return modelled_costs(shape, batch)
+        return modelled_costs(shape, batch, rates)
     path, table = found
-    return table_costs(shape, table, batch, path.name)
+    return table_costs(shape, table, batch, path.name, rates)
 
 
 def shape_fields(shape: ModelShape) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def test_without_a_gpu_or_its_memory_the_flag_is_named(clean_env, capsys, monkey
     monkeypatch.setattr(cli, "_gpu_memory_bytes", lambda: None)
     with pytest.raises(SystemExit):
         cli.main(["plan", "--model", "qwen3-0.6b", "--gpus", "2"])
-    assert "pass --gpu-memory-gib" in capsys.readouterr().err
+    assert "pass --gpu (e.g. h100) or --gpu-memory-gib" in capsys.readouterr().err
 
 
 def test_plan_and_check_agree_on_the_layer_split(clean_env, capsys):
@@ -86,7 +86,7 @@ def test_a_measured_cell_decides_over_the_prediction(clean_env, capsys):
                       "--max-num-seqs", "256", *H200)
     assert "measured on 2x H200, vLLM 0.33.0, engine: plugin PP=2 37.83, stock PP=2 33.01, " \
            "stock TP=2 43.50 req/s; stock TP=2 won" in out
-    assert "recommended: stock TP=2 (measured; the model predicted plugin PP=2)" in out
+    assert "recommended: stock TP=2 (measured on 2x H200; the model predicted plugin PP=2)" in out
 
 
 def test_layouts_predicted_within_the_models_error_are_too_close_to_call(clean_env, capsys):
@@ -123,7 +123,7 @@ def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measur
 def test_a_clear_prediction_is_recommended_as_it_is(clean_env, capsys):
     _, out = run_plan(capsys, "--model", "qwen3-30b-a3b", "--gpus", "2", "--concurrency", "256",
                       *H200)
-    assert "recommended: stock TP=2\n" in out and "measured on" not in out
+    assert "recommended: stock TP=2\n" in out and "measured on 2x" not in out
 
 
 def test_tp_times_pp_and_tp_alone_are_measured_in_one_bench_invocation():
@@ -137,3 +137,36 @@ def test_tp_times_pp_and_tp_alone_are_measured_in_one_bench_invocation():
     assert command.endswith("--modes plugin:full_and_piecewise,tp:full_and_piecewise")
     layouts[1] = Prediction("stock PP=4", 4, 1, 0.02, 9.0, 1.0, ())
     assert len(bench_commands("m", Workload(8, 64, 256), layouts)) == 2
+
+
+def test_the_gpu_named_sets_its_memory_and_rates(clean_env, capsys):
+    """An H100 reads memory at 0.7x an H200's bandwidth: the bandwidth-bound PP rows slow
+    down by about that, and its 80 GiB is the memory where none is given."""
+    def req_per_s(out: str, layout: str) -> float:
+        line = next(line for line in out.splitlines() if line.startswith(layout))
+        return float(line.split()[3])
+
+    load = ["--model", "qwen3-32b", "--gpus", "2", "--concurrency", "256"]
+    _, h200 = run_plan(capsys, *load, "--gpu", "h200")
+    _, h100 = run_plan(capsys, *load, "--gpu", "h100")
+    assert "GPU: H100 SXM (--gpu; 3.35 TB/s, 989 TFLOPS BF16" in h100
+    assert "on 2 GPUs (80 GiB x 0.92)" in h100 and "on 2 GPUs (141 GiB x 0.92)" in h200
+    ratio = req_per_s(h100, "plugin PP=2") / req_per_s(h200, "plugin PP=2")
+    assert 0.65 < ratio < 0.8
+    _, small = run_plan(capsys, *load, "--gpu", "h100", "--gpu-memory-gib", "60")
+    assert "on 2 GPUs (60 GiB x 0.92)" in small
+
+
+def test_a_cost_table_from_another_gpu_is_scaled_and_says_so(clean_env, capsys):
+    """The 0.6B table was measured on an H100: for an H200 it is converted by their
+    bandwidths, and the output says so; for an H100 it is used as measured."""
+    load = ["--model", "qwen3-0.6b", "--gpus", "2", "--concurrency", "256"]
+    _, h200 = run_plan(capsys, *load, "--gpu", "h200")
+    _, h100 = run_plan(capsys, *load, "--gpu", "h100")
+    assert "(measured on H100 SXM, scaled to H200 by memory bandwidth)" in h200
+    assert "(measured)" in h100 and "scaled" not in h100.split("rests on")[1].split(";")[0]
+
+
+def test_without_a_gpu_named_or_visible_plan_says_it_assumes_an_h200(clean_env, capsys):
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", *H200)
+    assert "GPU: H200 (assumed: --gpu names yours;" in out

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from vllm_pp_cudagraph.stage_costs import (
-    BYTES_PER_S,
-    FLOPS_PER_S,
+    FITTED,
     ModelShape,
+    Rates,
     StageCosts,
     find_table,
     modelled_costs,
@@ -87,19 +87,19 @@ class Prediction:
     cadence: str | None = None
 
 
-def kv_read_s(shape: ModelShape, batch: float, context: float) -> float:
+def kv_read_s(shape: ModelShape, batch: float, context: float, rates: Rates = FITTED) -> float:
     """One layer's reads of the KV cache in a decode step of ``batch`` requests."""
     per_token = 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
-    return batch * context * per_token / BYTES_PER_S
+    return batch * context * per_token / rates.bytes_per_s
 
 
 def host_s(batch: float) -> float:
     return HOST_STEP_S + HOST_PER_REQUEST_S * batch
 
 
-def prefill_s(shape: ModelShape, tokens: int, gpus: int) -> float:
+def prefill_s(shape: ModelShape, tokens: int, gpus: int, rates: Rates = FITTED) -> float:
     """GPU time of one request's prefill, spread over ``gpus`` (compute-bound)."""
-    return shape.num_layers * shape.layer_flops(tokens) / FLOPS_PER_S / gpus
+    return shape.num_layers * shape.layer_flops(tokens) / rates.flops_per_s / gpus
 
 
 def tp_shard(shape: ModelShape, tp: int) -> ModelShape:
@@ -132,39 +132,43 @@ CostsAt = Callable[[int], StageCosts]
 
 
 def _stage_times(costs_at: CostsAt, shape: ModelShape, split: tuple[int, ...], batch: float,
-                 context: float, tp: int, link: Link) -> list[float]:
+                 context: float, tp: int, link: Link, rates: Rates = FITTED) -> list[float]:
     """Each stage's GPU time per decode step of ``batch`` requests; with ``tp`` > 1 one
     rank's, its shard's costs and two all-reduces per layer."""
     batch_int = max(1, round(batch))
     costs, kv_shape, per_layer = costs_at(batch_int), shape, 0.0
     if tp > 1:
-        costs, kv_shape = shard_costs(shape, tp, batch_int, costs_at), tp_shard(shape, tp)
+        costs = shard_costs(shape, tp, batch_int, costs_at, rates)
+        kv_shape = tp_shard(shape, tp)
         per_layer = 2 * link.all_reduce_s(batch * shape.hidden_size * shape.dtype_bytes, tp)
     pp = len(split)
-    return [costs.stage_s(i, pp, n) + n * (kv_read_s(kv_shape, batch, context) + per_layer)
+    return [costs.stage_s(i, pp, n) + n * (kv_read_s(kv_shape, batch, context, rates) + per_layer)
             for i, n in enumerate(split)]
 
 
 def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s: float,
-              busy: list[float], **extra) -> Prediction:
+              busy: list[float], rates: Rates = FITTED, **extra) -> Prediction:
     """req/s of ``work`` where a token of every running request takes ``tpot_s``."""
     running = work.running
-    per_request = work.output_len * tpot_s / running + prefill_s(shape, work.input_len, gpus)
+    per_request = (work.output_len * tpot_s / running
+                   + prefill_s(shape, work.input_len, gpus, rates))
     return Prediction(layout, tpot_s=tpot_s, req_per_s=1 / per_request,
                       output_tok_per_s=work.output_len / per_request,
                       busy=tuple(min(1.0, b) for b in busy), **extra)
 
 
 def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence: str,
-             link: Link, costs_at: CostsAt | None = None, tp: int = 1) -> Prediction:
+             link: Link, costs_at: CostsAt | None = None, tp: int = 1,
+             rates: Rates = FITTED) -> Prediction:
     """PP over ``len(split)`` stages of ``tp`` GPUs each, with ``cadence`` ``balance``,
-    ``merge`` or ``stock`` (groups as ``balance``, at stock's cost per step)."""
-    costs_at = costs_at or (lambda b: stage_costs(shape, b))
+    ``merge`` or ``stock`` (groups as ``balance``, at stock's cost per step), on GPUs of
+    ``rates``."""
+    costs_at = costs_at or (lambda b: stage_costs(shape, b, rates=rates))
     pp, running, context = len(split), work.running, work.mean_context
     group = running if cadence == "merge" else running / pp
     # vLLM hands the hidden states and the residual to the next stage.
     handoff = link.transfer_s(2 * shape.hidden_size * shape.dtype_bytes * group)
-    times = _stage_times(costs_at, shape, split, group, context, tp, link)
+    times = _stage_times(costs_at, shape, split, group, context, tp, link, rates)
     if cadence == "merge":
         tpot = max(sum(times) + (pp - 1) * handoff, host_s(running))
         busy = [t / tpot for t in times]
@@ -176,37 +180,44 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
         busy = [t / step for t in times]
     layout = f"{'stock' if cadence == 'stock' else 'plugin'} " + (
         f"TP={tp} x PP={pp}" if tp > 1 else f"PP={pp}")
-    return _delivery(layout, work, shape, pp * tp, tpot, busy, pp=pp, tp=tp, split=split,
-                     cadence=None if cadence == "stock" else cadence)
+    return _delivery(layout, work, shape, pp * tp, tpot, busy, rates, pp=pp, tp=tp,
+                     split=split, cadence=None if cadence == "stock" else cadence)
 
 
-def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt) -> StageCosts:
+def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt,
+                rates: Rates = FITTED) -> StageCosts:
     """One TP rank's costs: the shard's measured table where one ships, else its modelled
     costs scaled by ``costs_at`` over the full shape's modelled ones."""
     if (found := find_table(tp_shard(shape, tp))) is not None:
         path, table = found
-        return table_costs(tp_shard(shape, tp), table, batch, path.name)
-    shard, full, model = (modelled_costs(tp_shard(shape, tp), batch), costs_at(batch),
-                          modelled_costs(shape, batch))
+        return table_costs(tp_shard(shape, tp), table, batch, path.name, rates)
+    shard, full, model = (modelled_costs(tp_shard(shape, tp), batch, rates), costs_at(batch),
+                          modelled_costs(shape, batch, rates))
     return replace(shard, layer_s=shard.layer_s * full.layer_s / model.layer_s,
                    head_s=shard.head_s * full.head_s / model.head_s, source=full.source)
 
 
 def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
-                    costs_at: CostsAt | None = None) -> Prediction:
-    """TP over ``tp`` GPUs: every request every step, two all-reduces per layer."""
+                    costs_at: CostsAt | None = None, rates: Rates = FITTED) -> Prediction:
+    """TP over ``tp`` GPUs of ``rates``: every request every step, two all-reduces per layer."""
     shard, running = tp_shard(shape, tp), work.running
-    costs = shard_costs(shape, tp, running, costs_at or (lambda b: stage_costs(shape, b)))
+    costs = shard_costs(shape, tp, running,
+                        costs_at or (lambda b: stage_costs(shape, b, rates=rates)), rates)
     gpu = (costs.stage_s(0, 1, shape.num_layers)
-           + shape.num_layers * kv_read_s(shard, running, work.mean_context)
+           + shape.num_layers * kv_read_s(shard, running, work.mean_context, rates)
            + 2 * shape.num_layers * link.all_reduce_s(
                running * shape.hidden_size * shape.dtype_bytes, tp))
     tpot = max(gpu, host_s(running))
-    return _delivery(f"stock TP={tp}", work, shape, tp, tpot, [gpu / tpot] * tp, pp=1, tp=tp)
+    return _delivery(f"stock TP={tp}", work, shape, tp, tpot, [gpu / tpot] * tp, rates,
+                     pp=1, tp=tp)
 
 
 def plugin_auto(shape: ModelShape, split: tuple[int, ...], work: Workload, link: Link,
-                costs_at: CostsAt | None = None, tp: int = 1) -> Prediction:
-    """The plugin's ``auto`` cadence: the faster of ``merge`` and ``balance``."""
-    options = [pipeline(shape, split, work, c, link, costs_at, tp) for c in ("balance", "merge")]
+                costs_at: CostsAt | None = None, tp: int = 1,
+                rates: Rates = FITTED) -> Prediction:
+    """The plugin's ``auto`` cadence: the faster of ``merge`` and ``balance``. (``auto``
+    also keeps vLLM's cadence where neither beats it; with the plugin's worker, vLLM's
+    groups cost what ``balance``'s do here, so the model needs no third row.)"""
+    options = [pipeline(shape, split, work, c, link, costs_at, tp, rates)
+               for c in ("balance", "merge")]
     return max(options, key=lambda p: p.req_per_s)

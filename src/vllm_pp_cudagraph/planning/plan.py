@@ -17,7 +17,13 @@ from vllm_pp_cudagraph.planning.pipeline_model import (
     tp_shard,
 )
 from vllm_pp_cudagraph.settings import LayerPartition
-from vllm_pp_cudagraph.stage_costs import ModelShape, stage_costs, unmodelled_reason
+from vllm_pp_cudagraph.stage_costs import (
+    FITTED,
+    ModelShape,
+    Rates,
+    stage_costs,
+    unmodelled_reason,
+)
 
 
 class PlanError(ValueError):
@@ -61,9 +67,10 @@ def layouts(gpus: int) -> list[tuple[int, int]]:
 
 def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
               interconnect: str = "nvlink",
-              setting: LayerPartition = LayerPartition.VLLM) -> tuple[list[Row], Decision]:
-    """Every layout of ``config`` over ``gpus`` GPUs, predicted for ``work``; and the split
-    PP=``gpus`` uses (the decision ``check --model`` prints)."""
+              setting: LayerPartition = LayerPartition.VLLM,
+              rates: Rates = FITTED) -> tuple[list[Row], Decision]:
+    """Every layout of ``config`` over ``gpus`` GPUs of ``rates``, predicted for ``work``;
+    and the split PP=``gpus`` uses (the decision ``check --model`` prints)."""
     if gpus < 2:
         raise PlanError(f"--gpus {gpus}: a plan compares layouts of at least 2 GPUs")
     if (reason := unmodelled_reason(config)) is not None:
@@ -89,10 +96,10 @@ def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
             decision = decision or chosen
         kv, why = _room(shape, split, tp, memory)
         if pp == 1:
-            predictions = [tensor_parallel(shape, tp, work, link)]
+            predictions = [tensor_parallel(shape, tp, work, link, rates=rates)]
         else:
-            predictions = [plugin_auto(shape, split, work, link, tp=tp),
-                           pipeline(shape, split, work, "stock", link, tp=tp)]
+            predictions = [plugin_auto(shape, split, work, link, tp=tp, rates=rates),
+                           pipeline(shape, split, work, "stock", link, tp=tp, rates=rates)]
         rows += [Row(p, kv, not why, why) for p in predictions]
     return rows, decision
 
@@ -153,7 +160,7 @@ def recommendation(rows: list[Row], work: Workload, model: str,
     predicted = best.prediction.layout
     if won := [cell for cell in measured if cell.winner]:
         note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
-        return [f"recommended: {won[0].winner} (measured{note})"]
+        return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
     rival = runner_up(rows, work, best)
     if rival is None:
         return [f"recommended: {predicted}"]
