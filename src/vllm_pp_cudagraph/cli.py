@@ -459,7 +459,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     from vllm_pp_cudagraph.layer_partition import Memory
     from vllm_pp_cudagraph.planning.pipeline_model import Workload
     from vllm_pp_cudagraph.planning.gpus import rates
-    from vllm_pp_cudagraph.planning.measured import matching
+    from vllm_pp_cudagraph.planning.measured import matching, stock_calibration
     from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, render
     from vllm_pp_cudagraph.stage_costs import ModelShape, stage_costs
 
@@ -486,8 +486,10 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
         work = Workload(args.concurrency, args.input_len, args.output_len, args.max_num_seqs,
                         args.prompts)
         memory = Memory(gpu_bytes, args.gpu_memory_utilization)
+        stock = stock_calibration(compat.installed_versions().vllm,
+                                  "engine" if args.prompts else "serve")
         rows, decision = make_plan(config, args.gpus, work, memory, args.interconnect,
-                                   settings.layer_partition, rates(gpu))
+                                   settings.layer_partition, rates(gpu), stock.factor)
     except (ValueError, PlanError, SettingsError) as exc:
         parser.error(f"plan: {exc}")
     out = out or sys.stdout
@@ -498,6 +500,8 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     print(f"GPU: {gpu.name} ({gpu_said}; {gpu.bytes_per_s / 1e12:.2f} TB/s, "
           f"{gpu.bf16_flops / 1e12:.0f} TFLOPS BF16 by its datasheet)", file=out)
     print(f"PP={args.gpus} layer split: {decision.describe()[0]}", file=out)
+    print(f"stock PP: {stock.factor:.2f}x the plugin's GPU time per step, as measured on vLLM "
+          f"{stock.vllm} ({stock.workload}: {stock.how}; {stock.source})", file=out)
     shape = ModelShape.from_config(config)
     measured = matching(shape, args.gpus, work, args.interconnect,
                         lambda name: ModelShape.from_config(read_model_config(name)))

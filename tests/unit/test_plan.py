@@ -98,12 +98,13 @@ def test_layouts_predicted_within_the_models_error_are_too_close_to_call(clean_e
 
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "256",
                       "--max-num-seqs", "256", *H200)
-    assert "recommended: too close to call (plugin PP=2 and stock TP=2 are predicted" in out
+    assert ("recommended: too close to call (plugin PP=2, stock PP=2 and stock TP=2 are "
+            "predicted within") in out
     [command] = bench_commands_in(out)
     args = build_parser().parse_args(command)
     assert argument_problems(args) == []
     assert (args.pp, args.tp, args.workload, args.points) == (2, 1, "serve", [(64, 256)])
-    assert [runner for runner, *_ in args.modes] == ["plugin", "tp"]
+    assert {runner for runner, *_ in args.modes} == {"plugin", "stock", "tp"}
 
 
 def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measured(
@@ -112,7 +113,7 @@ def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measur
     all: the prediction (the plugin 26% ahead of stock PP) is not the recommendation."""
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
                       "--max-num-seqs", "1024", *H200)
-    assert out.count("measured on ") == 2
+    assert out.count("\nmeasured on ") == 2
     assert ("recommended: too close to call (plugin PP=2 and stock PP=2 measured level on "
             "2x H100; stock TP=2 not measured at this load)") in out
     assert "recommended: plugin PP=2" not in out
@@ -170,3 +171,31 @@ def test_a_cost_table_from_another_gpu_is_scaled_and_says_so(clean_env, capsys):
 def test_without_a_gpu_named_or_visible_plan_says_it_assumes_an_h200(clean_env, capsys):
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", *H200)
     assert "GPU: H200 (assumed: --gpu names yours;" in out
+
+
+@pytest.mark.parametrize("installed, workload, release, factor", [
+    ("0.33.0", "serve", "0.33", 1.0), ("0.33.0", "engine", "0.33", 1.15),
+    ("0.34.1", "serve", "0.33", 1.0), ("0.26.0", "serve", "0.26", 1.31),
+    ("0.29.0", "engine", "0.26", 1.31), ("0.20.0", "engine", "0.26", 1.31)])
+def test_stock_pp_is_calibrated_on_the_installed_release(installed, workload, release, factor):
+    """Stock's cost per PP step comes from the cells of the newest measured release at or
+    below the installed one (vLLM 0.33 staggers decodes itself: level with the plugin when
+    served), its engine figure where that release has no serve cells."""
+    from vllm_pp_cudagraph.planning.measured import stock_calibration
+
+    found = stock_calibration(installed, workload)
+    assert (found.vllm, found.factor) == (release, factor)
+    assert found.source.startswith("benchmarks/results/")
+
+
+def test_plan_says_which_release_stock_is_calibrated_on(clean_env, capsys, monkeypatch):
+    from vllm_pp_cudagraph import compat
+
+    monkeypatch.setattr(compat, "installed_versions",
+                        lambda: compat.VersionInfo(vllm="0.33.0", torch=None))
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
+                      "--max-num-seqs", "1024", *H200)
+    assert "stock PP: 1.00x the plugin's GPU time per step, as measured on vLLM 0.33 (serve" in out
+    rows = {line.split()[0]: line.split()[3] for line in out.splitlines()
+            if line.startswith(("plugin PP=2", "stock PP=2"))}
+    assert len(rows) == 2 and len(set(rows.values())) == 1

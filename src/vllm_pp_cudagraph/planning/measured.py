@@ -68,3 +68,36 @@ def matching(shape: ModelShape, gpus: int, work: Workload, interconnect: str,
             == (gpus, interconnect, workload, load, work.input_len, work.output_len,
                 work.max_num_seqs)
             and shape_of(cell.shape) == shape]
+
+
+@dataclass(frozen=True)
+class StockCalibration:
+    """Stock PP's GPU time per step over the plugin's for one release and workload, from
+    committed cells with a GPU per stage."""
+
+    vllm: str
+    workload: str
+    factor: float
+    how: str
+    source: str
+
+
+def stock_calibration(vllm_version: str | None, workload: str) -> StockCalibration:
+    """The calibration for ``workload`` of the newest calibrated release at or below the
+    installed one (the oldest where none is), its engine row where it has no ``workload``
+    row."""
+    rows = [StockCalibration(**row) for row in _table()["stock_pp"]]
+    releases = sorted({row.vllm for row in rows}, key=_minor)
+    installed = _minor(vllm_version) if vllm_version else _minor(releases[-1])
+    at_or_below = [r for r in releases if _minor(r) <= installed] or releases[:1]
+    release = at_or_below[-1]
+    for want in (workload, "engine"):
+        for row in rows:
+            if (row.vllm, row.workload) == (release, want):
+                return row
+    raise ValueError(f"no stock calibration for vLLM {release}")
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor, *_ = (version.split("+")[0].split(".") + ["0", "0"])
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)

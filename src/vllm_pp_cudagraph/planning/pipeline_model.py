@@ -22,7 +22,8 @@ from vllm_pp_cudagraph.stage_costs import (
 #: Host time of one engine step, fitted to a host-bound 0.6B stage at PP=1 on one H200.
 HOST_STEP_S = 1.4e-3
 HOST_PER_REQUEST_S = 18e-6
-#: Stock MRV2's GPU time per PP step over the plugin's at the same group size (measured).
+#: Stock MRV2's GPU time per PP step over the plugin's at the same group size, as measured
+#: on vLLM 0.26 (``plan`` takes the installed release's from measured_cells.json).
 STOCK_PP_GPU_FACTOR = 1.31
 
 
@@ -159,10 +160,10 @@ def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s:
 
 def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence: str,
              link: Link, costs_at: CostsAt | None = None, tp: int = 1,
-             rates: Rates = FITTED) -> Prediction:
+             rates: Rates = FITTED, stock_factor: float = STOCK_PP_GPU_FACTOR) -> Prediction:
     """PP over ``len(split)`` stages of ``tp`` GPUs each, with ``cadence`` ``balance``,
-    ``merge`` or ``stock`` (groups as ``balance``, at stock's cost per step), on GPUs of
-    ``rates``."""
+    ``merge`` or ``stock`` (groups as ``balance``, at ``stock_factor`` times the plugin's
+    cost per step), on GPUs of ``rates``."""
     costs_at = costs_at or (lambda b: stage_costs(shape, b, rates=rates))
     pp, running, context = len(split), work.running, work.mean_context
     group = running if cadence == "merge" else running / pp
@@ -174,7 +175,7 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
         busy = [t / tpot for t in times]
     else:
         if cadence == "stock":
-            times = [t * STOCK_PP_GPU_FACTOR for t in times]
+            times = [t * stock_factor for t in times]
         step = max(max(times) + handoff, host_s(group))
         tpot = pp * step
         busy = [t / step for t in times]

@@ -9,6 +9,7 @@ from vllm_pp_cudagraph.layer_partition import Decision, Memory, decide, vllm_spl
 from vllm_pp_cudagraph.planning.measured import MeasuredCell, median_error
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
+    STOCK_PP_GPU_FACTOR,
     Prediction,
     Workload,
     pipeline,
@@ -68,7 +69,8 @@ def layouts(gpus: int) -> list[tuple[int, int]]:
 def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
               interconnect: str = "nvlink",
               setting: LayerPartition = LayerPartition.VLLM,
-              rates: Rates = FITTED) -> tuple[list[Row], Decision]:
+              rates: Rates = FITTED,
+              stock_factor: float = STOCK_PP_GPU_FACTOR) -> tuple[list[Row], Decision]:
     """Every layout of ``config`` over ``gpus`` GPUs of ``rates``, predicted for ``work``;
     and the split PP=``gpus`` uses (the decision ``check --model`` prints)."""
     if gpus < 2:
@@ -99,24 +101,22 @@ def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
             predictions = [tensor_parallel(shape, tp, work, link, rates=rates)]
         else:
             predictions = [plugin_auto(shape, split, work, link, tp=tp, rates=rates),
-                           pipeline(shape, split, work, "stock", link, tp=tp, rates=rates)]
+                           pipeline(shape, split, work, "stock", link, tp=tp, rates=rates,
+                                    stock_factor=stock_factor)]
         rows += [Row(p, kv, not why, why) for p in predictions]
     return rows, decision
 
 
+def _choices(rows: list[Row], work: Workload) -> list[Row]:
+    """The layouts that fit and hold every running request's context (those that fit,
+    where none holds them all)."""
+    need = work.running * (work.input_len + work.output_len)
+    return [r for r in rows if r.fits and r.kv_tokens >= need] or [r for r in rows if r.fits]
+
+
 def recommended(rows: list[Row], work: Workload) -> Row | None:
     """The fastest layout that fits and holds every running request's context."""
-    need = work.running * (work.input_len + work.output_len)
-    ok = [r for r in rows if r.fits and r.kv_tokens >= need] or [r for r in rows if r.fits]
-    return max(ok, key=lambda r: r.prediction.req_per_s, default=None)
-
-
-def runner_up(rows: list[Row], work: Workload, best: Row) -> Row | None:
-    """The next fastest layout after ``best`` among those :func:`recommended` chose from."""
-    need = work.running * (work.input_len + work.output_len)
-    ok = [r for r in rows if r.fits and r.kv_tokens >= need] or [r for r in rows if r.fits]
-    return max((r for r in ok if r is not best), key=lambda r: r.prediction.req_per_s,
-               default=None)
+    return max(_choices(rows, work), key=lambda r: r.prediction.req_per_s, default=None)
 
 
 def bench_runner(prediction: Prediction) -> tuple[str, tuple[int, int]]:
@@ -161,21 +161,22 @@ def recommendation(rows: list[Row], work: Workload, model: str,
     if won := [cell for cell in measured if cell.winner]:
         note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
         return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
-    rival = runner_up(rows, work, best)
-    if rival is None:
-        return [f"recommended: {predicted}"]
-    pair = [best.prediction, rival.prediction]
     if measured:
-        why, pair = _measured_level(rows, measured)
+        why, contenders = _measured_level(rows, measured)
     else:
         error = median_error()
-        gap = best.prediction.req_per_s / max(rival.prediction.req_per_s, 1e-9) - 1
-        if gap >= error:
+        contenders = [r.prediction for r in _choices(rows, work)
+                      if r.prediction.req_per_s * (1 + error) > best.prediction.req_per_s]
+        contenders.sort(key=lambda p: p.req_per_s, reverse=True)
+        if len(contenders) < 2:
             return [f"recommended: {predicted}"]
-        why = (f"{predicted} and {rival.prediction.layout} are predicted {gap:.0%} apart, "
-               f"inside the {error:.0%} the model was off at the median on measured cells")
+        gap = contenders[0].req_per_s / max(contenders[-1].req_per_s, 1e-9) - 1
+        names = [p.layout for p in contenders]
+        why = (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
+               f"each other, inside the {error:.0%} the model was off at the median on "
+               "measured cells")
     return [f"recommended: too close to call ({why}); measure on your GPUs:",
-            *(f"  {command}" for command in bench_commands(model, work, pair))]
+            *(f"  {command}" for command in bench_commands(model, work, contenders))]
 
 
 def _measured_level(rows: list[Row], measured: list[MeasuredCell]) -> tuple[str, list]:
