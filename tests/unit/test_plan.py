@@ -89,9 +89,19 @@ def test_a_measured_cell_decides_over_the_prediction(clean_env, capsys):
     assert "recommended: stock TP=2 (measured on 2x H200; the model predicted plugin PP=2)" in out
 
 
-def test_layouts_predicted_within_the_models_error_are_too_close_to_call(clean_env, capsys):
-    """No cell was measured at this load and the two best layouts are predicted closer
-    than the model's median error: plan says so and gives the bench command that decides,
+@pytest.fixture
+def on_vllm_033(monkeypatch):
+    """Stock PP calibrated as on vLLM 0.33, whichever release runs the tests."""
+    from vllm_pp_cudagraph import compat
+
+    monkeypatch.setattr(compat, "installed_versions",
+                        lambda: compat.VersionInfo(vllm="0.33.0", torch=None))
+
+
+def test_layouts_predicted_within_the_models_error_are_too_close_to_call(
+        clean_env, capsys, on_vllm_033):
+    """No cell was measured at this load and the best layouts are predicted closer than
+    the model's median error: plan says so and gives the bench command that decides,
     one the bench accepts as it is."""
     from vllm_pp_cudagraph.bench.argument_checks import argument_problems
     from vllm_pp_cudagraph.bench.cli import build_parser
@@ -188,11 +198,7 @@ def test_stock_pp_is_calibrated_on_the_installed_release(installed, workload, re
     assert found.source.startswith("benchmarks/results/")
 
 
-def test_plan_says_which_release_stock_is_calibrated_on(clean_env, capsys, monkeypatch):
-    from vllm_pp_cudagraph import compat
-
-    monkeypatch.setattr(compat, "installed_versions",
-                        lambda: compat.VersionInfo(vllm="0.33.0", torch=None))
+def test_plan_says_which_release_stock_is_calibrated_on(clean_env, capsys, on_vllm_033):
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
                       "--max-num-seqs", "1024", *H200)
     assert "stock PP: 1.00x the plugin's GPU time per step, as measured on vLLM 0.33 (serve" in out
