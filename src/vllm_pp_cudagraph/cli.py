@@ -331,28 +331,28 @@ def _plan_gpu(name: str | None):
                        f"assumed: the visible {visible} is not one plan knows; --gpu names one")
 
 
-def _gpu_name() -> str | None:
-    """The first visible GPU's name; None where torch sees none."""
+def _first_gpu():
+    """The first visible GPU's properties as torch gives them; None where it sees none."""
     try:
         import torch
 
         if torch.cuda.is_available() and torch.cuda.device_count():
-            return torch.cuda.get_device_name(0)
+            return torch.cuda.get_device_properties(0)
     except Exception:  # a broken torch build raises more than ImportError
         return None
     return None
+
+
+def _gpu_name() -> str | None:
+    """The first visible GPU's name; None where torch sees none."""
+    gpu = _first_gpu()
+    return None if gpu is None else gpu.name
 
 
 def _gpu_memory_bytes() -> int | None:
     """The first visible GPU's total memory; None where torch sees none."""
-    try:
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.device_count():
-            return int(torch.cuda.get_device_properties(0).total_memory)
-    except Exception:  # a broken torch build raises more than ImportError
-        return None
-    return None
+    gpu = _first_gpu()
+    return None if gpu is None else int(gpu.total_memory)
 
 
 def _report_gpus(report: _Report) -> None:
@@ -488,12 +488,14 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
         memory = Memory(gpu_bytes, args.gpu_memory_utilization)
         stock = stock_calibration(compat.installed_versions().vllm,
                                   "engine" if args.prompts else "serve")
+        gpu_rates = rates(gpu)
         rows, decision = make_plan(config, args.gpus, work, memory, args.interconnect,
-                                   settings.layer_partition, rates(gpu), stock.factor)
+                                   settings.layer_partition, gpu_rates, stock.factor)
     except (ValueError, PlanError, SettingsError) as exc:
         parser.error(f"plan: {exc}")
     out = out or sys.stdout
-    source = stage_costs(ModelShape.from_config(config), work.running, rates=rates(gpu)).source
+    shape = ModelShape.from_config(config)
+    source = stage_costs(shape, work.running, rates=gpu_rates).source
     print(f"{args.model} on {args.gpus} GPUs ({gpu_bytes / 2**30:.0f} GiB x "
           f"{args.gpu_memory_utilization}), {args.interconnect}; {work.running} requests "
           f"decoding, {args.input_len} in / {args.output_len} out", file=out)
@@ -502,7 +504,6 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     print(f"PP={args.gpus} layer split: {decision.describe()[0]}", file=out)
     print(f"stock PP: {stock.factor:.2f}x the plugin's GPU time per step, as measured on vLLM "
           f"{stock.vllm} ({stock.workload}: {stock.how}; {stock.source})", file=out)
-    shape = ModelShape.from_config(config)
     measured = matching(shape, args.gpus, work, args.interconnect,
                         lambda name: ModelShape.from_config(read_model_config(name)))
     for line in render(rows, work, source, args.model, measured):

@@ -3,8 +3,8 @@
 ``merge`` lets every running request decode at every step, ``balance`` evens the
 ``pp_size`` decode groups, ``fill`` gives a step that would be empty the group that can go
 first, ``auto`` measures vLLM's own cadence, ``balance`` and ``merge`` and leaves vLLM's
-only for one that beats it (cadence_policy.py). The worker half is first_stage_tokens.py; docs/architecture.md
-says why both are safe."""
+only for one that beats it (cadence_policy.py). The worker half is first_stage_tokens.py;
+docs/architecture.md says why both are safe."""
 
 from __future__ import annotations
 

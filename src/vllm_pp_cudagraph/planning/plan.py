@@ -161,36 +161,39 @@ def recommendation(rows: list[Row], work: Workload, model: str,
     if won := [cell for cell in measured if cell.winner]:
         note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
         return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
-    if measured:
-        why, contenders = _measured_level(rows, measured)
-    else:
-        error = median_error()
-        contenders = [r.prediction for r in _choices(rows, work)
-                      if r.prediction.req_per_s * (1 + error) > best.prediction.req_per_s]
-        contenders.sort(key=lambda p: p.req_per_s, reverse=True)
-        if len(contenders) < 2:
-            return [f"recommended: {predicted}"]
-        gap = contenders[0].req_per_s / max(contenders[-1].req_per_s, 1e-9) - 1
-        names = [p.layout for p in contenders]
-        why = (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
-               f"each other, inside the {error:.0%} the model was off at the median on "
-               "measured cells")
+    choices = sorted((r.prediction for r in _choices(rows, work)),
+                     key=lambda p: p.req_per_s, reverse=True)
+    why, contenders = (_measured_level(choices, measured) if measured
+                       else _predicted_close(choices))
+    if len(contenders) < 2:
+        return [f"recommended: {predicted}"]
     return [f"recommended: too close to call ({why}); measure on your GPUs:",
             *(f"  {command}" for command in bench_commands(model, work, contenders))]
 
 
-def _measured_level(rows: list[Row], measured: list[MeasuredCell]) -> tuple[str, list]:
+def _predicted_close(choices: list[Prediction]) -> tuple[str, list[Prediction]]:
+    """The layouts (fastest first) predicted within the model's median error of the
+    fastest, and why they are too close to call."""
+    error = median_error()
+    contenders = [p for p in choices if p.req_per_s * (1 + error) > choices[0].req_per_s]
+    gap = contenders[0].req_per_s / max(contenders[-1].req_per_s, 1e-9) - 1
+    names = [p.layout for p in contenders]
+    return (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
+            f"each other, inside the {error:.0%} the model was off at the median on "
+            "measured cells", contenders)
+
+
+def _measured_level(choices: list[Prediction],
+                    measured: list[MeasuredCell]) -> tuple[str, list[Prediction]]:
     """Why cells where every layout was level leave the choice open, and the two layouts
     to measure: the best predicted of those measured against the best of those not."""
     seen = list(dict.fromkeys(layout for cell in measured for layout in cell.req_per_s))
-    fitting = sorted((r.prediction for r in rows if r.fits),
-                     key=lambda p: p.req_per_s, reverse=True)
-    tried = [p for p in fitting if p.layout in seen]
-    untried = [p for p in fitting if p.layout not in seen]
+    tried = [p for p in choices if p.layout in seen]
+    untried = [p for p in choices if p.layout not in seen]
     why = f"{' and '.join(seen)} measured level on {measured[0].gpu}"
     if untried:
         why += f"; {', '.join(p.layout for p in untried)} not measured at this load"
-    return why, (tried[:1] + untried[:1]) if tried and untried else fitting[:2]
+    return why, (tried[:1] + untried[:1]) if tried and untried else choices[:2]
 
 
 def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
