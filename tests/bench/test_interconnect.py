@@ -87,3 +87,13 @@ def test_the_executor_reaches_the_engine_and_the_server(tmp_path):
     default = run_spec(bench.build_parser().parse_args(["--out", str(tmp_path)]),
                        "plugin", "eager", None, "qwen3-0.6b", None, "x")
     assert "distributed_executor_backend" not in engine_kwargs(default, str(tmp_path))
+
+
+def test_lanes_are_for_the_serve_workload():
+    """Lanes meet before serve points only: with another workload they would never meet,
+    so the flag is refused before anything starts, naming it."""
+    args = bench.build_parser().parse_args(["--lane-sync", "sync", "--workload", "engine"])
+    assert "--lane-sync is for --workload serve (lanes meet before each point)" in \
+        argument_problems(args)
+    args = bench.build_parser().parse_args(["--lane-sync", "sync", "--workload", "serve"])
+    assert not any("--lane-sync" in p for p in argument_problems(args))
