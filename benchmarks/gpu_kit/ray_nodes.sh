@@ -8,15 +8,17 @@
 #   bash benchmarks/gpu_kit/ray_nodes.sh start   # prints the RAY_ADDRESS to export
 #   bash benchmarks/gpu_kit/ray_nodes.sh stop
 #
-# env: RAY_PORT (default 6379). Both nodes share this host's packages, so a node that
-# lacks the plugin cannot be made this way; the engine check's refusal of such a worker
-# is tested on CPU (tests/unit/test_engine_check.py).
+# env: RAY_PORT (default 6379); RAY_SECOND_NODE_PYTHONPATH: the second node's PYTHONPATH
+# (default this one's), e.g. a site without the plugin's package, to see what a user sees
+# when one node lacks it (run_checks.sh step ray-pp2).
 set -euo pipefail
 port=${RAY_PORT:-6379}
+# install_ray.sh installs into the kit's site, its command into the site's bin/.
+export PATH="${KIT_SITE:-/tmp/site}/bin:$PATH"
 case ${1:-} in
   start)
     CUDA_VISIBLE_DEVICES=0 ray start --head --port "$port" --num-gpus 1 --disable-usage-stats
-    CUDA_VISIBLE_DEVICES=1 ray start --address "127.0.0.1:$port" --num-gpus 1
+    CUDA_VISIBLE_DEVICES=1 PYTHONPATH=${RAY_SECOND_NODE_PYTHONPATH:-${PYTHONPATH:-}} ray start --address "127.0.0.1:$port" --num-gpus 1
     ray status
     echo "export RAY_ADDRESS=127.0.0.1:$port" ;;
   stop)

@@ -52,6 +52,15 @@
 #                plugin and stock TP=2 over two Ray nodes on this host, one GPU each
 #                (ray_nodes.sh; Ray installed first: ../install_ray.sh); plugin_stages
 #                in bench.json counts the runner's line from each node's worker
+#   ray-pp2      PP=2 over two Ray nodes on this host (ray_nodes.sh; Ray installed first), a
+#                stage on each: the plugin and stock served one after the other (Qwen3-32B
+#                dense shape, 64 in x concurrency 256, 512 requests, 2 passes); then the
+#                second node started on a site without the plugin's package and the plugin
+#                served again (0.6B shape): what a user sees (ray-missing-package/), the
+#                seconds until the server is gone and what is left on the GPUs
+#   links        2 GPUs: NCCL send/recv and all-reduce per message size under each
+#                --interconnect (nvlink, host, socket), fitted to the latency and bandwidth
+#                plan reads (../tools/link_bench.py; links/links.json); about a minute
 #   lanes-32b    4 GPUs: the Qwen3-32B dense shape served at concurrency 1,024 (64 in / 256
 #                out, 2,048 requests a pass, 2 passes after a warm-up), two servers side by
 #                side (lanes: GPUs 0,1 and 2,3) meeting before each point: plugin | stock,
@@ -139,7 +148,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray lanes-32b never-slower-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b never-slower-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -298,6 +307,43 @@ step_scoreboard-ray() {
     --repeat 2 --points 64:256 || rc=1
   bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
   return $rc
+}
+
+# A site without the plugin's package: links to every entry of the kit's site but its own.
+site_without_plugin() {
+  local bare=/tmp/site-without-plugin entry
+  rm -rf "$bare" && mkdir -p "$bare"
+  for entry in "$site"/*; do
+    case $(basename "$entry") in vllm_pp_cudagraph*) ;; *) ln -s "$entry" "$bare/" ;; esac
+  done
+  echo "$bare"
+}
+
+step_ray-pp2() {
+  local rc=0 t0 bare
+  if ! bash "$here/ray_nodes.sh" start > "$RES/ray-nodes.txt" 2>&1; then
+    cat "$RES/ray-nodes.txt"
+    return 1
+  fi
+  RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} $BENCH --model qwen3-32b --weights dummy \
+    --timeout 600 --max-num-seqs 1024 --gpu-memory-utilization 0.9 --executor ray \
+    --deadline 600 --out "$RES/ray-pp2" --modes plugin:$FAP,stock:$FAP --workload serve \
+    --num-requests 512 --output-len 256 --repeat 2 --points 64:256 || rc=1
+  bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
+  bare=$(site_without_plugin)
+  RAY_SECOND_NODE_PYTHONPATH=$bare bash "$here/ray_nodes.sh" start >> "$RES/ray-nodes.txt" 2>&1
+  t0=$SECONDS
+  RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} $BENCH --model qwen3-0.6b --weights dummy \
+    --timeout 300 --executor ray --deadline 360 --out "$RES/ray-missing-package" \
+    --modes plugin:$FAP --workload serve --num-requests 64 --output-len 16 --points 64:16
+  echo "ray-missing-package: bench exit $? after $((SECONDS - t0)) s"
+  echo "left on the GPUs:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
+  return $rc
+}
+
+step_links() {
+  python3 -m benchmarks.tools.link_bench --out "$RES/links"
 }
 
 # lanes NAME MODES_A MODES_B BENCH_ARGS...: two bench invocations side by side on a 4-GPU
