@@ -13,8 +13,10 @@
 # when one node lacks it (run_checks.sh step ray-pp2).
 set -euo pipefail
 port=${RAY_PORT:-6379}
-# install_ray.sh installs into the kit's site, its command into the site's bin/.
-export PATH="${KIT_SITE:-/tmp/site}/bin:$PATH"
+# install_ray.sh installs Ray into the kit's site, where its command may not be on PATH.
+command -v ray >/dev/null || ray() {
+  python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' "$@"
+}
 case ${1:-} in
   start)
     CUDA_VISIBLE_DEVICES=0 ray start --head --port "$port" --num-gpus 1 --disable-usage-stats

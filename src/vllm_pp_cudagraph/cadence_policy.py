@@ -99,7 +99,8 @@ class CadenceChooser:
     no better is tried again
     ``growth`` times later each time (at most ``longest_gap`` windows); one that lost by
     :data:`WIDE_LOSS` or more is backed off up to ``longest_backoff`` windows, and stays
-    backed off while the load is the one it lost at.
+    backed off while the load is the one it lost at. When the load moves (a drain between
+    bursts, say), the cadence adopted last at the new load is resumed at once.
     """
 
     def __init__(
@@ -136,6 +137,8 @@ class CadenceChooser:
         #: back-off (windows) there.
         self._wide_backoffs: dict[DecodeCadence, list[tuple[float, int]]] = {
             c: [] for c in CANDIDATES}
+        #: The loads (decoding requests) at which a cadence was adopted, and that cadence.
+        self._winners: list[tuple[float, DecodeCadence]] = []
         self._settle = 0
         self._window: _Window | None = None
         self._trial: DecodeCadence | None = None
@@ -219,12 +222,14 @@ class CadenceChooser:
     def _incumbent_window(self, interval: float, decoders: float) -> None:
         moved = not _similar_load(decoders, self._decided_decoders, share=self.regroup)
         if (moved or self._forced) and decoders >= self.pp_size:
-            # The load moved: measure the incumbent at the new load before another trial,
-            # vLLM's cadence where the few requests before had forced merge.
-            if self._forced:
-                self._forced = False
-                self.incumbent = STOCK
-                self._use(STOCK)
+            # The load moved: before another trial, measure the cadence adopted last time
+            # at this load, else the incumbent, or vLLM's where the few requests before
+            # had forced merge.
+            resume = self._winner_at(decoders) or (STOCK if self._forced else self.incumbent)
+            self._forced = False
+            if resume is not self.incumbent:
+                self.incumbent = resume
+                self._use(resume)
             self._recent.clear()
             self._decided_decoders = decoders
             self._reset_gaps(decoders, first_trial_in=1)
@@ -304,9 +309,16 @@ class CadenceChooser:
             cadence, decoders, 1e3 * interval, 1e3 * beaten, before,
         )
         self._decided_decoders = decoders
+        self._winners = [*(w for w in self._winners if not _similar_load(decoders, w[0])),
+                         (decoders, cadence)]
         self._recent.clear()
         self._recent.append((interval, decoders))
         self._reset_gaps(decoders, first_trial_in=self.first_gap)
+
+    def _winner_at(self, decoders: float) -> DecodeCadence | None:
+        """The cadence adopted last at about ``decoders`` decoding requests, if any."""
+        found = [cadence for load, cadence in self._winners if _similar_load(decoders, load)]
+        return found[-1] if found else None
 
     def _reset_gaps(self, decoders: float, first_trial_in: int) -> None:
         """A new load or incumbent: every candidate is due again soon, except one that

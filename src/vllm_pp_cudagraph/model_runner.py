@@ -21,7 +21,12 @@ from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock
 from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
-from vllm_pp_cudagraph.stage_exchange import gather_from_stages
+from vllm_pp_cudagraph.stage_exchange import (
+    announce_runner,
+    check_peer_runners,
+    exchange_peers,
+    gather_from_stages,
+)
 from vllm_pp_cudagraph.stage_failure import stopping_worker_on_error
 from vllm_pp_cudagraph.stage_inputs import (
     DECLARED,
@@ -161,6 +166,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             is_breakable_cudagraph_enabled(),
         )
         if self.use_pp:
+            # Before any exchange with its peers: they check for it (check_peer_runners).
+            announce_runner(torch.distributed.get_rank())
             self._choose_handoff()
 
     def _choose_handoff(self) -> None:
@@ -217,6 +224,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         returns other tensors than it declares would otherwise first fail on
         a request, where vLLM 0.26 hangs instead of stopping.
         """
+        if produced is None:
+            # The first exchange: a peer on vLLM's own runner would never join it.
+            check_peer_runners(exchange_peers())
         sends = produced
         if sends is None and not self.is_last_pp_rank:
             declared = self.model.make_empty_intermediate_tensors(

@@ -1,8 +1,57 @@
-"""Sharing one small Python object per rank with every rank of a vLLM process group."""
+"""Sharing one small Python object per rank with every rank of a vLLM process group, once
+every rank of the group is known to run the plugin's runner (a rank on vLLM's own runner
+never joins these exchanges, so without that check its peers would wait for it forever)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+
+#: Seconds a rank waits for its peers' runners once its model is loaded. Every rank builds
+#: its runner just after the engine's process groups exist, before loading its model.
+PEER_WAIT_S = 60.0
+
+
+class PeerRunnerError(RuntimeError):
+    """A rank this rank exchanges with does not run the plugin's runner."""
+
+
+def _key(rank: int) -> str:
+    return f"vllm_pp_cudagraph/runner/{rank}"
+
+
+def _default_store() -> Any:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def announce_runner(rank: int, store: Any = None) -> None:
+    """Tell the engine's other ranks that global ``rank`` runs the plugin's runner."""
+    (store or _default_store()).set(_key(rank), "1")
+
+
+def check_peer_runners(peers: dict[int, str], store: Any = None,
+                       timeout_s: float | None = None) -> None:
+    """Wait until every rank of ``peers`` (global rank: what it is, for the message) has
+    announced the plugin's runner; raise naming those that did not within ``timeout_s``
+    (:data:`PEER_WAIT_S`)."""
+    store = store or _default_store()
+    timeout_s = PEER_WAIT_S if timeout_s is None else timeout_s
+    keys = [_key(rank) for rank in peers]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+        return
+    except RuntimeError:  # torch's DistStoreError on a timeout
+        missing = [what for rank, what in peers.items() if not store.check([_key(rank)])]
+    if missing:
+        raise PeerRunnerError(
+            f"vllm-pp-cudagraph: {', '.join(missing)} did not start the plugin's runner "
+            f"within {timeout_s:.0f} s, so it runs vLLM's own (the plugin is not installed "
+            "where it runs, or VLLM_PLUGINS does not name pp_cudagraph there) and would "
+            "leave this rank waiting for it. Install vllm-pp-cudagraph on every node and "
+            "set VLLM_PLUGINS=pp_cudagraph for every worker, or leave pp_cudagraph out of "
+            "VLLM_PLUGINS everywhere.")
 
 
 def gather_from_group(obj: Any, group: Any) -> list[Any]:
@@ -31,3 +80,15 @@ def gather_from_tp_peers(obj: Any) -> list[Any]:
     from vllm.distributed.parallel_state import get_tp_group
 
     return gather_from_group(obj, get_tp_group())
+
+
+def exchange_peers() -> dict[int, str]:
+    """The global ranks this rank exchanges with (its pipeline and tensor-parallel groups),
+    each named by its stage and TP rank."""
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    pp, tp = get_pp_group(), get_tp_group()
+    peers = {rank: f"pipeline stage {stage}" for stage, rank in enumerate(pp.ranks)}
+    for tp_rank, rank in enumerate(tp.ranks):
+        peers.setdefault(rank, f"pipeline stage {pp.rank_in_group} TP rank {tp_rank}")
+    return peers

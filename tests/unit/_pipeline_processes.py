@@ -10,6 +10,9 @@ Scenarios, each run on every stage by :func:`run_stages`:
   hand-off on one stage only (test_stage_inputs);
 - ``eagle3``: the same check on an EAGLE3 target, whose aux hidden states vLLM
   reserves on the receiving stages only (test_stage_inputs);
+- ``stock-stage-0`` / ``stock-stage-1``: that stage runs vLLM's own runner, the other
+  the plugin's, whose first exchange must stop it with a clear error instead of waiting
+  for a stage that never joins (test_stage_exchange);
 - ``direct``: intermediate tensors handed on without metadata, next to vLLM's own
   hand-off on the same group, at PP=2 (also with 2 tensor-parallel ranks per
   stage) and PP=3 (test_stage_handoff).
@@ -87,6 +90,28 @@ def handoff(rank: int) -> dict:
     except HandoffDisagreementError as exc:
         direct_error = str(exc)
     return {"rank": rank, "produced_error": error, "direct_error": direct_error}
+
+
+def stock_stage(rank: int, stock: int) -> dict:
+    """Rank ``stock`` runs vLLM's own runner (it never announces itself nor joins the
+    plugin's exchanges); the other runs the plugin's start-up hand-off check."""
+    import time
+
+    from vllm_pp_cudagraph import stage_exchange
+    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+
+    if rank == stock:
+        time.sleep(4)  # alive, as a stage in vLLM's own start-up would be
+        return {"rank": rank, "error": None}
+    stage_exchange.announce_runner(rank)
+    stage_exchange.PEER_WAIT_S = 1.0
+    start = time.monotonic()
+    try:
+        PPCudaGraphModelRunner._check_stage_handoffs(None)
+        error = None
+    except stage_exchange.PeerRunnerError as exc:
+        error = str(exc)
+    return {"rank": rank, "error": error, "seconds": time.monotonic() - start}
 
 
 #: EAGLE3 over PP in the ``eagle3`` scenario: 28 layers as 10/9/9, taps at these layers.
@@ -263,6 +288,12 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
         init_distributed_environment(pp_size * tp_size, rank, f"tcp://127.0.0.1:{port}", rank,
                                      "gloo")
         ensure_model_parallel_initialized(tp_size, pp_size)
+    from vllm_pp_cudagraph.stage_exchange import announce_runner
+
+    if scenario.startswith("stock-stage-"):
+        print(json.dumps(stock_stage(rank, int(scenario.rsplit("-", 1)[1]))))
+        return
+    announce_runner(rank)  # as the plugin's runner does on every rank
     if scenario == "direct":
         with torch.inference_mode():  # as the worker's execute_model runs
             print(json.dumps(direct(rank)))

@@ -204,3 +204,22 @@ def test_after_a_drain_the_load_coming_back_starts_on_vllms_cadence():
     assert MERGE in trace[6_000:6_300]
     back = trace[6_300:6_300 + 200]
     assert back.count(MERGE) <= 3 * 2 + 2 + 6, back.count(MERGE)
+
+
+def test_after_a_drain_the_load_coming_back_resumes_the_cadence_that_won_there():
+    """The 32B shape at 1,024 requests on 2x H100: ``balance`` 66 ms per token, vLLM's
+    cadence 89, ``merge`` 110. Once ``balance`` has won at that load, a drain between
+    passes must not send the next pass back to vLLM's cadence to win it again (a GPU run
+    spent most of a pass there): the returning load resumes ``balance`` at once."""
+    def decoders(step: int) -> int:
+        return 1 if 6_000 <= step % 12_000 < 6_300 else 1024
+
+    trace: list[DecodeCadence] = []
+    chooser = drive({VLLM: 89.0, BALANCE: 66.0, MERGE: 110.0}, 24_000, decoders=decoders,
+                    trace=trace)
+    assert [s[1] for s in chooser.switches] == [BALANCE], chooser.switches
+    assert trace[5_999] is BALANCE and MERGE in trace[6_000:6_300]
+    back = trace[6_300:6_300 + 400]
+    # The window that sees the load move runs on merge; then balance, but for trials.
+    assert back.count(VLLM) <= 2 * chooser.window_steps, back.count(VLLM)
+    assert back[-1] is BALANCE
