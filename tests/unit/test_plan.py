@@ -205,3 +205,38 @@ def test_plan_says_which_release_stock_is_calibrated_on(clean_env, capsys, on_vl
     rows = {line.split()[0]: line.split()[3] for line in out.splitlines()
             if line.startswith(("plugin PP=2", "stock PP=2"))}
     assert len(rows) == 2 and len(set(rows.values())) == 1
+
+
+def test_plan_and_bench_take_the_same_interconnect_names(clean_env, capsys):
+    """A user copies ``--interconnect`` from ``plan`` to the ``bench`` command it prints:
+    every name one takes, the other takes, and plan refuses another naming them all."""
+    from vllm_pp_cudagraph.bench.interconnect import INTERCONNECTS
+
+    for name in INTERCONNECTS:
+        code, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", *H200,
+                             "--interconnect", name)
+        assert code == cli.EXIT_OK and f", {name};" in out
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--model", "qwen3-32b", "--gpus", "2", *H200,
+                  "--interconnect", "pcie"])
+    err = capsys.readouterr().err
+    assert all(name in err for name in INTERCONNECTS), err
+
+
+def test_slower_links_cost_pp_and_tp_what_the_link_bench_measured():
+    """Each link's hand-off and all-reduce follow links.json: a narrower link makes both
+    dearer, TP's many all-reduces most (the order users see in plan's table)."""
+    import json
+    from importlib.resources import files
+
+    from vllm_pp_cudagraph.planning.pipeline_model import IN_GRAPH_ALL_REDUCE_LATENCY_S, LINKS
+
+    table = json.loads(files("vllm_pp_cudagraph.planning").joinpath("links.json").read_text())
+    for name, ops in table["links"].items():
+        moved = 64 << 20  # bytes: where bandwidth, not latency, decides
+        assert LINKS[name].transfer_s(moved) == pytest.approx(
+            ops["send_recv"]["latency_s"] + moved / ops["send_recv"]["bytes_per_s"])
+        assert LINKS[name].all_reduce_s(moved, 2) == pytest.approx(
+            IN_GRAPH_ALL_REDUCE_LATENCY_S[name] + moved / ops["all_reduce"]["bytes_per_s"])
+    sizes = [LINKS[n].all_reduce_s(1 << 20, 2) for n in ("nvlink", "host", "socket")]
+    assert sizes == sorted(sizes)

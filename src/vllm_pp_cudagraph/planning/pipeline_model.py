@@ -5,8 +5,10 @@ overlap; docs/performance.md ("Predicting PP against TP") says how and how far i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from importlib.resources import files
 
 from vllm_pp_cudagraph.stage_costs import (
     FITTED,
@@ -29,25 +31,39 @@ STOCK_PP_GPU_FACTOR = 1.31
 
 @dataclass(frozen=True)
 class Link:
-    """A link between GPUs: what one transfer of ``n`` bytes costs."""
+    """A link between GPUs: what one transfer or all-reduce of ``n`` bytes costs."""
 
     bytes_per_s: float
     latency_s: float
+    all_reduce_bytes_per_s: float
+    """The ring all-reduce's bus bandwidth."""
+    all_reduce_latency_s: float
 
     def transfer_s(self, n: float) -> float:
         return self.latency_s + n / self.bytes_per_s
 
     def all_reduce_s(self, n: float, ranks: int) -> float:
         """A ring all-reduce of ``n`` bytes over ``ranks`` GPUs."""
-        return self.latency_s + 2 * (ranks - 1) / ranks * n / self.bytes_per_s
+        return self.all_reduce_latency_s + 2 * (ranks - 1) / ranks * n / self.all_reduce_bytes_per_s
 
 
-#: Documented defaults, not measured here (sockets: TCP between nodes, no InfiniBand).
-LINKS = {
-    "nvlink": Link(300e9, 10e-6),
-    "pcie": Link(20e9, 25e-6),
-    "socket": Link(3e9, 60e-6),
-}
+#: An all-reduce's latency inside a CUDA graph, where TP's run (documented values): the
+#: link bench times one from Python, launch and synchronize included, which a graph has not.
+IN_GRAPH_ALL_REDUCE_LATENCY_S = {"nvlink": 10e-6, "host": 25e-6, "socket": 60e-6}
+
+
+def _measured_links() -> dict[str, Link]:
+    """The links of links.json (``--interconnect``'s names: bench/interconnect.py), as the
+    link bench measured them on 2 GPUs of one host."""
+    table = json.loads(files(__package__).joinpath("links.json").read_text())["links"]
+    return {name: Link(bytes_per_s=ops["send_recv"]["bytes_per_s"],
+                       latency_s=ops["send_recv"]["latency_s"],
+                       all_reduce_bytes_per_s=ops["all_reduce"]["bytes_per_s"],
+                       all_reduce_latency_s=IN_GRAPH_ALL_REDUCE_LATENCY_S[name])
+            for name, ops in table.items()}
+
+
+LINKS = _measured_links()
 
 
 @dataclass(frozen=True)
