@@ -1,9 +1,13 @@
 """``plan``'s predictions against the cells measured with a GPU per stage.
 
 Reads a list of measured runs (``cells.json``: one object per runner and cell, with
-its workload, shape, layout and req/s), predicts each with the same pipeline model
-``vllm-pp-cudagraph plan`` uses, and prints a Markdown table of predicted against
-measured with the error, and per cell whether the predicted winner is the measured one.
+its workload, shape, layout, GPU, vLLM release, req/s and, where recorded, TPOT p50),
+predicts each as ``vllm-pp-cudagraph plan`` would on that GPU and release (its rates,
+stock PP's calibration), and prints a Markdown table of predicted against measured with
+the errors; then, per cell, what the model alone would recommend under ``plan``'s rule
+(the fastest predicted, or "too close to call" where the next is within the model's median
+error) against the measured fastest. ``plan`` itself prints the measured winner for the
+cells it ships (planning/measured_cells.json); this checks the model without them.
 
     python -m benchmarks.tools.plan_check CELLS.json
 """
@@ -17,8 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.planning.gpus import GPUS, by_device_name, rates
+from vllm_pp_cudagraph.planning.measured import median_error, stock_calibration
 from vllm_pp_cudagraph.planning.pipeline_model import Prediction
 from vllm_pp_cudagraph.planning.plan import predict_run
+
+#: A recommended layout measured within this share of the fastest was level with it: no
+#: committed cell's passes spread less (5-23% between passes of one server).
+LEVEL = 0.02
 
 #: Runners the model predicts with stock MRV2's schedule and cost though they are not
 #: stock MRV2 (V1's runner has no term of its own): shown, left out of the winners.
@@ -26,8 +36,11 @@ STOCK_SCHEDULE_ONLY = frozenset({"v1", "plugin-cadence"})
 
 
 def predict(run: dict[str, Any]) -> Prediction | None:
-    """The model's prediction for one measured run; None for a runner it does not model."""
-    return predict_run(SHAPES[run["shape"]], run)
+    """The model's prediction for one measured run on its GPU (an H200 where the run did
+    not record one) and release; None for a runner it does not model."""
+    gpu = by_device_name(run.get("gpu") or "") or GPUS["h200"]
+    stock = stock_calibration(run.get("vllm_version"), run["workload"]).factor
+    return predict_run(SHAPES[run["shape"]], run, rates(gpu), stock)
 
 
 def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -37,7 +50,10 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if prediction is None or not run.get("req_per_s"):
             continue
         error = prediction.req_per_s / run["req_per_s"] - 1
+        tpot = run.get("tpot_p50_ms")
         out.append({**run, "predicted": prediction.req_per_s, "error": error,
+                    "predicted_tpot_ms": prediction.tpot_s * 1e3,
+                    "tpot_error": prediction.tpot_s * 1e3 / tpot - 1 if tpot else None,
                     "predicted_cadence": prediction.cadence})
     return out
 
@@ -47,33 +63,105 @@ def _load(run: dict[str, Any]) -> str:
             f"{run['prompts']} x") + f" {run['input_len']}/{run['output_len']}"
 
 
-def winners(table: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
-    """Per cell (folder and load), the measured and the predicted fastest runner."""
+def _cells(table: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     by_cell: dict[str, list[dict[str, Any]]] = {}
     for row in table:
         if row["runner"] not in STOCK_SCHEDULE_ONLY:
             by_cell.setdefault(f"{row['folder']} {_load(row)}", []).append(row)
-    return {cell: (max(rs, key=lambda r: r["req_per_s"])["runner"],
-                   max(rs, key=lambda r: r["predicted"])["runner"])
-            for cell, rs in by_cell.items() if len(rs) > 1}
+    return by_cell
 
 
-def markdown(table: list[dict[str, Any]]) -> str:
-    lines = ["| cell | workload | shape | runner | layout | load | measured req/s | "
-             "predicted | error |", "|---|---|---|---|---|---|---|---|---|"]
+def _layouts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs that stand for the layouts ``plan`` compares: the plugin's defaults (a
+    fixed cadence only where the cell has no run of the defaults), stock PP and TP."""
+    defaults = any(r["runner"] == "plugin" for r in rows)
+    return [r for r in rows if not r["runner"].startswith("plugin-") or not defaults]
+
+
+def _by_runner(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Each runner's mean ``key`` over its runs in one cell (a runner measured twice, as
+    stock beside each plugin runner, counts once)."""
+    values: dict[str, list[float]] = {}
+    for row in rows:
+        values.setdefault(row["runner"], []).append(row[key])
+    return {runner: statistics.fmean(v) for runner, v in values.items()}
+
+
+def winners(table: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Per cell (folder and load), the measured and the predicted fastest runner."""
+    out = {}
+    for cell, rs in _cells(table).items():
+        measured, predicted = _by_runner(rs, "req_per_s"), _by_runner(rs, "predicted")
+        if len(measured) > 1:
+            out[cell] = (max(measured, key=measured.get), max(predicted, key=predicted.get))
+    return out
+
+
+def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[str, dict]:
+    """Per cell, what the model alone recommends under ``plan``'s rule (``error``: the
+    median error it allows, measured_cells.json's by default) and whether the measured
+    fastest contradicts it: verdict ``right`` (the fastest, or within :data:`LEVEL` of
+    it), ``too close`` or ``wrong``."""
+    error = median_error() if error is None else error
+    out = {}
+    for cell, rs in _cells(table).items():
+        rs = _layouts(rs)
+        measured, predicted = _by_runner(rs, "req_per_s"), _by_runner(rs, "predicted")
+        if len(measured) < 2:
+            continue
+        ranked = sorted(predicted, key=predicted.get, reverse=True)
+        fastest = max(measured, key=measured.get)
+        if predicted[ranked[1]] * (1 + error) > predicted[ranked[0]]:
+            verdict, recommended = "too close", None
+        else:
+            recommended = ranked[0]
+            level = measured[recommended] >= (1 - LEVEL) * measured[fastest]
+            verdict = "right" if level else "wrong"
+        out[cell] = {"verdict": verdict, "recommended": recommended, "measured": fastest}
+    return out
+
+
+def _median_abs(values: list[float]) -> str:
+    return f"{statistics.median(abs(v) for v in values):.0%}" if values else "-"
+
+
+def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
+    lines = ["| cell | workload | shape | GPU | vLLM | runner | layout | load | measured req/s | "
+             "predicted | error | TPOT p50 ms, measured / predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         layout = f"TP={r['tp'] * r['pp']}" if r["runner"] == "tp" else f"PP={r['pp']}"
-        lines.append(f"| {r['folder']} | {r['workload']} | {r['shape']} | {r['runner']} | "
-                     f"{layout} | {_load(r)} | {r['req_per_s']:.2f} | {r['predicted']:.2f} | "
-                     f"{r['error']:+.0%} |")
+        tpot = (f"{r['tpot_p50_ms']:.1f} / {r['predicted_tpot_ms']:.1f} ({r['tpot_error']:+.0%})"
+                if r["tpot_error"] is not None else "-")
+        gpu = (r.get("gpu") or "H200, assumed").replace("NVIDIA ", "")
+        lines.append(f"| {r['folder']} | {r['workload']} | {r['shape']} | {gpu} | "
+                     f"{r.get('vllm_version') or '-'} | {r['runner']} | {layout} | {_load(r)} | "
+                     f"{r['req_per_s']:.2f} | {r['predicted']:.2f} | {r['error']:+.0%} | {tpot} |")
     errors = [abs(r["error"]) for r in table]
     right = winners(table)
+    decided = decisions(table, error)
+    counts = {v: sum(d["verdict"] == v for d in decided.values())
+              for v in ("right", "too close", "wrong")}
+    recommended_cells = {c for c, d in decided.items() if d["recommended"]}
+    in_recommended = [r for c, rs in _cells(table).items() if c in recommended_cells
+                      for r in _layouts(rs)]
+    tpots = [r["tpot_error"] for r in table if r["tpot_error"] is not None]
     lines += ["", f"{len(table)} runs: median |error| {statistics.median(errors):.0%}, "
               f"worst {max(errors):.0%}; {sum(r <= 0.15 for r in errors)} within 15%. "
-              f"Winner (plugin, stock MRV2, TP; V1 left out) right in "
-              f"{sum(m == p for m, p in right.values())} of {len(right)} cells"
-              + "".join(f"; {cell}: measured {m}, predicted {p}"
-                        for cell, (m, p) in right.items() if m != p) + "."]
+              f"TPOT p50: median |error| {_median_abs(tpots)} over the {len(tpots)} runs "
+              f"that recorded it. Fastest predicted (plugin, stock MRV2, TP; V1 left out) "
+              f"is the measured fastest in {sum(m == p for m, p in right.values())} of "
+              f"{len(right)} cells.",
+              "", f"Under plan's rule ({median_error() if error is None else error:.0%} "
+              f"allowed): {counts['right']} cells recommended right, {counts['too close']} "
+              f"too close to call, {counts['wrong']} wrong"
+              + "".join(f"; {cell}: recommended {d['recommended']}, measured {d['measured']}"
+                        for cell, d in decided.items() if d["verdict"] == "wrong")
+              + f". Where a layout was recommended: median |error| "
+              f"{_median_abs([r['error'] for r in in_recommended])} on req/s over "
+              f"{len(in_recommended)} runs, "
+              f"{_median_abs([r['tpot_error'] for r in in_recommended if r['tpot_error'] is not None])} "
+              "on TPOT p50."]
     return "\n".join(lines)
 
 

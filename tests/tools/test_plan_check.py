@@ -28,5 +28,44 @@ def test_a_wrong_winner_is_named_and_v1_is_left_out_of_the_winners(tmp_path, cap
     cells = tmp_path / "cells.json"
     cells.write_text(json.dumps(runs))
     assert plan_check.main([str(cells)]) == 0
-    assert "right in 0 of 1 cells; cell 256 x 64/256: measured tp, predicted plugin" in \
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "is the measured fastest in 0 of 1 cells" in out
+
+
+def _predicted(runner: str, predicted: float, measured: float) -> dict:
+    return {**run(runner, measured), "predicted": predicted, "error": predicted / measured - 1,
+            "tpot_error": None}
+
+
+def test_plans_rule_says_too_close_within_the_error_and_names_a_wrong_recommendation():
+    """plan recommends only where the model puts the best layout beyond its own median
+    error of the next; a recommendation the measured cell contradicts is named."""
+    close = [_predicted("plugin", 40.0, 30.0), _predicted("tp", 37.0, 45.0)]
+    assert plan_check.decisions(close, error=0.10)["cell 256 x 64/256"]["verdict"] == "too close"
+    clear = [_predicted("plugin", 40.0, 30.0), _predicted("tp", 30.0, 45.0)]
+    assert plan_check.decisions(clear, error=0.10)["cell 256 x 64/256"] == {
+        "verdict": "wrong", "recommended": "plugin", "measured": "tp"}
+    right = [_predicted("plugin", 40.0, 50.0), _predicted("tp", 30.0, 45.0)]
+    assert plan_check.decisions(right, error=0.10)["cell 256 x 64/256"]["verdict"] == "right"
+    # Measured level (13.64 against 13.65): the recommendation is not contradicted.
+    level = [_predicted("plugin", 14.2, 13.64), _predicted("stock", 11.7, 13.65)]
+    assert plan_check.decisions(level, error=0.10)["cell 256 x 64/256"]["verdict"] == "right"
+
+
+def test_a_runner_measured_twice_in_a_cell_counts_once_at_its_mean():
+    runs = [_predicted("stock", 30.0, 38.0), _predicted("stock", 30.0, 40.0),
+            _predicted("plugin", 40.0, 39.5)]
+    # Stock at 38 and 40 is 39 on the mean, below the plugin's 39.5 (not 40, its best run).
+    assert plan_check.winners(runs)["cell 256 x 64/256"] == ("plugin", "plugin")
+
+
+def test_a_run_is_predicted_on_its_own_gpu_and_release():
+    """An H100 run is predicted slower than the same run on an H200 (less bandwidth), and
+    stock PP on vLLM 0.33 under serve is calibrated level with the plugin's steps."""
+    serve = {**run("stock", 30.0), "workload": "serve", "concurrency": 256,
+             "vllm_version": "0.33.0"}
+    h100 = plan_check.predict({**serve, "gpu": "NVIDIA H100 80GB HBM3"})
+    h200 = plan_check.predict({**serve, "gpu": "NVIDIA H200"})
+    assert h100.req_per_s < h200.req_per_s
+    old = plan_check.predict({**serve, "gpu": "NVIDIA H200", "vllm_version": "0.26.0"})
+    assert old.req_per_s < h200.req_per_s

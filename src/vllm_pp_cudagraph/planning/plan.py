@@ -230,23 +230,25 @@ RUNNER_CADENCES = {"plugin": "auto", "plugin-merge": "merge", "plugin-balance": 
                    "stock": "stock", "v1": "stock", "plugin-cadence": "stock"}
 
 
-def predict_run(config: Any, run: dict[str, Any]) -> Prediction | None:
+def predict_run(config: Any, run: dict[str, Any], rates: Rates = FITTED,
+                stock_factor: float = STOCK_PP_GPU_FACTOR) -> Prediction | None:
     """The prediction for one bench run (its spec's fields; for ``serve`` also its point's
-    ``concurrency``) on NVLink; None for a runner or a model it does not cover."""
+    ``concurrency``; ``interconnect`` where not NVLink) on GPUs of ``rates``; None for a
+    runner or a model it does not cover."""
     if unmodelled_reason(config) is not None:
         return None
     shape = ModelShape.from_config(config)
     serve = run["workload"] == "serve"
     work = Workload(run.get("concurrency") or run["prompts"], run["input_len"],
                     run["output_len"], run["max_num_seqs"], None if serve else run["prompts"])
-    link = LINKS["nvlink"]
+    link = LINKS[run.get("interconnect") or "nvlink"]
     if run["runner"] == "tp":
-        return tensor_parallel(shape, run["tp"] * run["pp"], work, link)
+        return tensor_parallel(shape, run["tp"] * run["pp"], work, link, rates=rates)
     cadence = run.get("cadence") or RUNNER_CADENCES.get(run["runner"])
     if cadence is None or run["pp"] < 2:
         return None
     split = tuple(run.get("layer_partition") or vllm_split(shape.num_layers, run["pp"]))
     if cadence == "auto":
-        return plugin_auto(shape, split, work, link, tp=run["tp"])
-    return pipeline(shape, split, work, cadence, link, tp=run["tp"])
-
+        return plugin_auto(shape, split, work, link, tp=run["tp"], rates=rates)
+    return pipeline(shape, split, work, cadence, link, tp=run["tp"], rates=rates,
+                    stock_factor=stock_factor)
