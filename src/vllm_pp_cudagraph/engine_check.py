@@ -73,11 +73,11 @@ def check_plans(plan: EnginePlan, workers: list[dict[str, Any] | None]) -> list[
 
 
 def _record(vllm_config: Any, plan: EnginePlan, workers: list) -> None:
-    """Leave the engine's plan and its workers' where ``bench`` and ``check`` read them."""
-    if PPCudaGraphSettings.current().metrics:
-        engine = getattr(vllm_config.parallel_config, "data_parallel_rank", 0)
-        write_snapshot(PlanRecord(f"engine-{engine}", {"engine": plan.record(),
-                                                       "workers": workers}))
+    """Leave the engine's plan and its workers' where ``bench`` and ``check`` read them
+    (with the per-stage metrics on or off)."""
+    engine = getattr(vllm_config.parallel_config, "data_parallel_rank", 0)
+    write_snapshot(PlanRecord(f"engine-{engine}", {"engine": plan.record(),
+                                                   "workers": workers}))
 
 
 def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],

@@ -99,9 +99,8 @@ def refusing(plan: EnginePlan) -> EnginePlan:
 
 
 def write_plan_record(record: dict) -> None:
-    """Leave this rank's plan where ``bench`` and ``check`` read it (metrics/snapshots.py)."""
-    if not PPCudaGraphSettings.current().metrics:
-        return
+    """Leave this rank's plan where ``bench`` and ``check`` read it (metrics/snapshots.py),
+    with the per-stage metrics on or off: the record is what ran, not a metric."""
     stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
     write_snapshot(PlanRecord(f"{stage}-{tp_rank}", {**record, "stage": stage,
                                                      "tp_rank": tp_rank}))

@@ -498,11 +498,12 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
     (2, "vllm", "20,8", [20, 8]),
     (2, "vllm", None, None),  # the default: nothing to say
 ])
-def test_stage_zero_logs_one_line_naming_the_split_the_bench_reads(
+def test_stage_zero_logs_the_split_and_the_bench_reads_it_from_the_records(
         partition_env, on_h200, tmp_path, monkeypatch, caplog, pp, setting, hand, used,
         pp_group):
-    from vllm_pp_cudagraph.bench.engine_run import layer_partition_used
+    from vllm_pp_cudagraph.bench.engine_run import record_findings
 
+    partition_env.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "records"))
     partition_env.setenv(SETTING, setting)
     if hand:
         partition_env.setenv(VLLM_ENV, hand)
@@ -521,4 +522,6 @@ def test_stage_zero_logs_one_line_naming_the_split_the_bench_reads(
     lines = [r.getMessage() for r in caplog.records
              if r.getMessage().startswith(layer_partition.LOG_PREFIX)]
     assert len(lines) == (0 if used is None else 1), lines
-    assert layer_partition_used("\n".join(lines)) == used
+    if used:
+        assert lines[0].startswith(f"{layer_partition.LOG_PREFIX}{','.join(map(str, used))} over")
+    assert record_findings(tmp_path / "records")["layer_partition_used"] == used

@@ -60,7 +60,8 @@ def engine(**changes) -> EngineSnapshot:
     values = dict(engine=0, time=time.time(), pp_size=2, cadence="balance",
                   asked_cadence="auto", cadence_switches_total=2, last_switch_reason=None,
                   cadence_trials_total=7, cadence_trial_steps_total=40,
-                  cadence_wide_losses_total=3, group_sizes=[128, 128], running_reqs=256, layer_split=[14, 15],
+                  cadence_wide_losses_total=3, cadences_adopted=["merge", "balance"],
+                  group_sizes=[128, 128], running_reqs=256, layer_split=[14, 15],
                   split_reason="cost table")
     return EngineSnapshot(**{**values, **changes})
 

@@ -61,6 +61,8 @@ def test_the_engine_snapshot_counts_autos_trials(tmp_path, monkeypatch):
     assert snap.cadence_trials_total == sum(state.chooser.trials.values()) > 0
     assert snap.cadence_trial_steps_total == sum(state.chooser.trial_steps.values()) > 0
     assert snap.cadence_wide_losses_total == sum(state.chooser.wide_losses.values())
+    # And the cadences it adopted, in order: what bench reports as cadence_choices.
+    assert snap.cadences_adopted == tuple(str(s[1]) for s in state.chooser.switches)
 
 
 def test_without_metrics_the_hook_writes_nothing(tmp_path, monkeypatch):
@@ -132,7 +134,8 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     from vllm_pp_cudagraph.bench.engine_run import record_findings
     from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 
-    assert record_findings(tmp_path) == {}  # stock vLLM writes none
+    stock = record_findings(tmp_path)  # stock vLLM writes none
+    assert stock["plugin_stages"] == stock["plan_records"] == 0
     for stage in (0, 1):
         write_snapshot(PlanRecord(f"{stage}-0", {
             "plugin_runner": True, "direct_handoff": True, "layers": [15, 13],
@@ -141,8 +144,8 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     found = record_findings(tmp_path)
     assert found == {
         "plugin_stages": 2, "stand_aside_lines": 0, "direct_handoff_stages": 2,
-        "layer_partition_used": [15, 13], "plan_records": 2, "stage_metrics": {},
-        "engine_metrics": None}
+        "layer_partition_used": [15, 13], "plan_records": 2, "cadence_choices": [],
+        "stage_metrics": {}, "engine_metrics": None}
     # Each stage's last window, however old: bench reads it once the run is over.
     gpu = GPUTimeline()
     clock = StageClock(stage=1, pp_size=2, tp_size=1, layers=13, interval_s=0.0,
@@ -156,17 +159,23 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     from test_metrics_stat_logger import engine
 
     write_snapshot(engine(time=0.0), tmp_path)
-    cadence = record_findings(tmp_path)["engine_metrics"]
+    found = record_findings(tmp_path)
+    cadence = found["engine_metrics"]
     assert cadence["cadence"] == "balance" and cadence["cadence_trial_steps_total"] == 40
+    assert found["cadence_choices"] == ["merge", "balance"]
 
 
-def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch):
+@pytest.mark.parametrize("metrics", ["1", "0"])
+def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch, metrics):
+    """With the per-stage metrics off too: ``bench`` and ``check`` read what ran from the
+    records, never from log lines."""
     from test_engine_check import ours, plan, rpc_answering
 
     from vllm_pp_cudagraph.engine_check import check_workers
     from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
 
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "records"))
+    monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS", metrics)
     config = make_scheduler(str(write_model_dir(tmp_path / "m", tokenizer=False)),
                             pp=2).vllm_config
     rpc, _ = rpc_answering([ours(config), ours(config)])

@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.layer_partition import LOG_PREFIX
 from vllm_pp_cudagraph.metrics.snapshots import (read_engine_snapshot, read_plan_records,
                                                  read_stage_snapshots)
-from vllm_pp_cudagraph.support import STAND_ASIDE
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.interconnect import INTERCONNECT_ENV, merge_options
 from vllm_pp_cudagraph.bench.token_judge import record_of
@@ -473,27 +471,6 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
     proc.wait()
 
 
-#: The line the plugin's runner logs on each pipeline stage it runs on.
-PLUGIN_STAGE_LINE = "PPCudaGraphModelRunner on pipeline stage"
-
-
-def plugin_stages(log: str) -> int:
-    """How many stages ran the plugin's runner, by its log line (a run without it is stock)."""
-    return log.count(PLUGIN_STAGE_LINE)
-
-
-#: The line each stage logs when it hands tensors on without per-step metadata.
-DIRECT_HANDOFF_LINE = "passes intermediate tensors without per-step metadata"
-
-
-_CADENCE_CHOICE = re.compile(r"vllm-pp-cudagraph: decode cadence (\w+) at")
-
-
-def cadence_choices(log: str) -> list[str]:
-    """The cadences ``auto`` switched to, in order, by its log lines (none: it kept vLLM's)."""
-    return _CADENCE_CHOICE.findall(log)
-
-
 _SERVING_JIT = re.compile(r"JIT compilation during inference: (\w+)")
 
 
@@ -512,22 +489,6 @@ def attention_backend_used(log: str) -> str | None:
     """The attention backends vLLM logged it uses (distinct, joined), or None."""
     names = dict.fromkeys(a or b for a, b in _ATTENTION_BACKEND.findall(log))
     return ", ".join(names) or None
-
-
-# "Layer partition 10,10,8 over 3 stages; auto picks 10,10,8 ..." (Decision.log_line),
-# logged by stage 0 under the plugin's auto setting or a hand-set split.
-_LAYER_PARTITION = re.compile(re.escape(LOG_PREFIX) + r"(\d+(?:,\d+)*) over (\d+) stages;")
-
-
-def layer_partition_used(log: str) -> list[int] | None:
-    """Layers per stage of the split the plugin's runner logged it used (the last line
-    where there are several), or None: none logged (stock runners, or the plugin with
-    the default setting and no split set by hand)."""
-    found = [[int(n) for n in layers.split(",")] for layers, stages
-             in _LAYER_PARTITION.findall(log) if layers.count(",") + 1 == int(stages)]
-    return found[-1] if found else None
-
-
 
 
 def records_dir_of(log_path: Path) -> Path:
@@ -553,13 +514,20 @@ ENGINE_METRIC_KEYS = ("cadence", "cadence_switches_total", "cadence_trials_total
                       "running_reqs")
 
 
+#: What a run without any plan record ran: vLLM alone (stock, V1), or a plugin run that
+#: stopped before its ranks built their runners.
+NO_RECORDS = {"plugin_stages": 0, "stand_aside_lines": 0, "direct_handoff_stages": 0,
+              "layer_partition_used": None, "plan_records": 0, "cadence_choices": []}
+
+
 def record_findings(directory: Path) -> dict[str, Any]:
-    """What the run's ranks recorded of their plans (metrics/snapshots.py): the same keys
-    as :func:`log_findings` reads from the log, for runs where the plugin wrote them."""
+    """What the run's ranks and engine core recorded (metrics/snapshots.py): the ranks on
+    the plugin's runner and on vLLM's, their hand-off and split, each stage's and the engine
+    core's last metrics."""
     ranks = [r for name, r in read_plan_records(directory).items()
              if not name.startswith("engine")]
     if not ranks:
-        return {}
+        return dict(NO_RECORDS)
     first = next((r for r in ranks if (r.get("stage"), r.get("tp_rank")) == (0, 0)), {})
     stages = read_stage_snapshots(0, directory, max_age_s=math.inf)
     engine = read_engine_snapshot(0, directory, max_age_s=math.inf)
@@ -569,6 +537,7 @@ def record_findings(directory: Path) -> dict[str, Any]:
         "direct_handoff_stages": sum(1 for r in ranks if r.get("direct_handoff")),
         "layer_partition_used": first.get("layers") if first.get("split_noteworthy") else None,
         "plan_records": len(ranks),
+        "cadence_choices": [] if engine is None else list(engine.cadences_adopted),
         # Each stage's last metrics window (the one /metrics showed last), where it wrote one.
         "stage_metrics": {stage: {key: getattr(snap, key) for key in STAGE_METRIC_KEYS}
                           for stage, snap in sorted(stages.items())},
@@ -579,15 +548,11 @@ def record_findings(directory: Path) -> dict[str, Any]:
 
 
 def log_findings(log: str) -> dict[str, Any]:
-    """What a run's log says beyond its numbers."""
+    """What vLLM's own log lines say beyond the numbers (the plugin's facts come from its
+    records: :func:`record_findings`)."""
     return {
-        "plugin_stages": plugin_stages(log),
-        "stand_aside_lines": log.count(STAND_ASIDE),
-        "direct_handoff_stages": log.count(DIRECT_HANDOFF_LINE),
-        "cadence_choices": cadence_choices(log),
         "jit_compiles": serving_jit_compiles(log),
         "attention_backend_used": attention_backend_used(log),
-        "layer_partition_used": layer_partition_used(log),
     }
 
 

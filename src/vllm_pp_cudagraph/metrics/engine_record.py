@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_pp_cudagraph.metrics.snapshots import EngineSnapshot, write_snapshot
+from vllm_pp_cudagraph.metrics.snapshots import KEPT_SWITCHES, EngineSnapshot, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ class EngineRecord:
             cadence_trials_total=sum(chooser.trials.values()) if chooser else 0,
             cadence_trial_steps_total=sum(chooser.trial_steps.values()) if chooser else 0,
             cadence_wide_losses_total=sum(chooser.wide_losses.values()) if chooser else 0,
+            cadences_adopted=tuple(str(s[1]) for s in switches[-KEPT_SWITCHES:]),
             group_sizes=group_sizes(running, self.pp_size), running_reqs=len(running),
             layer_split=self.layer_split, split_reason=self.split_reason))
 

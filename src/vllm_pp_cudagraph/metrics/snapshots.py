@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 METRICS_DIR_ENV = "VLLM_PP_CUDAGRAPH_METRICS_DIR"
 DEFAULT_MAX_AGE_S = 60.0
+#: The most cadence switches an engine snapshot lists.
+KEPT_SWITCHES = 64
 
 logger = logging.getLogger("vllm.pp_cudagraph.metrics")
 _write_failed_logged = False
@@ -89,6 +91,12 @@ def _ints(value: Any) -> tuple[int, ...]:
     return tuple(_int(item) for item in value)
 
 
+def _strs(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"expected a list of strings, got {value!r}")
+    return tuple(_str(item) for item in value)
+
+
 _READERS: dict[str, Callable[[Any], Any]] = {
     "int": _int,
     "float": _float,
@@ -96,6 +104,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "float | None": _optional_float,
     "str | None": _optional_str,
     "tuple[int, ...]": _ints,
+    "tuple[str, ...]": _strs,
 }
 
 S = TypeVar("S", bound="_Snapshot")
@@ -173,6 +182,8 @@ class EngineSnapshot(_Snapshot):
     cadence_trials_total: int = 0
     cadence_trial_steps_total: int = 0
     cadence_wide_losses_total: int = 0
+    #: The cadences ``auto`` adopted, in order (at most the last :data:`KEPT_SWITCHES`).
+    cadences_adopted: tuple[str, ...] = ()
     group_sizes: tuple[int, ...]
     running_reqs: int
     layer_split: tuple[int, ...]
@@ -181,6 +192,7 @@ class EngineSnapshot(_Snapshot):
     def __post_init__(self) -> None:
         # Callers pass lists; keep the frozen snapshot immutable (and hashable).
         object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
+        object.__setattr__(self, "cadences_adopted", tuple(self.cadences_adopted))
         object.__setattr__(self, "layer_split", tuple(self.layer_split))
 
     @property
