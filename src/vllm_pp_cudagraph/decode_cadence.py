@@ -17,7 +17,7 @@ from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.cadence_policy import STOCK, CadenceChooser
-from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.engine_plan import engine_core_plan
 from vllm_pp_cudagraph.metrics.engine_record import EngineRecord
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
@@ -180,7 +180,7 @@ class _SchedulerState:
 
     @classmethod
     def of(cls, scheduler: Any, settings: PPCudaGraphSettings) -> _SchedulerState:
-        plan = plan_engine(settings, scheduler.vllm_config)
+        plan = engine_core_plan(settings, scheduler.vllm_config)
         chooser = CadenceChooser(scheduler.pp_size) if plan.cadence is DecodeCadence.AUTO else None
         record = None
         if settings.metrics and plan.cadence is not DecodeCadence.VLLM:

@@ -13,7 +13,7 @@ from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 
 from vllm_pp_cudagraph import layer_partition, support
-from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, plan_engine
+from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, engine_core_plan
 from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
@@ -126,7 +126,7 @@ def checking_workers(original: Callable[..., Any],
         result = original(self, *args, **kwargs)
         try:
             check_workers(self.vllm_config, self.model_executor.collective_rpc,
-                          plan_engine(settings, self.vllm_config))
+                          engine_core_plan(settings, self.vllm_config))
         except WorkerRunnerError:
             self.model_executor.shutdown()
             raise

@@ -4,6 +4,7 @@ runner factory, the runner, the scheduler hook, the engine check and ``check``."
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,3 +112,19 @@ def plan_engine(settings: PPCudaGraphSettings, vllm_config: Any,
         direct_handoff=settings.direct_handoff and blocker is None and stand_aside is None,
         direct_handoff_blocker=blocker, layer_partition=settings.layer_partition,
         layers=partition.layers, split_decided=not partition.undecided, partition=partition)
+
+
+#: The engine core's plans by engine config: its scheduler hook and its engine check share one.
+_engine_core_plans: dict[int, tuple[weakref.ref, PPCudaGraphSettings, EnginePlan]] = {}
+
+
+def engine_core_plan(settings: PPCudaGraphSettings, vllm_config: Any) -> EnginePlan:
+    """The engine core's plan for the engine of ``vllm_config``, computed on first use (the
+    scheduler hook or the engine check, whichever comes first) and shared after."""
+    key = id(vllm_config)
+    held = _engine_core_plans.get(key)
+    if held is None or held[0]() is not vllm_config or held[1] != settings:
+        held = (weakref.ref(vllm_config), settings, plan_engine(settings, vllm_config))
+        _engine_core_plans[key] = held
+        weakref.finalize(vllm_config, _engine_core_plans.pop, key, None)
+    return held[2]

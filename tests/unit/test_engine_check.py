@@ -199,3 +199,27 @@ def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path
         check_workers(config, rpc, plan(config, AUTO, LayerPartition.AUTO))
     (record,) = [r for r in caplog.records if "stands aside for this engine" in r.getMessage()]
     assert record.levelname == "INFO" and "no pipeline (PP=1)" in record.getMessage()
+
+
+def test_the_engine_core_plans_once_for_its_check_and_its_scheduler_hook(config, monkeypatch):
+    """One plan per engine core: the engine check and the scheduler hook read the same
+    one, and a worker's plan for the same engine (with its GPU's memory) agrees with it."""
+    from vllm_pp_cudagraph import decode_cadence, engine_plan
+
+    made = []
+    real = engine_plan.plan_engine
+    monkeypatch.setattr(engine_plan, "plan_engine",
+                        lambda *a, **k: made.append(a) or real(*a, **k))
+    settings = PPCudaGraphSettings(decode_cadence=AUTO)
+
+    class Core:
+        vllm_config = config
+        model_executor = type("Executor", (), {
+            "collective_rpc": lambda self, fn: [ours(config)] * 2})()
+
+    engine_check.checking_workers(lambda self: None, settings)(Core())
+    scheduler = type("Scheduler", (), {"vllm_config": config, "pp_size": 2})()
+    state = decode_cadence._SchedulerState.of(scheduler, settings)
+    assert len(made) == 1 and state.cadence is AUTO
+    worker = real(settings, config, gpu_memory_bytes=141 << 30)
+    assert worker.record() == engine_plan.engine_core_plan(settings, config).record()
