@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import json
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 
 from vllm_pp_cudagraph import __version__, compat, install_check, support
 from vllm_pp_cudagraph.exit_status import (
@@ -24,6 +22,7 @@ from vllm_pp_cudagraph.exit_status import (
     TABLE,
     ArgumentParser,
 )
+from vllm_pp_cudagraph.planning.shapes import read_model_config
 from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
 from vllm_pp_cudagraph.settings import (
     LayerPartition,
@@ -266,21 +265,6 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
     report.say(f"layer partition: {lines[0]}")
     for line in lines[1:]:
         report.say(f"  {line}")
-
-
-def read_model_config(path: str) -> dict:
-    """The Hugging Face config of a model directory, a ``config.json`` or a built-in shape."""
-    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-
-    if path in SHAPES and not Path(path).exists():
-        return dict(SHAPES[path])
-    where = Path(path)
-    file = where / "config.json" if where.is_dir() else where
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--model {path}: no readable config.json ({exc}), and not a "
-                         f"built-in shape ({', '.join(sorted(SHAPES))})") from None
 
 
 def _patch_rows(report: _Report, settings: PPCudaGraphSettings, held: list[str]) -> list | None:

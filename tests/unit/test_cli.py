@@ -13,6 +13,7 @@ import pytest
 
 from vllm_pp_cudagraph import cli, compat, install_check, settings
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.planning.shapes import read_model_config
 
 
 @pytest.fixture
@@ -228,7 +229,7 @@ H200_BYTES = 141 * 2**30
 
 def check_engine(model_dir: str, pp: int, **memory) -> tuple[int, str]:
     out = io.StringIO()
-    engine = cli.EngineShape(cli.read_model_config(model_dir), pp, **memory)
+    engine = cli.EngineShape(read_model_config(model_dir), pp, **memory)
     return cli.check(out, engine), out.getvalue()
 
 

@@ -71,3 +71,13 @@ def test_imports_inside_functions_and_of_test_helpers_are_seen(tmp_path):
                       "    import benchmarks.tools.soak as soak\n")
     assert imported_modules(source) == ["os", "e2e.bench_runs", "benchmarks.tools.soak"]
     assert {"tests", "e2e", "conftest", "_serve_parser", "_refusal"} <= names_into_tests()
+
+
+def test_no_runtime_module_imports_the_bench():
+    """The bench is a user command beside the runtime: the modules vLLM's processes load
+    never import it, and the CLI only hands ``vllm-pp-cudagraph bench`` over to it."""
+    bench = ROOT / "src" / "vllm_pp_cudagraph" / "bench"
+    found = [line for line in imports_of("src", {"vllm_pp_cudagraph"},
+                                         exempt=lambda path: bench in path.parents)
+             if line.split(": imports ")[1].startswith("vllm_pp_cudagraph.bench")]
+    assert found == ["src/vllm_pp_cudagraph/cli.py: imports vllm_pp_cudagraph.bench"]

@@ -203,7 +203,7 @@ def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
 def add_predictions(args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
     """``plan``'s prediction beside each run that has a speed (``predicted`` in
     bench.json), and a console line with the error; on the NVLink default."""
-    from vllm_pp_cudagraph.cli import read_model_config
+    from vllm_pp_cudagraph.planning.shapes import read_model_config
     from vllm_pp_cudagraph.planning.plan import predict_run
 
     try:
