@@ -23,6 +23,7 @@ from typing import Any
 # The shapes live with the planner, which reads them without the bench.
 from vllm_pp_cudagraph.planning.shapes import (  # noqa: E402
     BYTE_VOCAB,
+    QWEN3_0_6B,
     SHAPES,
     with_byte_vocab,
 )
