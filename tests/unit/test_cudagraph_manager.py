@@ -99,6 +99,25 @@ def test_stage_with_nothing_to_capture_still_settles(make_manager):
     assert manager.dispatch(2, 2, 1, 0).cg_mode == CUDAGraphMode.NONE
 
 
+def test_a_runner_with_vllms_manager_or_none_is_refused(make_manager):
+    """The runner's own manager must be the plugin's: vLLM's, or none where vLLM built no
+    manager at all, is refused naming the setting (every release, FastPrefillHelper or not)."""
+    import types
+
+    from vllm_pp_cudagraph.model_runner import check_manager_holders
+
+    runner = types.SimpleNamespace(cudagraph_manager=make_manager("FULL_AND_PIECEWISE",
+                                                                  VLLM_LIKE, 8))
+    check_manager_holders(runner)
+    runner.cudagraph_manager = make_manager("FULL_AND_PIECEWISE", VLLM_LIKE, 8,
+                                            cls=ModelCudaGraphManager)
+    with pytest.raises(RuntimeError, match=r"for cudagraph_manager where .*VLLM_PLUGINS"):
+        check_manager_holders(runner)
+    runner.cudagraph_manager = None
+    with pytest.raises(RuntimeError, match=r"for the runner where .*VLLM_PLUGINS"):
+        check_manager_holders(runner)
+
+
 def test_a_runner_where_anything_holds_vllms_manager_is_refused(make_manager):
     """vLLM builds the plugin's manager where it builds its own; if a release builds its
     own some other way, whatever holds it (here FastPrefillHelper, 0.33) is named."""

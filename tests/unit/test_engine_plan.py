@@ -90,3 +90,53 @@ def test_a_known_failure_is_judged_on_the_split_the_engine_will_use(engine, monk
     chosen = layer_partition.Decision("auto", "auto picks 15,13", (15, 13))
     monkeypatch.setattr(layer_partition, "decide_for", lambda *args, **kwargs: chosen)
     assert plan_engine(allowed, engine(speculative="eagle")).refusal is None
+
+
+def test_an_engine_vllm_runs_on_its_v1_runner_keeps_vllms_runner_and_cadence(tmp_path,
+                                                                              monkeypatch):
+    """VLLM_USE_V2_MODEL_RUNNER=0: vLLM builds its V1 runner, so the plan claims neither
+    the plugin's runner nor its cadence."""
+    from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    config = VllmConfig(
+        model_config=ModelConfig(model=str(write_model_dir(tmp_path)), skip_tokenizer_init=True,
+                                 max_model_len=256),
+        parallel_config=ParallelConfig(pipeline_parallel_size=2),
+        device_config=DeviceConfig(device="cpu"))
+    assert not config.use_v2_model_runner and config.parallel_config.pipeline_parallel_size == 2
+    plan = plan_engine(settings(), config)
+    assert plan.stand_aside == "vLLM runs this model on its V1 runner"
+    assert not plan.plugin_runner and plan.cadence is DecodeCadence.VLLM
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_speculative_decoding_keeps_vllms_cadence_under_auto(method, engine, tmp_path):
+    """Its rejected drafts reach the first stages through the same ring: the cadence stays
+    vLLM's even where the plugin's runner runs the engine."""
+    import json
+
+    from vllm.config import SpeculativeConfig
+
+    from vllm_pp_cudagraph.bench.draft_model import draft_config
+    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+
+    config = engine()
+    if method == "ngram":
+        draft = {"prompt_lookup_max": 3}
+    else:
+        (tmp_path / "config.json").write_text(json.dumps(draft_config(SHAPES["qwen3-0.6b"])))
+        draft = {"model": str(tmp_path)}
+    try:
+        config.speculative_config = SpeculativeConfig(
+            method=method, num_speculative_tokens=3, target_model_config=config.model_config,
+            target_parallel_config=config.parallel_config, **draft)
+    except NotImplementedError as error:  # 0.26: drafts without SupportsPP under PP
+        if method != "eagle3":
+            raise
+        pytest.skip(f"this vLLM refuses an {method} draft at PP=2: {error}")
+    plan = plan_engine(settings(allow_unproven=True), config)
+    assert plan.plugin_runner and plan.asked_cadence is DecodeCadence.AUTO
+    assert plan.cadence is DecodeCadence.VLLM

@@ -53,6 +53,19 @@ def vllms_speculative_methods() -> list[str]:
 RELEASE = compat.parse_release(compat.installed_versions().vllm)
 HERE = f"{RELEASE[0]}.{RELEASE[1]}"
 
+#: The refusal's own message (model_runner.refusing), so that no other error passes for it.
+REFUSES = r"^vllm-pp-cudagraph refuses this engine: "
+
+
+@pytest.fixture
+def refused_before_vllms_runner(monkeypatch):
+    """Building vLLM's runner past a refusal fails the test as such: on CPU the runner
+    fails first for its own reasons ('Expected a cuda device'), which is no refusal."""
+    def built(self, *args, **kwargs):
+        pytest.fail("vLLM's runner was built for an engine the plugin must refuse")
+
+    monkeypatch.setattr(model_runner.GPUModelRunner, "__init__", built)
+
 
 def test_no_speculation_and_no_connector_run_with_the_plugin():
     assert support.unproven_reason(Config()) is None
@@ -99,16 +112,16 @@ def test_the_runner_factory_builds_vllms_own_where_it_stands_aside(monkeypatch, 
 
 @pytest.mark.parametrize("method", ["ngram", "eagle3"])
 def test_speculation_under_pp_without_async_scheduling_is_refused_where_stock_fails(
-        method, monkeypatch, model_dir):
+        method, monkeypatch, model_dir, refused_before_vllms_runner):
     """Stock vLLM 0.33 dies on the first step of such an engine: the plugin's runner
     refuses it at start, naming the setting, whatever the opt-in says."""
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
     monkeypatch.setitem(support.SPECULATIVE_SYNC_PP_FAILS, HERE, "it fails")
     refused = pp_engine_config(model_dir, speculative=method, async_scheduling=False)
-    with pytest.raises(support.KnownStockFailureError, match="async scheduling back on"):
-        build_runner(refused, torch.device("cpu"))
-    with pytest.raises(support.KnownStockFailureError, match="async scheduling back on"):
-        PPCudaGraphModelRunner(refused, torch.device("cpu"))
+    for build in (build_runner, PPCudaGraphModelRunner):
+        with pytest.raises(support.KnownStockFailureError,
+                           match=REFUSES + ".*async scheduling back on"):
+            build(refused, torch.device("cpu"))
     for fine in (Config(method=method), Config(method=method, async_scheduling=None),
                  Config(async_scheduling=False),
                  Config(method=method, async_scheduling=False, pp=1)):
@@ -121,7 +134,7 @@ def test_speculation_under_pp_without_async_scheduling_is_refused_where_stock_fa
     (2, None, 14), (2, "13,15", 15), (2, "15,13", None), (4, None, None),
     (4, "4,4,4,16", 16), (3, "10,10,8", None)])
 def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
-        pp, partition, clash, monkeypatch, model_dir):
+        pp, partition, clash, monkeypatch, model_dir, refused_before_vllms_runner):
     """Stock vLLM 0.33 names an EAGLE-1 draft's layer after the last stage's layer
     count: where the stage holds that index, loading fails ('Duplicate layer name'). The
     plugin refuses exactly those engines, naming the layer, whatever the opt-in says."""
@@ -137,7 +150,7 @@ def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
         assert reason is None
     else:
         assert f"(here model.layers.{clash})" in reason and "EAGLE3" in reason
-        with pytest.raises(support.KnownStockFailureError, match="EAGLE draft"):
+        with pytest.raises(support.KnownStockFailureError, match=REFUSES + ".*EAGLE draft"):
             build_runner(pp_engine_config(model_dir, pp, speculative="eagle"),
                          torch.device("cpu"))
     assert support.known_failure(Config(method="eagle3", pp=pp)) is None
