@@ -92,12 +92,14 @@ def test_parse_release(version, release):
     assert parse_release(version) == release
 
 
-def test_readme_documents_every_setting():
+def test_the_settings_page_the_readme_links_documents_every_setting():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    root = Path(__file__).parents[2]
+    assert "(docs/settings.md)" in (root / "README.md").read_text()
+    page = (root / "docs" / "settings.md").read_text()
     for variable, _, _ in PPCudaGraphSettings.describe():
-        assert f"| `{variable}` |" in readme, variable
+        assert f"| `{variable}` |" in page, variable
 
 
 @pytest.mark.parametrize("raw", ["3,3", " 20, 8 "])
