@@ -141,7 +141,16 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.model_executor.models.interfaces", "SupportsPP",
            members=("make_empty_intermediate_tensors",)),
     Needed(COMPILATION_CONFIG_MODULE, "CompilationConfig",
-           members=("set_splitting_ops_for_v1",)),
+           members=("set_splitting_ops_for_v1",),
+           # piecewise_split.py reads and writes the ops the piecewise graphs split at.
+           instance_attrs=("splitting_ops", "cudagraph_mode")),
+    # The runner factory the runner-factory patch wraps, where the worker has one (0.32+).
+    Needed(WORKER_MODULE, "Worker", members=(RUNNER_FACTORY,),
+           used_where="worker_builds_runner_by_factory"),
+    # The engine plan asks which scheduler runs the engine (the cadence needs the async one).
+    Needed("vllm.config", "SchedulerConfig", members=("get_scheduler_cls",)),
+    # The engine check asks every worker for its plan, and shuts them down on a refusal.
+    Needed("vllm.v1.executor.abstract", "Executor", members=("collective_rpc", "shutdown")),
     Needed(VLLM_CONFIG_MODULE, "VllmConfig", members=("__post_init__", "use_v2_model_runner")),
     Needed(ENGINE_CORE_MODULE, "EngineCore", members=("_initialize_kv_caches",),
            instance_attrs=("model_executor", "vllm_config")),
@@ -300,6 +309,11 @@ def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool
     """Whether preempting a request leaves its in-flight output placeholders behind: up
     to 0.26, where ``_update_request_with_output`` takes no ``is_stale``."""
     return "is_stale" not in _params(async_scheduler_cls._update_request_with_output)
+
+
+def worker_builds_runner_by_factory() -> bool:
+    """Whether vLLM's worker builds its runner through ``RUNNER_FACTORY`` (0.32+)."""
+    return hasattr(importlib.import_module(WORKER_MODULE).Worker, RUNNER_FACTORY)
 
 
 def async_preemption_fix_applies() -> bool:

@@ -197,3 +197,20 @@ def test_supported_range_matches_the_package_requirement():
 
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert f"vllm{compat.SUPPORTED_RANGE}" in pyproject["project"]["dependencies"]
+
+
+def test_every_vllm_method_a_patch_wraps_is_in_the_surface():
+    """A patch reaches vLLM through importlib and attribute names, not imports: each
+    ``module.Class.method`` its target names must be a SURFACE member, so an upgrade that
+    drops or renames it fails the surface test instead of the patch at start-up."""
+    import re
+
+    from vllm_pp_cudagraph.patches import PATCHES
+
+    found = [m.groups() for patch in PATCHES
+             for m in re.finditer(r"\b(vllm(?:\.\w+)+)\.([A-Z]\w*)\.(\w+)\b", patch.target)]
+    assert len(found) >= 5, found  # the regex reads the targets as they are written
+    unlisted = [f"{module}.{cls}.{member}" for module, cls, member in found
+                if not any((need.module, need.name) == (module, cls) and member in need.members
+                           for need in compat.SURFACE)]
+    assert unlisted == []
