@@ -1,12 +1,13 @@
-"""Use PPCudaGraphModelRunner directly, without the plugin entry point.
+"""Use the plugin's runner without the plugin entry point.
 
 vLLM's ``worker_cls`` setting names the worker class every worker process
-builds. ``PPGraphWorker`` below has vLLM build the plugin's runner class for
-Model Runner V2 and nothing else: the runner's graphs, checked stage
-hand-offs and stage agreement apply; the plugin's scheduler changes (its
-decode cadence) do not, since they live in the engine core and come with
-``VLLM_PLUGINS=pp_cudagraph``. Needs 2 NVIDIA GPUs, vLLM and vllm-pp-cudagraph.
-MODEL is a Hugging Face hub name or a local model directory.
+builds. ``PPGraphWorker`` below builds its Model Runner V2 through
+``vllm_pp_cudagraph.build_runner``, the factory the plugin itself uses: the
+plugin's runner (its graphs, checked stage hand-offs and stage agreement), or
+vLLM's own where the plugin stands aside for the engine. The plugin's scheduler
+changes (its decode cadence) do not apply, since they live in the engine core
+and come with ``VLLM_PLUGINS=pp_cudagraph``. Needs 2 NVIDIA GPUs, vLLM and
+vllm-pp-cudagraph. MODEL is a Hugging Face hub name or a local model directory.
 
     python examples/direct_runner.py [MODEL] [--load-format dummy]
 """
@@ -23,16 +24,22 @@ if __name__ != "__main__":  # vLLM's worker processes import this module by name
     from vllm.v1.worker.gpu_worker import Worker
 
     class PPGraphWorker(Worker):
-        """vLLM's GPU worker, building the plugin's runner for Model Runner V2."""
+        """vLLM's GPU worker, building its Model Runner V2 through the plugin's factory."""
 
         def init_device(self) -> None:
-            import vllm.v1.worker.gpu.model_runner as model_runner
+            if not hasattr(Worker, "_make_model_runner"):
+                # Before vLLM 0.32 the worker builds MRV2 from this module attribute.
+                import vllm.v1.worker.gpu.model_runner as model_runner
 
-            from vllm_pp_cudagraph import PPCudaGraphModelRunner
+                from vllm_pp_cudagraph import build_runner
 
-            # The worker imports the runner class from this module when it builds it.
-            model_runner.GPUModelRunner = PPCudaGraphModelRunner
+                model_runner.GPUModelRunner = build_runner
             super().init_device()
+
+        def _make_model_runner(self):  # vLLM 0.32+: "subclasses override this"
+            from vllm_pp_cudagraph import build_runner
+
+            return build_runner(self.vllm_config, self.device)
 
         def runner_class(self) -> str:
             return type(self.model_runner).__name__

@@ -51,6 +51,10 @@ class GraphConfigError(ValueError):
     """A CUDA-graph setting combination the plugin cannot run."""
 
 
+class RunnerStandsAsideError(ValueError):
+    """The plugin's runner was built directly for an engine the plugin stands aside for."""
+
+
 def check_graph_settings(vllm_config: VllmConfig) -> None:
     """Refuse breakable graphs together with a setting that turns graphs off."""
     if not is_breakable_cudagraph_enabled():
@@ -152,6 +156,12 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                  plan: EnginePlan | None = None):
         check_graph_settings(vllm_config)
         self.plan = refusing(plan) if plan else worker_plan(vllm_config)
+        if self.plan.stand_aside:
+            # Built directly (not by build_runner), for an engine the plugin leaves to vLLM.
+            raise RunnerStandsAsideError(
+                f"{support.STAND_ASIDE}: {self.plan.stand_aside}. Build the runner with "
+                "vllm_pp_cudagraph.build_runner(vllm_config, device), which gives vLLM's own "
+                "runner where the plugin stands aside, instead of PPCudaGraphModelRunner.")
         super().__init__(vllm_config, device)
         self.pp_stage = get_pp_group().rank_in_group
         self.tp_size = get_tp_group().world_size

@@ -231,3 +231,17 @@ def test_check_says_whether_the_gpu_runs_used_this_torch(vllm_version, torch_ver
     """vLLM 0.33's pin brings torch 2.14, while every GPU run used 2.11."""
     said = support.torch_evidence(vllm_version, torch_version)
     assert said.startswith(says) if says else said == ""
+
+
+def test_the_runner_built_directly_for_an_engine_the_plugin_leaves_to_vllm_refuses(
+        monkeypatch, model_dir, refused_before_vllms_runner):
+    """A user who builds PPCudaGraphModelRunner by hand gets the plan's stand-aside as a
+    clear error naming build_runner, not the plugin's runner on an engine it does not
+    cover."""
+    from vllm_pp_cudagraph.model_runner import RunnerStandsAsideError
+
+    monkeypatch.delenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", raising=False)
+    aside = pp_engine_config(model_dir, connector="SharedStorageConnector")
+    with pytest.raises(RunnerStandsAsideError,
+                       match=r"stands aside.*KV connector.*vllm_pp_cudagraph\.build_runner"):
+        PPCudaGraphModelRunner(aside, torch.device("cpu"))
