@@ -22,7 +22,7 @@ from typing import Any
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.planning.gpus import GPUS, by_device_name, rates
-from vllm_pp_cudagraph.planning.measured import median_error, stock_calibration
+from vllm_pp_cudagraph.planning.measured import row_error, stock_calibration
 from vllm_pp_cudagraph.planning.pipeline_model import Prediction
 from vllm_pp_cudagraph.planning.plan import predict_run
 
@@ -99,10 +99,10 @@ def winners(table: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
 
 def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[str, dict]:
     """Per cell, what the model alone recommends under ``plan``'s rule (``error``: the
-    median error it allows, measured_cells.json's by default) and whether the measured
+    error it allows; by default, as ``plan``, the larger of the two best layouts' median
+    errors for the cell's workload, measured_cells.json's) and whether the measured
     fastest contradicts it: verdict ``right`` (the fastest, or within :data:`LEVEL` of
     it), ``too close`` or ``wrong``."""
-    error = median_error() if error is None else error
     out = {}
     for cell, rs in _cells(table).items():
         rs = _layouts(rs)
@@ -111,7 +111,9 @@ def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[s
             continue
         ranked = sorted(predicted, key=predicted.get, reverse=True)
         fastest = max(measured, key=measured.get)
-        if predicted[ranked[1]] * (1 + error) > predicted[ranked[0]]:
+        allowed = error if error is not None else max(
+            row_error(kind(runner), rs[0]["workload"]) for runner in ranked[:2])
+        if predicted[ranked[1]] * (1 + allowed) > predicted[ranked[0]]:
             verdict, recommended = "too close", None
         else:
             recommended = ranked[0]
@@ -119,6 +121,25 @@ def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[s
             verdict = "right" if level else "wrong"
         out[cell] = {"verdict": verdict, "recommended": recommended, "measured": fastest}
     return out
+
+
+def kind(runner: str) -> str:
+    """The layout kind ``plan`` rows are: the plugin's PP, stock PP or TP."""
+    return "plugin" if runner.startswith("plugin") else "tp" if runner == "tp" else "stock"
+
+
+def errors_by_kind(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Median |error| on req/s per layout kind and workload, over the runs ``plan``'s rows
+    stand for (V1 and the plugin on vLLM's cadence left out): what ``plan`` prints beside
+    each prediction (planning/measured_cells.json, ``errors``)."""
+    errors: dict[str, dict[str, list[float]]] = {}
+    for row in table:
+        if row["runner"] in STOCK_SCHEDULE_ONLY:
+            continue
+        errors.setdefault(kind(row["runner"]), {}).setdefault(row["workload"], []).append(
+            abs(row["error"]))
+    return {k: {w: round(statistics.median(v), 3) for w, v in sorted(by.items())}
+            for k, by in sorted(errors.items())}
 
 
 def _median_abs(values: list[float]) -> str:
@@ -152,7 +173,7 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
               f"that recorded it. Fastest predicted (plugin, stock MRV2, TP; V1 left out) "
               f"is the measured fastest in {sum(m == p for m, p in right.values())} of "
               f"{len(right)} cells.",
-              "", f"Under plan's rule ({median_error() if error is None else error:.0%} "
+              "", f"Under plan's rule ({'each pair of layouts its median error' if error is None else f'{error:.0%}'} "
               f"allowed): {counts['right']} cells recommended right, {counts['too close']} "
               f"too close to call, {counts['wrong']} wrong"
               + "".join(f"; {cell}: recommended {d['recommended']}, measured {d['measured']}"
@@ -161,7 +182,10 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
               f"{_median_abs([r['error'] for r in in_recommended])} on req/s over "
               f"{len(in_recommended)} runs, "
               f"{_median_abs([r['tpot_error'] for r in in_recommended if r['tpot_error'] is not None])} "
-              "on TPOT p50."]
+              "on TPOT p50.",
+              "", "Median |error| on req/s by layout and workload (what plan prints beside "
+              "each row): " + "; ".join(f"{k} {w} {e:.0%}" for k, by in errors_by_kind(table).items()
+                                        for w, e in by.items()) + "."]
     return "\n".join(lines)
 
 
@@ -169,8 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.plan_check",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("cells", type=Path)
+    parser.add_argument("--write-errors", type=Path, metavar="MEASURED_CELLS_JSON",
+                        help="also store the median error by layout kind and workload there "
+                        "(src/vllm_pp_cudagraph/planning/measured_cells.json), for plan")
     args = parser.parse_args(argv)
-    print(markdown(rows(json.loads(args.cells.read_text()))))
+    table = rows(json.loads(args.cells.read_text()))
+    print(markdown(table))
+    if args.write_errors:
+        shipped = json.loads(args.write_errors.read_text())
+        shipped["errors"] = errors_by_kind(table)
+        args.write_errors.write_text(json.dumps(shipped, indent=1) + "\n")
     return 0
 
 

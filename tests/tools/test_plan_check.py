@@ -69,3 +69,9 @@ def test_a_run_is_predicted_on_its_own_gpu_and_release():
     assert h100.req_per_s < h200.req_per_s
     old = plan_check.predict({**serve, "gpu": "NVIDIA H200", "vllm_version": "0.26.0"})
     assert old.req_per_s < h200.req_per_s
+
+
+def test_errors_by_layout_kind_and_workload_leave_v1_out():
+    table = [{**_predicted("plugin", 44.0, 40.0)}, {**_predicted("plugin-merge", 36.0, 40.0)},
+             {**_predicted("v1", 10.0, 40.0)}, {**_predicted("tp", 42.0, 40.0)}]
+    assert plan_check.errors_by_kind(table) == {"plugin": {"engine": 0.1}, "tp": {"engine": 0.05}}

@@ -240,3 +240,38 @@ def test_slower_links_cost_pp_and_tp_what_the_link_bench_measured():
             IN_GRAPH_ALL_REDUCE_LATENCY_S[name] + moved / ops["all_reduce"]["bytes_per_s"])
     sizes = [LINKS[n].all_reduce_s(1 << 20, 2) for n in ("nvlink", "host", "socket")]
     assert sizes == sorted(sizes)
+
+
+def test_each_row_carries_the_models_error_for_layouts_and_loads_like_it(clean_env, capsys):
+    """Served, the plugin's rows were further off than TP's offline: each row says its
+    own, from the measured cells, and a layout no cell measured gets the overall median."""
+    from vllm_pp_cudagraph.planning.measured import median_error, row_error
+
+    assert row_error("plugin", "serve") != row_error("tp", "engine")
+    assert row_error("tp", "serve") == median_error()  # no served TP cell yet
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "256",
+                      "--max-num-seqs", "256", *H200)
+    rows = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert f"±{row_error('plugin', 'serve'):.0%}" in rows["plugin PP=2"]
+    assert f"±{median_error():.0%}" in rows["stock TP=2"]
+    assert "off by: the model's median error on req/s" in out
+
+
+def test_two_layouts_are_too_close_within_the_larger_of_their_errors(monkeypatch):
+    """A pair of layouts is too close to call where their predictions differ by less than
+    the larger of the two kinds' errors, not the overall median."""
+    from vllm_pp_cudagraph.planning import plan
+    from vllm_pp_cudagraph.planning.pipeline_model import Prediction
+
+    errors = {"plugin": 0.25, "tp": 0.05, "stock": 0.05}
+    monkeypatch.setattr(plan, "row_error", lambda kind, workload: errors[kind])
+
+    def row(layout, req_per_s):
+        return Prediction(layout, 2, 1, 0.02, req_per_s, 1000.0, ())
+
+    tp, plugin = row("stock TP=2", 40.0), row("plugin PP=2", 34.0)  # 18% apart
+    assert [p.layout for p in plan._predicted_close([tp, plugin], "serve")[1]] == [
+        "stock TP=2", "plugin PP=2"]
+    errors["plugin"] = 0.10
+    assert [p.layout for p in plan._predicted_close([tp, plugin], "serve")[1]] == [
+        "stock TP=2"]

@@ -53,6 +53,20 @@ def median_error() -> float:
     return float(_table()["median_error"])
 
 
+def row_error(kind: str, workload: str) -> float:
+    """How far the model was off at the median for rows of ``kind`` (``plugin``, ``stock``
+    or ``tp``) under ``workload`` (``engine`` or ``serve``) on the measured runs; the
+    overall median where none of that kind was measured."""
+    return float(_table().get("errors", {}).get(kind, {}).get(workload, median_error()))
+
+
+def layout_kind(layout: str) -> str:
+    """``plugin``, ``stock`` or ``tp`` for a ``plan`` row's layout ("stock TP=2", ...)."""
+    if layout.startswith("plugin"):
+        return "plugin"
+    return "stock" if "PP=" in layout else "tp"
+
+
 def cells() -> list[MeasuredCell]:
     return [MeasuredCell(**cell) for cell in _table()["cells"]]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_pp_cudagraph.layer_partition import Decision, Memory, decide, vllm_split
-from vllm_pp_cudagraph.planning.measured import MeasuredCell, median_error
+from vllm_pp_cudagraph.planning.measured import MeasuredCell, layout_kind, row_error
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
     STOCK_PP_GPU_FACTOR,
@@ -163,24 +163,30 @@ def recommendation(rows: list[Row], work: Workload, model: str,
         return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
     choices = sorted((r.prediction for r in _choices(rows, work)),
                      key=lambda p: p.req_per_s, reverse=True)
+    workload = "engine" if work.prompts else "serve"
     why, contenders = (_measured_level(choices, measured) if measured
-                       else _predicted_close(choices))
+                       else _predicted_close(choices, workload))
     if len(contenders) < 2:
         return [f"recommended: {predicted}"]
     return [f"recommended: too close to call ({why}); measure on your GPUs:",
             *(f"  {command}" for command in bench_commands(model, work, contenders))]
 
 
-def _predicted_close(choices: list[Prediction]) -> tuple[str, list[Prediction]]:
-    """The layouts (fastest first) predicted within the model's median error of the
-    fastest, and why they are too close to call."""
-    error = median_error()
-    contenders = [p for p in choices if p.req_per_s * (1 + error) > choices[0].req_per_s]
+def _predicted_close(choices: list[Prediction], workload: str) -> tuple[str, list[Prediction]]:
+    """The layouts (fastest first) predicted within the model's measured error of the
+    fastest (for each pair, the larger of the two kinds' median errors under
+    ``workload``), and why they are too close to call."""
+    best = choices[0]
+    errors = {p.layout: row_error(layout_kind(p.layout), workload) for p in choices}
+    contenders = [p for p in choices
+                  if p.req_per_s * (1 + max(errors[p.layout], errors[best.layout]))
+                  > best.req_per_s]
     gap = contenders[0].req_per_s / max(contenders[-1].req_per_s, 1e-9) - 1
+    error = max(errors[p.layout] for p in contenders)
     names = [p.layout for p in contenders]
     return (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
             f"each other, inside the {error:.0%} the model was off at the median on "
-            "measured cells", contenders)
+            f"measured {workload} cells of these layouts", contenders)
 
 
 def _measured_level(choices: list[Prediction],
@@ -200,15 +206,17 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
            measured: list[MeasuredCell] = ()) -> list[str]:
     """The table ``plan`` prints, and the lines under it: the measured cells that are this
     question, the recommendation, and what the predictions rest on."""
-    lines = [f"{'layout':<22} {'cadence':<8} {'req/s':>7} {'tok/s':>8} {'TPOT ms':>8} "
-             f"{'KV tokens':>10}  busy per GPU or stage"]
+    workload = "engine" if work.prompts else "serve"
+    lines = [f"{'layout':<22} {'cadence':<8} {'req/s':>7} {'off by':>6} {'tok/s':>8} "
+             f"{'TPOT ms':>8} {'KV tokens':>10}  busy per GPU or stage"]
     for row in rows:
         p = row.prediction
         if not row.fits:
             lines.append(f"{p.layout:<22} {row.why_not}")
             continue
         busy = "/".join(f"{b:.0%}" for b in p.busy[:8])
-        lines.append(f"{p.layout:<22} {p.cadence or '-':<8} {p.req_per_s:>7.2f} "
+        off = f"±{row_error(layout_kind(p.layout), workload):.0%}"
+        lines.append(f"{p.layout:<22} {p.cadence or '-':<8} {p.req_per_s:>7.2f} {off:>6} "
                      f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f} {row.kv_tokens:>10,}  "
                      f"{busy}")
     lines += [cell.line() for cell in measured]
@@ -218,6 +226,8 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
     if best and best.kv_tokens < need:
         lines.append(f"  its KV cache holds {best.kv_tokens:,} tokens, fewer than the "
                      f"{need:,} of {work.running} running requests: expect preemption")
+    lines.append("off by: the model's median error on req/s over the measured cells of that "
+                 f"layout and workload ({workload})")
     lines.append(f"rests on: {source}; TP's shard on its own measured table where one "
                  "ships, else on the bytes/FLOPs model scaled to the full shape's. "
                  "How far such predictions were off on measured cells: docs/performance.md, "
