@@ -78,8 +78,7 @@ def _cadence(settings: PPCudaGraphSettings, vllm_config: Any, stand_aside: str |
     transfers the cadence does not see)."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    speculative = getattr(vllm_config, "speculative_config", None)
-    if (stand_aside or getattr(speculative, "num_speculative_tokens", None)
+    if (stand_aside or support.drafting(vllm_config) is not None
             or getattr(vllm_config, "kv_transfer_config", None) is not None
             or not issubclass(vllm_config.scheduler_config.get_scheduler_cls(),
                               AsyncScheduler)):
@@ -90,7 +89,7 @@ def _cadence(settings: PPCudaGraphSettings, vllm_config: Any, stand_aside: str |
 def _handoff_blocker(vllm_config: Any) -> str | None:
     if vllm_config.parallel_config.pipeline_parallel_size <= 1:
         return "no pipeline parallelism"
-    if getattr(vllm_config, "speculative_config", None) is not None:
+    if support.drafting(vllm_config) is not None:
         return "speculative decoding (its drafts change what a step hands on)"
     return None
 

@@ -134,10 +134,19 @@ def no_pipeline_reason(vllm_config: Any) -> str | None:
     return "no pipeline (PP=1): the plugin only changes pipeline-parallel engines"
 
 
+def drafting(vllm_config: Any) -> Any | None:
+    """The engine's speculative config, or None where it drafts no tokens: the one test
+    of speculative decoding the plan, the refusals and the stand-aside share."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is None or not getattr(speculative, "num_speculative_tokens", 1):
+        return None
+    return speculative
+
+
 def known_failure(vllm_config: Any, layers: tuple[int, ...] | None = None) -> str | None:
     """Why stock vLLM of this release fails this engine, with what to change, or None;
     ``layers`` is the split the engine will use, where known (else vLLM's)."""
-    speculative = getattr(vllm_config, "speculative_config", None)
+    speculative = drafting(vllm_config)
     if vllm_config.parallel_config.pipeline_parallel_size < 2 or speculative is None:
         return None
     scheduler = getattr(vllm_config, "scheduler_config", None)
@@ -173,7 +182,7 @@ def unproven_reason(vllm_config: Any, allow_unproven: bool = False) -> str | Non
     connector not proven with it here (``allow_unproven`` runs it regardless), or None."""
     if allow_unproven:
         return None
-    speculative = getattr(vllm_config, "speculative_config", None)
+    speculative = drafting(vllm_config)
     if speculative is not None and (method := getattr(speculative, "method", None)):
         if reason := _unproven("speculative method", str(method), PROVEN_SPECULATIVE):
             return reason
