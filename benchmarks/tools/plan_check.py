@@ -32,7 +32,7 @@ LEVEL = 0.02
 
 #: Runners the model predicts with stock MRV2's schedule and cost though they are not
 #: stock MRV2 (V1's runner has no term of its own): shown, left out of the winners.
-STOCK_SCHEDULE_ONLY = frozenset({"v1", "plugin-cadence"})
+STOCK_SCHEDULE_ONLY = frozenset({"v1"})
 
 
 def predict(run: dict[str, Any]) -> Prediction | None:

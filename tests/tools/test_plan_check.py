@@ -75,3 +75,13 @@ def test_errors_by_layout_kind_and_workload_leave_v1_out():
     table = [{**_predicted("plugin", 44.0, 40.0)}, {**_predicted("plugin-merge", 36.0, 40.0)},
              {**_predicted("v1", 10.0, 40.0)}, {**_predicted("tp", 42.0, 40.0)}]
     assert plan_check.errors_by_kind(table) == {"plugin": {"engine": 0.1}, "tp": {"engine": 0.05}}
+
+
+def test_the_plugin_on_vllms_cadence_is_predicted_as_the_plugins_runner():
+    """``plugin-cadence`` runs vLLM's cadence on the plugin's runner: its steps cost the
+    plugin's, not stock's (1.31x on vLLM 0.26)."""
+    on_026 = {"vllm_version": "0.26.0", "gpu": "NVIDIA H200"}
+    cadence = plan_check.predict({**run("plugin-cadence", 1.0), **on_026})
+    balance = plan_check.predict({**run("plugin-balance", 1.0), **on_026})
+    stock = plan_check.predict({**run("stock", 1.0), **on_026})
+    assert cadence.req_per_s == balance.req_per_s > stock.req_per_s

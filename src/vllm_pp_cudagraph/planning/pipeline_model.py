@@ -178,8 +178,9 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
              link: Link, costs_at: CostsAt | None = None, tp: int = 1,
              rates: Rates = FITTED, stock_factor: float = STOCK_PP_GPU_FACTOR) -> Prediction:
     """PP over ``len(split)`` stages of ``tp`` GPUs each, with ``cadence`` ``balance``,
-    ``merge`` or ``stock`` (groups as ``balance``, at ``stock_factor`` times the plugin's
-    cost per step), on GPUs of ``rates``."""
+    ``merge``, ``vllm`` (vLLM's cadence on the plugin's runner: groups and cost as
+    ``balance``'s) or ``stock`` (groups as ``balance``, at ``stock_factor`` times the
+    plugin's cost per step), on GPUs of ``rates``."""
     costs_at = costs_at or (lambda b: stage_costs(shape, b, rates=rates))
     pp, running, context = len(split), work.running, work.mean_context
     group = running if cadence == "merge" else running / pp

@@ -235,9 +235,10 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
     return lines
 
 
-#: The cadence each bench runner stands for ("stock": MRV2's; V1 is predicted the same).
+#: The cadence each bench runner stands for, as ``bench`` sets it (``runner_cadence``);
+#: "stock": stock MRV2's runner and cadence (V1 is predicted the same).
 RUNNER_CADENCES = {"plugin": "auto", "plugin-merge": "merge", "plugin-balance": "balance",
-                   "stock": "stock", "v1": "stock", "plugin-cadence": "stock"}
+                   "plugin-cadence": "vllm", "stock": "stock", "v1": "stock"}
 
 
 def predict_run(config: Any, run: dict[str, Any], rates: Rates = FITTED,
