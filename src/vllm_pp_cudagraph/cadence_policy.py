@@ -27,6 +27,9 @@ STOCK = DecodeCadence.VLLM
 #: The cadences ``auto`` chooses between, in the order their trials are due.
 CANDIDATES = (STOCK, DecodeCadence.BALANCE, DecodeCadence.MERGE)
 
+#: How much faster than the incumbent a trial must measure to be adopted.
+MARGIN = 0.05
+
 #: A trial that measured this many times the incumbent's interval lost by a wide margin:
 #: it is not tried again at that load for much longer.
 WIDE_LOSS = 1.25
@@ -107,7 +110,7 @@ class CadenceChooser:
         self,
         pp_size: int,
         window_rounds: int = 3,
-        margin: float = 0.05,
+        margin: float = MARGIN,
         first_gap: int = 8,
         growth: int = 4,
         longest_gap: int = 128,

@@ -233,9 +233,13 @@ def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
 def plugin_auto(shape: ModelShape, split: tuple[int, ...], work: Workload, link: Link,
                 costs_at: CostsAt | None = None, tp: int = 1,
                 rates: Rates = FITTED) -> Prediction:
-    """The plugin's ``auto`` cadence: the faster of ``merge`` and ``balance``. (``auto``
-    also keeps vLLM's cadence where neither beats it; with the plugin's worker, vLLM's
-    groups cost what ``balance``'s do here, so the model needs no third row.)"""
-    options = [pipeline(shape, split, work, c, link, costs_at, tp, rates)
-               for c in ("balance", "merge")]
-    return max(options, key=lambda p: p.req_per_s)
+    """What the plugin's ``auto`` runs: vLLM's cadence, unless ``balance`` or ``merge`` is
+    predicted faster by ``auto``'s margin (with the plugin's worker, vLLM's groups cost
+    what ``balance``'s do here, so ``balance`` never is)."""
+    from vllm_pp_cudagraph.cadence_policy import MARGIN
+
+    kept = pipeline(shape, split, work, "vllm", link, costs_at, tp, rates)
+    others = [pipeline(shape, split, work, c, link, costs_at, tp, rates)
+              for c in ("balance", "merge")]
+    best = max(others, key=lambda p: p.req_per_s)
+    return best if best.req_per_s * (1 - MARGIN) > kept.req_per_s else kept
