@@ -143,4 +143,5 @@ def _settings_read_afresh(monkeypatch):
     from vllm_pp_cudagraph.metrics import snapshots
 
     monkeypatch.setattr(settings, "_current", None)
+    monkeypatch.setattr(settings, "_hand_set", settings._UNREAD)
     monkeypatch.setattr(snapshots, "_made_here", None)

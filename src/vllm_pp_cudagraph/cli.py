@@ -29,6 +29,7 @@ from vllm_pp_cudagraph.settings import (
     PluginConfigError,
     PPCudaGraphSettings,
     SettingsError,
+    hand_set_partition,
 )
 
 #: The fast report's note on what only --full does.
@@ -228,7 +229,7 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
 
     setting = settings.layer_partition
     if engine is None:
-        if hand := layer_partition.hand_set(os.environ):
+        if hand := hand_set_partition():
             report.say(f"layer partition: hand-set {layer_partition.VLLM_ENV}={hand} "
                        "(wins over VLLM_PP_CUDAGRAPH_LAYER_PARTITION)")
         elif setting is LayerPartition.AUTO:
@@ -243,12 +244,12 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
 
     def decide(chosen: LayerPartition) -> layer_partition.Decision:
         return layer_partition.decide(chosen, engine.config, engine.pp, engine.max_num_seqs,
-                                      memory=memory,
+                                      hand_set_partition(), memory=memory,
                                       max_num_batched_tokens=engine.max_num_batched_tokens)
 
     try:
         if (setting is LayerPartition.AUTO and engine.pp > 1 and not memory.known
-                and not layer_partition.hand_set(os.environ)):
+                and not hand_set_partition()):
             decide(setting)  # refuses more stages than layers all the same
             report.say(f"layer partition: {unknown}")
             return

@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_pp_cudagraph import layer_partition, support
-from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import (
+    DecodeCadence,
+    LayerPartition,
+    PPCudaGraphSettings,
+    hand_set_partition,
+)
 
 #: Cadences that may let a request decode sooner than vLLM's (``balance`` only delays).
 LIFTING = frozenset({DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL})
@@ -96,11 +101,12 @@ def _handoff_blocker(vllm_config: Any) -> str | None:
 
 def plan_engine(settings: PPCudaGraphSettings, vllm_config: Any,
                 gpu_memory_bytes: int | None = None) -> EnginePlan:
-    """The plan for the engine of ``vllm_config`` under ``settings``; ``gpu_memory_bytes``
-    is this GPU's (a worker's), which the ``auto`` layer split needs."""
+    """The plan for the engine of ``vllm_config`` under ``settings`` and the process's
+    hand-set split (``settings.hand_set_partition``); ``gpu_memory_bytes`` is this GPU's (a
+    worker's), which the ``auto`` layer split needs."""
     no_pipeline = support.no_pipeline_reason(vllm_config) is not None
     partition = layer_partition.decide_for(vllm_config, settings.layer_partition,
-                                           gpu_memory=gpu_memory_bytes)
+                                           hand_set_partition(), gpu_memory=gpu_memory_bytes)
     refusal = None if no_pipeline else support.known_failure(vllm_config, partition.layers)
     stand_aside = _stand_aside(settings, vllm_config)
     blocker = _handoff_blocker(vllm_config) if settings.direct_handoff else None

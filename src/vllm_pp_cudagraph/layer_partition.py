@@ -5,15 +5,13 @@ within the KV-capacity rule; docs/performance.md ("Balanced stages") gives the r
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, hand_set_partition
 from vllm_pp_cudagraph.stage_costs import (
     TABLES,
     ModelShape,
@@ -37,10 +35,6 @@ GIB = 2**30
 
 #: How stage 0's :meth:`Decision.log_line` begins (``bench/engine_run`` reads it).
 LOG_PREFIX = "Layer partition "
-
-#: The value this process set in ``VLLM_PP_LAYER_PARTITION`` (not a hand-set one).
-_set_here: str | None = None
-
 
 class LayerPartitionError(ValueError):
     """``VLLM_PP_CUDAGRAPH_LAYER_PARTITION`` cannot be honoured for this engine."""
@@ -238,12 +232,6 @@ class Decision:
         return lines
 
 
-def hand_set(environ: Mapping[str, str]) -> str | None:
-    """The partition set by hand in ``VLLM_PP_LAYER_PARTITION``, not by this plugin."""
-    value = environ.get(VLLM_ENV)
-    return None if value is None or value == _set_here else value
-
-
 def _parse(value: str, pp: int) -> tuple[int, ...] | None:
     try:
         layers = tuple(int(n) for n in value.split(","))
@@ -253,19 +241,20 @@ def _parse(value: str, pp: int) -> tuple[int, ...] | None:
 
 
 def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
-           environ: Mapping[str, str] | None = None, *, num_layers: int | None = None,
+           hand_set: str | None = None, *, num_layers: int | None = None,
            dtype_bytes: int | None = None, quantized: bool = False,
            memory: Memory | None = None, max_num_batched_tokens: int | None = None,
            tables: Path = TABLES) -> Decision:
     """The partition an engine of ``config`` (a Hugging Face config, object or dict) at
     ``pp`` stages and ``max_num_seqs=batch`` uses under ``setting``.
 
+    ``hand_set``: a split set by hand in ``VLLM_PP_LAYER_PARTITION`` (it wins);
     ``num_layers``: vLLM's count where it differs from the config's; ``memory``: what each
     stage gets. Raises :class:`LayerPartitionError` (``auto``, more stages than layers)."""
-    environ = os.environ if environ is None else environ
-    if (value := hand_set(environ)) is not None:
+    if hand_set is not None:
         over = f", which wins over {SETTING}=auto" if setting is LayerPartition.AUTO else ""
-        return Decision("hand-set", f"set by hand: {VLLM_ENV}={value}{over}", _parse(value, pp))
+        return Decision("hand-set", f"set by hand: {VLLM_ENV}={hand_set}{over}",
+                        _parse(hand_set, pp))
     if pp < 2:
         return Decision("vllm", "vLLM's (one pipeline stage: nothing to split)")
     if setting is LayerPartition.VLLM:
@@ -313,8 +302,7 @@ def _join(layers: tuple[int, ...]) -> str:
     return ",".join(map(str, layers))
 
 
-def decide_for(vllm_config: Any, setting: LayerPartition,
-               environ: Mapping[str, str] | None = None, *,
+def decide_for(vllm_config: Any, setting: LayerPartition, hand_set: str | None = None, *,
                gpu_memory: int | None = None) -> Decision:
     """:func:`decide` for an engine's ``VllmConfig``; ``gpu_memory`` is the GPU's total
     bytes where known (a worker's; ``auto`` keeps vLLM's split without it)."""
@@ -326,7 +314,7 @@ def decide_for(vllm_config: Any, setting: LayerPartition,
         model.hf_text_config,
         vllm_config.parallel_config.pipeline_parallel_size,
         vllm_config.scheduler_config.max_num_seqs,
-        environ,
+        hand_set,
         num_layers=model.get_total_num_hidden_layers(),
         dtype_bytes=getattr(model.dtype, "itemsize", None),
         quantized=model.quantization is not None,
@@ -345,11 +333,7 @@ def gpu_memory_bytes() -> int | None:
 
 
 def apply(decision: Decision) -> None:
-    """Set ``VLLM_PP_LAYER_PARTITION`` to ``decision``'s split before the worker builds its model."""
-    global _set_here
-    if (value := decision.env_value) is not None:
-        compat.set_vllm_env(VLLM_ENV, value)
-        _set_here = value
-    elif _set_here is not None and os.environ.get(VLLM_ENV) == _set_here:
-        compat.set_vllm_env(VLLM_ENV, None)  # a later engine in this process chose otherwise
-        _set_here = None
+    """Set ``VLLM_PP_LAYER_PARTITION`` to ``decision``'s split before the worker builds its
+    model; otherwise back to the process's own (hand-set or unset), in case an earlier
+    engine in this process had it set."""
+    compat.set_vllm_env(VLLM_ENV, decision.env_value or hand_set_partition())

@@ -93,6 +93,21 @@ REPLACED = {
 
 _current: PPCudaGraphSettings | None = None
 
+#: vLLM's own variable for a layer split set by hand; it wins over the plugin's setting.
+PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+_UNREAD = object()
+#: This process's hand-set split as it started (before the plugin sets the variable).
+_hand_set: Any = _UNREAD
+
+
+def hand_set_partition() -> str | None:
+    """The layer split set by hand in ``VLLM_PP_LAYER_PARTITION`` for this process, read
+    once, before a worker's runner sets the variable for vLLM itself (layer_partition)."""
+    global _hand_set
+    if _hand_set is _UNREAD:
+        _hand_set = os.environ.get(PARTITION_ENV) or None
+    return _hand_set
+
 
 class PPCudaGraphSettings(BaseModel):
     """Validated plugin settings; build with :meth:`from_env`."""

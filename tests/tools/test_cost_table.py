@@ -63,7 +63,7 @@ def test_the_table_it_writes_is_the_one_auto_reads(tmp_path):
     path = tmp_path / f"{table['signature']}.json"
     path.write_text(json.dumps(table))
     read_table(path)
-    decision = decide(LayerPartition.AUTO, CONFIG, 8, 256, {}, tables=tmp_path,
+    decision = decide(LayerPartition.AUTO, CONFIG, 8, 256, None, tables=tmp_path,
                       memory=Memory(141 * 2**30, 0.9))  # an H200
     assert decision.costs.source.endswith("(measured)")
     assert decision.layers == (3, 4, 4, 4, 4, 4, 4, 1)

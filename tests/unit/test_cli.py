@@ -259,11 +259,9 @@ def test_check_without_a_gpu_or_its_memory_names_the_flag(gpus, model_dir, monke
 def test_check_predicts_what_the_worker_decides(gpus, model_dir, monkeypatch, tmp_path):
     from _scheduler import make_scheduler
 
-    from vllm_pp_cudagraph import layer_partition
     from vllm_pp_cudagraph.engine_plan import plan_engine
 
     gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
-    monkeypatch.setattr(layer_partition, "_set_here", None)
     for pp in (2, 3, 4):
         config = make_scheduler(model_dir, pp=pp, max_num_seqs=256).vllm_config
         config.cache_config.gpu_memory_utilization = 0.9
@@ -289,7 +287,8 @@ def test_check_names_a_hand_set_partition_and_the_setting_without_a_model(gpus):
     assert "layer partition: hand-set VLLM_PP_LAYER_PARTITION=20,8" in run_check()[1]
     gpus.delenv("VLLM_PP_LAYER_PARTITION")
     gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
-    gpus.setattr(settings, "_current", None)  # as a new process reads it
+    gpus.setattr(settings, "_current", None)  # as a new process reads them
+    gpus.setattr(settings, "_hand_set", settings._UNREAD)
     assert "layer partition: auto, chosen per engine at start-up" in run_check()[1]
 
 

@@ -74,7 +74,7 @@ FIXED_PICKS = {
 
 
 def auto(config, pp, batch=BATCH, memory=H200, **kwargs):
-    return decide(AUTO, config, pp, batch, {}, memory=memory, max_num_batched_tokens=TOKENS,
+    return decide(AUTO, config, pp, batch, None, memory=memory, max_num_batched_tokens=TOKENS,
                   **kwargs)
 
 
@@ -84,7 +84,6 @@ def partition_env(monkeypatch):
     all of it restored afterwards."""
     monkeypatch.delenv(VLLM_ENV, raising=False)
     monkeypatch.delenv(SETTING, raising=False)
-    monkeypatch.setattr(layer_partition, "_set_here", None)
     yield monkeypatch
     os.environ.pop(VLLM_ENV, None)  # set by the code under test; monkeypatch restores a prior one
     envs.disable_envs_cache()
@@ -217,7 +216,7 @@ def test_the_sampler_profiles_one_logit_per_request():
     max_num_seqs) of them."""
     config = SHAPES["qwen3-0.6b"]
     assert auto(config, 4).kv.logits_bytes == BATCH * 151936 * 4
-    few = decide(AUTO, config, 4, BATCH, {}, memory=H200, max_num_batched_tokens=100)
+    few = decide(AUTO, config, 4, BATCH, None, memory=H200, max_num_batched_tokens=100)
     assert few.kv.logits_bytes == 100 * 151936 * 4
 
 
@@ -232,7 +231,7 @@ def test_the_decision_says_the_kv_room_and_capacity_under_both_splits():
 
 def test_without_the_gpus_memory_or_kv_heads_auto_keeps_vllms_split():
     config = SHAPES["qwen3-0.6b"]
-    unknown = decide(AUTO, config, 3, BATCH, {})
+    unknown = decide(AUTO, config, 3, BATCH, None)
     assert unknown.layers == (9, 10, 9) and unknown.source == "vllm"
     assert "the GPU's memory is not known" in unknown.why
     no_heads = auto({k: v for k, v in config.items() if k != "num_key_value_heads"}, 3)
@@ -266,7 +265,7 @@ from vllm_pp_cudagraph.layer_partition import decide
 from vllm_pp_cudagraph.settings import LayerPartition
 from vllm_pp_cudagraph.layer_partition import Memory
 memory = Memory(141 * 2**30, 0.9)
-print(json.dumps({f"{s} {pp}": decide(LayerPartition.AUTO, SHAPES[s], pp, 256, {},
+print(json.dumps({f"{s} {pp}": decide(LayerPartition.AUTO, SHAPES[s], pp, 256, None,
                                       memory=memory, max_num_batched_tokens=8192).layers
                   for s in SHAPES for pp in (2, 3, 4, 8)}))
 """
@@ -283,7 +282,7 @@ def test_every_process_computes_the_same_partition():
 
 
 def test_a_hand_set_partition_wins_over_auto():
-    decision = decide(AUTO, SHAPES["qwen3-0.6b"], 2, BATCH, {VLLM_ENV: "20,8"})
+    decision = decide(AUTO, SHAPES["qwen3-0.6b"], 2, BATCH, hand_set="20,8")
     assert decision.source == "hand-set"
     assert decision.layers == (20, 8) and decision.env_value is None
     assert f"{VLLM_ENV}=20,8, which wins over {SETTING}=auto" in decision.why
@@ -293,9 +292,9 @@ def test_more_stages_than_layers_is_refused_naming_the_setting():
     config = {**SHAPES["qwen3-0.6b"], "num_hidden_layers": 3}
     with pytest.raises(LayerPartitionError, match=f"{SETTING}=auto cannot give each of 4 "
                        "pipeline stages a layer: the model has 3"):
-        decide(AUTO, config, 4, BATCH, {})
-    assert decide(AUTO, config, 3, BATCH, {}).layers == (1, 1, 1)
-    assert decide(LayerPartition.VLLM, config, 4, BATCH, {}).env_value is None
+        decide(AUTO, config, 4, BATCH, None)
+    assert decide(AUTO, config, 3, BATCH, None).layers == (1, 1, 1)
+    assert decide(LayerPartition.VLLM, config, 4, BATCH, None).env_value is None
 
 
 @pytest.mark.parametrize("raw", ["balanced", "1", "on"])
@@ -319,7 +318,7 @@ def test_the_setting_parses(raw):
     ({"mlp_only_layers": [0]}, "dense and others MoE"),
 ])
 def test_models_the_cost_model_does_not_know_keep_vllms_split(change, reason):
-    decision = decide(AUTO, {**SHAPES["qwen3-30b-a3b"], **change}, 4, BATCH, {})
+    decision = decide(AUTO, {**SHAPES["qwen3-30b-a3b"], **change}, 4, BATCH, None)
     assert decision.source == "vllm" and decision.env_value is None
     assert decision.layers == (12, 12, 12, 12)
     assert "auto keeps vLLM's split 12,12,12,12" in decision.why and reason in decision.why
@@ -525,3 +524,16 @@ def test_stage_zero_logs_the_split_and_the_bench_reads_it_from_the_records(
     if used:
         assert lines[0].startswith(f"{layer_partition.LOG_PREFIX}{','.join(map(str, used))} over")
     assert record_findings(tmp_path / "records")["layer_partition_used"] == used
+
+
+def test_the_split_the_plugin_sets_for_vllm_is_never_taken_for_a_hand_set_one(partition_env):
+    """A worker sets VLLM_PP_LAYER_PARTITION for vLLM under ``auto``; a later engine in the
+    same process still sees the split the process started with (none here), and the
+    variable goes back to it."""
+    from vllm_pp_cudagraph.settings import hand_set_partition
+
+    assert hand_set_partition() is None
+    layer_partition.apply(layer_partition.Decision("auto", "auto picks", (10, 10, 8)))
+    assert os.environ[VLLM_ENV] == "10,10,8" and hand_set_partition() is None
+    layer_partition.apply(layer_partition.Decision("vllm", "vLLM's split"))
+    assert VLLM_ENV not in os.environ

@@ -17,7 +17,7 @@ from vllm_pp_cudagraph.planning.pipeline_model import (
     tensor_parallel,
     tp_shard,
 )
-from vllm_pp_cudagraph.settings import LayerPartition
+from vllm_pp_cudagraph.settings import LayerPartition, hand_set_partition
 from vllm_pp_cudagraph.stage_costs import (
     FITTED,
     ModelShape,
@@ -93,7 +93,8 @@ def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
             continue
         split = (shape.num_layers,)
         if pp > 1:
-            chosen = decide(setting, config, pp, work.max_num_seqs, memory=memory)
+            chosen = decide(setting, config, pp, work.max_num_seqs, hand_set_partition(),
+                            memory=memory)
             split = chosen.layers or vllm_split(shape.num_layers, pp)
             decision = decision or chosen
         kv, why = _room(shape, split, tp, memory)
