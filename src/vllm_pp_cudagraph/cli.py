@@ -471,8 +471,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
         work = Workload(args.concurrency, args.input_len, args.output_len, args.max_num_seqs,
                         args.prompts)
         memory = Memory(gpu_bytes, args.gpu_memory_utilization)
-        stock = stock_calibration(compat.installed_versions().vllm,
-                                  "engine" if args.prompts else "serve")
+        stock = stock_calibration(compat.installed_versions().vllm, work.kind)
         gpu_rates = rates(gpu)
         rows, decision = make_plan(config, args.gpus, work, memory, args.interconnect,
                                    settings.layer_partition, gpu_rates, stock.factor)

@@ -128,8 +128,10 @@ def engine_core_plan(settings: PPCudaGraphSettings, vllm_config: Any) -> EngineP
     scheduler hook or the engine check, whichever comes first) and shared after."""
     key = id(vllm_config)
     held = _engine_core_plans.get(key)
-    if held is None or held[0]() is not vllm_config or held[1] != settings:
+    new_config = held is None or held[0]() is not vllm_config
+    if new_config or held[1] != settings:
         held = (weakref.ref(vllm_config), settings, plan_engine(settings, vllm_config))
         _engine_core_plans[key] = held
+    if new_config:  # dropped with its config, so a later config at this id plans afresh
         weakref.finalize(vllm_config, _engine_core_plans.pop, key, None)
     return held[2]

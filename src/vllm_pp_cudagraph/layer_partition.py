@@ -33,7 +33,7 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 LOGIT_BYTES = 4
 GIB = 2**30
 
-#: How stage 0's :meth:`Decision.log_line` begins (``bench/engine_run`` reads it).
+#: How stage 0's :meth:`Decision.log_line` begins (for people: ``bench`` reads the records).
 LOG_PREFIX = "Layer partition "
 
 class LayerPartitionError(ValueError):

@@ -266,10 +266,8 @@ def test_two_layouts_are_too_close_within_the_larger_of_their_errors(monkeypatch
     errors = {"plugin": 0.25, "tp": 0.05, "stock": 0.05}
     monkeypatch.setattr(plan, "row_error", lambda kind, workload: errors[kind])
 
-    def row(layout, req_per_s):
-        return Prediction(layout, 2, 1, 0.02, req_per_s, 1000.0, ())
-
-    tp, plugin = row("stock TP=2", 40.0), row("plugin PP=2", 34.0)  # 18% apart
+    tp = Prediction("stock TP=2", 1, 2, 0.02, 40.0, 1000.0, ())
+    plugin = Prediction("plugin PP=2", 2, 1, 0.02, 34.0, 1000.0, ())  # 18% apart
     assert [p.layout for p in plan._predicted_close([tp, plugin], "serve")[1]] == [
         "stock TP=2", "plugin PP=2"]
     errors["plugin"] = 0.10

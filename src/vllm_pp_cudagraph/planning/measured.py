@@ -60,13 +60,6 @@ def row_error(kind: str, workload: str) -> float:
     return float(_table().get("errors", {}).get(kind, {}).get(workload, median_error()))
 
 
-def layout_kind(layout: str) -> str:
-    """``plugin``, ``stock`` or ``tp`` for a ``plan`` row's layout ("stock TP=2", ...)."""
-    if layout.startswith("plugin"):
-        return "plugin"
-    return "stock" if "PP=" in layout else "tp"
-
-
 def cells() -> list[MeasuredCell]:
     return [MeasuredCell(**cell) for cell in _table()["cells"]]
 
@@ -75,11 +68,11 @@ def matching(shape: ModelShape, gpus: int, work: Workload, interconnect: str,
              shape_of: Callable[[str], ModelShape]) -> list[MeasuredCell]:
     """The measured cells that are this question: the same model shape, GPUs, link and
     load (``work.prompts`` for ``engine``, its concurrency for ``serve``)."""
-    workload, load = ("engine", work.prompts) if work.prompts else ("serve", work.concurrency)
+    load = work.prompts or work.concurrency
     return [cell for cell in cells()
             if (cell.gpus, cell.interconnect, cell.workload, cell.load, cell.input_len,
                 cell.output_len, cell.max_num_seqs)
-            == (gpus, interconnect, workload, load, work.input_len, work.output_len,
+            == (gpus, interconnect, work.kind, load, work.input_len, work.output_len,
                 work.max_num_seqs)
             and shape_of(cell.shape) == shape]
 

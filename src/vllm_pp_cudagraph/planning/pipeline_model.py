@@ -87,6 +87,11 @@ class Workload:
     def mean_context(self) -> float:
         return self.input_len + self.output_len / 2
 
+    @property
+    def kind(self) -> str:
+        """``engine`` for an offline batch, ``serve`` for requests at a concurrency."""
+        return "engine" if self.prompts else "serve"
+
 
 @dataclass(frozen=True)
 class Prediction:

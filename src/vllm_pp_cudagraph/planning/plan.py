@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_pp_cudagraph.layer_partition import Decision, Memory, decide, vllm_split
-from vllm_pp_cudagraph.planning.measured import MeasuredCell, layout_kind, row_error
+from vllm_pp_cudagraph.planning.measured import MeasuredCell, row_error
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
     STOCK_PP_GPU_FACTOR,
@@ -164,9 +164,8 @@ def recommendation(rows: list[Row], work: Workload, model: str,
         return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
     choices = sorted((r.prediction for r in _choices(rows, work)),
                      key=lambda p: p.req_per_s, reverse=True)
-    workload = "engine" if work.prompts else "serve"
     why, contenders = (_measured_level(choices, measured) if measured
-                       else _predicted_close(choices, workload))
+                       else _predicted_close(choices, work.kind))
     if len(contenders) < 2:
         return [f"recommended: {predicted}"]
     return [f"recommended: too close to call ({why}); measure on your GPUs:",
@@ -178,7 +177,7 @@ def _predicted_close(choices: list[Prediction], workload: str) -> tuple[str, lis
     fastest (for each pair, the larger of the two kinds' median errors under
     ``workload``), and why they are too close to call."""
     best = choices[0]
-    errors = {p.layout: row_error(layout_kind(p.layout), workload) for p in choices}
+    errors = {p.layout: _error(p, workload) for p in choices}
     contenders = [p for p in choices
                   if p.req_per_s * (1 + max(errors[p.layout], errors[best.layout]))
                   > best.req_per_s]
@@ -188,6 +187,12 @@ def _predicted_close(choices: list[Prediction], workload: str) -> tuple[str, lis
     return (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
             f"each other, inside the {error:.0%} the model was off at the median on "
             f"measured {workload} cells of these layouts", contenders)
+
+
+def _error(prediction: Prediction, workload: str) -> float:
+    """The model's median error on measured cells of ``prediction``'s kind of layout (the
+    plugin's PP, stock PP or TP: the runner ``bench`` measures it with) and ``workload``."""
+    return row_error(bench_runner(prediction)[0], workload)
 
 
 def _measured_level(choices: list[Prediction],
@@ -207,7 +212,6 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
            measured: list[MeasuredCell] = ()) -> list[str]:
     """The table ``plan`` prints, and the lines under it: the measured cells that are this
     question, the recommendation, and what the predictions rest on."""
-    workload = "engine" if work.prompts else "serve"
     lines = [f"{'layout':<22} {'cadence':<8} {'req/s':>7} {'off by':>6} {'tok/s':>8} "
              f"{'TPOT ms':>8} {'KV tokens':>10}  busy per GPU or stage"]
     for row in rows:
@@ -216,7 +220,7 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
             lines.append(f"{p.layout:<22} {row.why_not}")
             continue
         busy = "/".join(f"{b:.0%}" for b in p.busy[:8])
-        off = f"±{row_error(layout_kind(p.layout), workload):.0%}"
+        off = f"±{_error(p, work.kind):.0%}"
         lines.append(f"{p.layout:<22} {p.cadence or '-':<8} {p.req_per_s:>7.2f} {off:>6} "
                      f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f} {row.kv_tokens:>10,}  "
                      f"{busy}")
@@ -228,7 +232,7 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
         lines.append(f"  its KV cache holds {best.kv_tokens:,} tokens, fewer than the "
                      f"{need:,} of {work.running} running requests: expect preemption")
     lines.append("off by: the model's median error on req/s over the measured cells of that "
-                 f"layout and workload ({workload})")
+                 f"layout and workload ({work.kind})")
     lines.append(f"rests on: {source}; TP's shard on its own measured table where one "
                  "ships, else on the bytes/FLOPs model scaled to the full shape's. "
                  "How far such predictions were off on measured cells: docs/performance.md, "
