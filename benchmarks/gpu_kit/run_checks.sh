@@ -21,6 +21,7 @@
 #   batch        PP=2, Qwen3-0.6B shape, random weights, --workload batch: the plugin's
 #                greedy tokens against stock's, FULL_AND_PIECEWISE then PIECEWISE;
 #                bench.json records plugin_stages and tokens_agree per run
+#   batch-pp4    4 GPUs, a GPU per rank: the batch step at PP=4 (vLLM's split)
 #   engine-0.6b  PP=2, --workload engine, 0.6B shape (128 x 2 in / 512 out), dummy weights:
 #                the plugin, stock and V1, profiled (each stage's GPU busy %)
 #   engine-32b   the same for the Qwen3-32B dense shape (256 x 64 in / 256 out)
@@ -148,7 +149,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b never-slower-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b never-slower-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -226,6 +227,12 @@ step_batch() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload batch --model qwen3-0.6b --weights random \
     --repeat 1 --timeout 360 --deadline 840 --out "$RES/batch-0.6b" \
     --modes stock:$FAP,plugin:$FAP,stock:piecewise,plugin:piecewise
+}
+
+step_batch-pp4() {
+  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.bench --pp 4 --workload batch \
+    --model qwen3-0.6b --weights random --repeat 1 --timeout 360 --deadline "${KIT_DEADLINE_PP4_S:-840}" \
+    --out "$RES/batch-pp4-0.6b" --modes stock:$FAP,plugin:$FAP,stock:piecewise,plugin:piecewise
 }
 
 # The acceptance cells of pipelining that pays: one bench invocation each, the plugin's
