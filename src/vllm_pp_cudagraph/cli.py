@@ -29,6 +29,7 @@ from vllm_pp_cudagraph.settings import (
     PluginConfigError,
     PPCudaGraphSettings,
     SettingsError,
+    environment_value,
     hand_set_partition,
 )
 
@@ -189,7 +190,7 @@ def _report_imports(report: _Report, versions: compat.VersionInfo, full: bool,
 
 
 def _report_plugins(report: _Report) -> None:
-    plugins_value = os.environ.get("VLLM_PLUGINS")
+    plugins_value = environment_value("VLLM_PLUGINS")
     if is_enabled():
         report.say(f"VLLM_PLUGINS={plugins_value!r}: plugin ENABLED")
         try:

@@ -9,7 +9,6 @@ import contextlib
 import functools
 import importlib
 import inspect
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -369,10 +368,9 @@ def set_vllm_env(name: str, value: str | None) -> None:
     on, clearing ``vllm.envs``'s cache; RuntimeError if vLLM still reads another value."""
     from vllm import envs
 
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
+    from vllm_pp_cudagraph.settings import set_variable
+
+    set_variable(name, value)
     cache_clear = getattr(envs.__getattr__, "cache_clear", None)
     if cache_clear is not None:
         cache_clear()

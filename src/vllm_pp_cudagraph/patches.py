@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.settings import (
-    ENV_PREFIX,
     DecodeCadence,
     PluginConfigError,
     PPCudaGraphSettings,
+    environment_value,
+    plugin_variables_set,
+    set_variable,
 )
 
 Undo = Callable[[], None]
@@ -84,28 +85,15 @@ def _wrap_class_attr(cls: type, attr: str, wrap: Callable[[Callable], Callable])
     return undo
 
 
-def _set_env(name: str, value: str) -> Undo:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-
-    def undo() -> None:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
-
-    return undo
-
-
 def _patch_env_names(settings: PPCudaGraphSettings) -> Undo | None:
     """Declare the plugin's variables set in this process to vLLM (see the patch's why)."""
     from vllm import envs
 
-    names = [n for n in os.environ if n.startswith(ENV_PREFIX) and n not in envs.environment_variables]
+    names = [n for n in plugin_variables_set() if n not in envs.environment_variables]
     if not names:
         return None
     for name in names:
-        envs.environment_variables[name] = functools.partial(os.environ.get, name)
+        envs.environment_variables[name] = functools.partial(environment_value, name)
 
     def undo() -> None:
         for name in names:
@@ -140,13 +128,13 @@ def _patch_runner_factory(settings: PPCudaGraphSettings) -> Undo:
 def _breakable_env_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     if not settings.breakable:
         return "VLLM_PP_CUDAGRAPH_BREAKABLE is off"
-    if os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1":
+    if environment_value("VLLM_USE_BREAKABLE_CUDAGRAPH") == "1":
         return "VLLM_USE_BREAKABLE_CUDAGRAPH=1 is already set"
     return None
 
 
 def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo:
-    current = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH")
+    current = environment_value("VLLM_USE_BREAKABLE_CUDAGRAPH")
     if current is not None:
         raise PluginConfigError(
             "VLLM_PP_CUDAGRAPH_BREAKABLE=1 asks for breakable CUDA graphs but "
@@ -160,7 +148,7 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo:
             "in the environment of the process that starts vLLM, or set "
             "VLLM_USE_BREAKABLE_CUDAGRAPH=1 there."
         )
-    return _set_env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    return set_variable("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
 
 
 def _async_scheduler_cls() -> type:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from vllm_pp_cudagraph import compat
 
@@ -30,10 +31,11 @@ class UnsupportedVLLMError(RuntimeError):
     """The installed vLLM is outside the range this plugin is tested with."""
 
 
-def is_enabled(environ: dict[str, str] | os._Environ[str] | None = None) -> bool:
+def is_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``VLLM_PLUGINS`` names this plugin, parsed exactly as vLLM does."""
-    environ = os.environ if environ is None else environ
-    value = environ.get("VLLM_PLUGINS")
+    from vllm_pp_cudagraph.settings import environment_value
+
+    value = environment_value("VLLM_PLUGINS", environ)
     return value is not None and PLUGIN_NAME in value.split(",")
 
 
@@ -57,7 +59,7 @@ def check_version(allow_unsupported: bool) -> compat.VersionInfo:
     )
 
 
-def check_runner_choice(environ: dict[str, str] | os._Environ[str] | None = None) -> None:
+def check_runner_choice(environ: Mapping[str, str] | None = None) -> None:
     """Refuse the plugin together with an explicit choice of vLLM's V1 runner.
 
     The plugin leaves the choice of runner to vLLM: models vLLM runs on Model
@@ -65,10 +67,9 @@ def check_runner_choice(environ: dict[str, str] | os._Environ[str] | None = None
     that the plugin stands aside. Asking for both V1 and the plugin is a
     contradiction, reported here instead of silently doing nothing.
     """
-    from vllm_pp_cudagraph.settings import PluginConfigError
+    from vllm_pp_cudagraph.settings import PluginConfigError, environment_value
 
-    environ = os.environ if environ is None else environ
-    current = environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    current = environment_value("VLLM_USE_V2_MODEL_RUNNER", environ)
     # vLLM parses this variable with bool(int(value)): "0" is its only "off".
     if current is not None and current.strip() == "0":
         raise PluginConfigError(

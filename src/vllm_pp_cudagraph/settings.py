@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Annotated, Any
 
@@ -107,6 +107,41 @@ def hand_set_partition() -> str | None:
     if _hand_set is _UNREAD:
         _hand_set = os.environ.get(PARTITION_ENV) or None
     return _hand_set
+
+
+#: vLLM's own variables the plugin reads (its own ``VLLM_PP_CUDAGRAPH_*`` ones are read by
+#: :class:`PPCudaGraphSettings`).
+VLLM_VARIABLES = frozenset({
+    "VLLM_PLUGINS", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH", PARTITION_ENV,
+    "PROMETHEUS_MULTIPROC_DIR",
+})
+
+
+def environment_value(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """``name`` in this process's environment (or ``environ``), read now; ``name`` is one
+    of :data:`VLLM_VARIABLES` or the plugin's own (the one place the plugin reads any)."""
+    if name not in VLLM_VARIABLES and not name.startswith(ENV_PREFIX):
+        raise KeyError(f"{name} is not a variable the plugin reads; add it to VLLM_VARIABLES")
+    return (os.environ if environ is None else environ).get(name)
+
+
+def plugin_variables_set() -> list[str]:
+    """The plugin's own variables set in this process."""
+    return [name for name in os.environ if name.startswith(ENV_PREFIX)]
+
+
+def set_variable(name: str, value: str | None) -> Callable[[], None]:
+    """Set (None: unset) ``name`` for this process and those it starts; return the undo."""
+    previous = os.environ.get(name)
+
+    def put(new: str | None) -> None:
+        if new is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = new
+
+    put(value)
+    return lambda: put(previous)
 
 
 class PPCudaGraphSettings(BaseModel):

@@ -39,14 +39,14 @@ def ensure_metrics_dir() -> Path:
     exits.
     """
     global _made_here
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm_pp_cudagraph.settings import PPCudaGraphSettings, set_variable
 
     if configured := _made_here or PPCudaGraphSettings.current().metrics_dir:
         path = Path(configured)
         path.mkdir(parents=True, exist_ok=True)
         return path
     _made_here = tempfile.mkdtemp(prefix="vllm-pp-cudagraph-metrics-")
-    os.environ[METRICS_DIR_ENV] = _made_here
+    set_variable(METRICS_DIR_ENV, _made_here)
     atexit.register(shutil.rmtree, _made_here, ignore_errors=True)
     return Path(_made_here)
 

@@ -6,7 +6,6 @@ second, exports them as ``vllm_pp_cudagraph:*`` Prometheus series, and logs one 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -31,7 +30,7 @@ from vllm_pp_cudagraph.metrics.snapshots import (
     read_stage_snapshots,
 )
 from vllm_pp_cudagraph.plugin import is_enabled
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings, environment_value
 
 logger = init_logger("vllm.pp_cudagraph.metrics")
 
@@ -239,7 +238,7 @@ def _log_once(key: str, message: str, *args: object) -> None:
 
 def _default_registry() -> CollectorRegistry | None:
     """vLLM's registry, or None where /metrics carries only multiprocess files."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if environment_value("PROMETHEUS_MULTIPROC_DIR"):
         return None
     try:
         from vllm.v1.metrics.prometheus import get_prometheus_registry
