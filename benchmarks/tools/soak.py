@@ -85,10 +85,17 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES, has_random_weights, token_word, write_model_dir
-from vllm_pp_cudagraph.bench.engine_run import RUNNERS, RunSpec, engine_env, runner_cadence
+from vllm_pp_cudagraph.bench.engine_run import (
+    RUNNERS,
+    RunSpec,
+    engine_env,
+    records_dir_of,
+    runner_cadence,
+)
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
 from vllm_pp_cudagraph.bench.stats import capture_stats
+from vllm_pp_cudagraph.metrics.snapshots import read_capture_records
 
 from benchmarks.tools.lora_adapters import lora_mix, lora_serve_args, write_lora_adapter
 from benchmarks.tools.sampling_mix import (
@@ -268,10 +275,6 @@ def server_spec(runner: str, run_mode: str, args: argparse.Namespace) -> RunSpec
                       server_env(args, preemption_fix=args.preemption and runner == "stock"))
 
 
-_GRAPH_ESTIMATE = re.compile(
-    r"CUDA-graph memory on pipeline stage (\d+): estimated (\d+(?:\.\d+)?) GiB for (\d+) graphs")
-
-
 _STAGE_CAPTURE = re.compile(
     r"Worker_PP(\d+)\S*.*Graph capturing finished in [\d.]+ secs, took (\d+(?:\.\d+)?) GiB")
 
@@ -279,10 +282,13 @@ _STAGE_CAPTURE = re.compile(
 LOG_ROUNDING_GIB = 0.01
 
 
-def graph_memory(log: str) -> dict:
+def graph_memory(log: str, records: Path) -> dict:
     """The plugin's CUDA-graph memory estimate per stage (reserved before the KV cache
-    is sized) beside what each stage's capture took, from a server's log."""
-    estimates = {int(stage): float(gib) for stage, gib, _ in _GRAPH_ESTIMATE.findall(log)}
+    is sized; from its capture records in ``records``) beside what each stage's capture
+    took (vLLM's log)."""
+    estimates = {stage: round(record["estimated_gib"], 3)
+                 for (stage, tp_rank), record in read_capture_records(records).items()
+                 if tp_rank == 0 and record.get("estimated_gib") is not None}
     captured: dict[int, float] = {}
     for stage, gib in _STAGE_CAPTURE.findall(log):
         captured[int(stage)] = max(captured.get(int(stage), 0.0), float(gib))
@@ -316,7 +322,7 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
         report["slot"] = {"gpus": slot.gpus, "port": slot.port, "kv_cache_gib": slot.kv_cache_gib}
         if log_path.exists():
             log = log_path.read_text(errors="replace")
-            report["graph_memory"] = graph_memory(log)
+            report["graph_memory"] = graph_memory(log, records_dir_of(log_path))
             report["grammar_rejections"] = sum(log.count(line) for line in GRAMMAR_REJECTIONS)
         print(f"[{mode} {tag}] gpus {slot.gpus}: {report.get('load') or report.get('error')}"
               f", preemptions {report.get('preemptions')}, shutdown rc {report.get('shutdown_rc')}",

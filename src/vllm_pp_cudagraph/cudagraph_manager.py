@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
 from vllm.config.compilation import CUDAGraphMode
-from vllm.distributed.parallel_state import get_pp_group
+from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
@@ -20,6 +20,7 @@ from vllm_pp_cudagraph.capture_guard import (
     forbid_pipeline_communication,
 )
 from vllm_pp_cudagraph.graph_agreement import Agreement, CaptureOutcome, agree, merge_tp_peers
+from vllm_pp_cudagraph.metrics.snapshots import CaptureRecord, write_snapshot
 from vllm_pp_cudagraph.stage_exchange import gather_from_stages, gather_from_tp_peers
 
 logger = init_logger("vllm.pp_cudagraph.manager")
@@ -55,6 +56,8 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         self.estimated_bytes: int | None = None
         #: Whether the last batch dispatched replays a graph (FULL or PIECEWISE).
         self.last_replayed = False
+        #: The most one capture of this process took (vLLM may capture more than once).
+        self.captured_bytes = 0
 
     def dispatch(self, *args: Any, **kwargs: Any) -> Any:
         """vLLM's choice of graph for a batch; the last one is kept for the stage's metrics."""
@@ -116,6 +119,12 @@ class PPCudaGraphManager(ModelCudaGraphManager):
             used / (1 << 30),
             estimate,
         )
+        self.captured_bytes = max(self.captured_bytes, used)
+        write_snapshot(CaptureRecord(self.stage, get_tp_group().rank_in_group, {
+            "estimated_gib": None if self.estimated_bytes is None else self.estimated_bytes / (1 << 30),
+            "captured_gib": self.captured_bytes / (1 << 30),
+            "graphs": self.graph_counts(),
+        }))
 
     def settle_with_other_stages(self, error: str | None = None) -> None:
         """Exchange capture outcomes with every rank and keep what all have.

@@ -396,21 +396,25 @@ def test_a_random_checkpoint_is_refused_for_shapes_too_big_to_write(tmp_path, ca
     assert not (tmp_path / "soak").exists()
 
 
-def test_each_server_reports_the_plugins_graph_memory_estimate_beside_what_capture_took():
+def test_each_server_reports_the_plugins_graph_memory_estimate_beside_what_capture_took(tmp_path):
     from benchmarks.tools.soak import graph_memory
+    from vllm_pp_cudagraph.metrics.snapshots import CaptureRecord, write_snapshot
 
+    # What each rank's graph manager records after capture (TP rank 1 of stage 0 too).
+    for stage, tp_rank, estimate, took in [(0, 0, 0.42, 0.38), (0, 1, 0.5, 0.4),
+                                          (1, 0, 0.47, 0.45)]:
+        write_snapshot(CaptureRecord(stage, tp_rank, {"estimated_gib": estimate,
+                                                      "captured_gib": took, "graphs": {}}),
+                       tmp_path)
     log = "\n".join([
-        "(Worker_PP0 pid=1) INFO [model_runner.py:146] CUDA-graph memory on pipeline stage 0: "
-        "estimated 0.42 GiB for 134 graphs (samples [100.0, 2.0] MiB), reserved before sizing",
-        "(Worker_PP1 pid=2) INFO [model_runner.py:146] CUDA-graph memory on pipeline stage 1: "
-        "estimated 0.47 GiB for 134 graphs (samples [110.0, 2.0] MiB), reserved before sizing",
         "(Worker_PP0 pid=1) INFO Graph capturing finished in 12 secs, took 0.38 GiB",
         "(Worker_PP1 pid=2) INFO Graph capturing finished in 13 secs, took 0.45 GiB",
     ])
-    assert graph_memory(log) == {"estimated_gib": {0: 0.42, 1: 0.47},
-                                 "captured_gib": {0: 0.38, 1: 0.45}, "captured_gib_max": 0.45}
-    assert graph_memory("stock has no estimate") == {"estimated_gib": {}, "captured_gib": {},
-                                                     "captured_gib_max": None}
+    assert graph_memory(log, tmp_path) == {"estimated_gib": {0: 0.42, 1: 0.47},
+                                           "captured_gib": {0: 0.38, 1: 0.45},
+                                           "captured_gib_max": 0.45}
+    assert graph_memory("stock has no estimate", tmp_path / "none") == {
+        "estimated_gib": {}, "captured_gib": {}, "captured_gib_max": None}
 
 
 def test_a_stage_whose_graphs_outgrow_the_plugins_reservation_fails_the_soak():

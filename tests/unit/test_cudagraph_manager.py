@@ -92,6 +92,26 @@ def test_capture_runs_under_the_guard_and_settles_before_raising(make_manager, m
     assert "CapturedCommunicationError" in settled[0].reason
 
 
+def test_a_capture_leaves_a_record_of_what_it_took_beside_the_estimate(
+        make_manager, monkeypatch, tmp_path):
+    """The soak checks each stage's graphs against what the plugin reserved for them
+    before the KV cache was sized; it reads that from the record, not the log."""
+    import torch
+
+    from vllm_pp_cudagraph.metrics.snapshots import METRICS_DIR_ENV, read_capture_records
+
+    monkeypatch.setenv(METRICS_DIR_ENV, str(tmp_path))
+    free = iter([10 << 30, 9 << 30])
+    monkeypatch.setattr(ModelCudaGraphManager, "capture", lambda self, *a, **kw: None)
+    monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda *a: (next(free), 0))
+    manager = make_manager("FULL_AND_PIECEWISE", VLLM_LIKE, 8)
+    monkeypatch.setattr(manager, "settle_with_other_stages", lambda error=None: None)
+    manager.estimated_bytes = 3 << 29
+    manager.capture()
+    (record,) = read_capture_records(tmp_path).values()
+    assert record["estimated_gib"] == 1.5 and record["captured_gib"] == 1.0
+
+
 def test_stage_with_nothing_to_capture_still_settles(make_manager):
     manager = make_manager("NONE", [1, 2, 4], 8)
     assert not manager.needs_capture()

@@ -217,6 +217,36 @@ class PlanRecord:
         return json.dumps(dict(self.record), separators=(",", ":"))
 
 
+@dataclass(frozen=True)
+class CaptureRecord:
+    """What one rank's CUDA-graph capture took beside the plugin's estimate of it before
+    the KV cache was sized: ``graphs-<stage>-<tp rank>.json``, for the soak's check."""
+
+    stage: int
+    tp_rank: int
+    record: Mapping[str, Any]
+
+    @property
+    def filename(self) -> str:
+        return f"graphs-{self.stage}-{self.tp_rank}.json"
+
+    def to_json(self) -> str:
+        return json.dumps(dict(self.record), separators=(",", ":"))
+
+
+def read_capture_records(directory: Path) -> dict[tuple[int, int], dict[str, Any]]:
+    """Every capture record in ``directory`` by (stage, TP rank); unreadable ones are left
+    out."""
+    records = {}
+    for path in sorted(Path(directory).glob("graphs-*-*.json")):
+        try:
+            stage, tp_rank = (int(n) for n in path.stem.removeprefix("graphs-").split("-"))
+            records[stage, tp_rank] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return records
+
+
 def read_plan_records(directory: Path) -> dict[str, dict[str, Any]]:
     """Every plan record in ``directory`` by name (``0-0``, ``engine-0``); unreadable
     ones are left out."""
@@ -230,7 +260,8 @@ def read_plan_records(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def write_snapshot(
-    snapshot: StageSnapshot | EngineSnapshot | PlanRecord, directory: Path | None = None
+    snapshot: StageSnapshot | EngineSnapshot | PlanRecord | CaptureRecord,
+    directory: Path | None = None,
 ) -> Path | None:
     """Write ``snapshot`` atomically (temporary file, then rename) into ``directory``.
 
