@@ -13,7 +13,10 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 #: Releases this plugin is tested against: lower bound inclusive, upper exclusive.
 SUPPORTED_MIN = (0, 26, 0)
@@ -379,7 +382,7 @@ def set_vllm_env(name: str, value: str | None) -> None:
                            f"{value!r} (vllm.envs changed; see compat.py)")
 
 
-def asked_attention_backends(vllm_config: Any) -> set[str]:
+def asked_attention_backends(vllm_config: VllmConfig) -> set[str]:
     """The attention backends named in ``vllm_config`` (``attention_config.backend`` and
     its per-kind overrides), by name; empty where vLLM chooses for every layer."""
     attention = getattr(vllm_config, "attention_config", None)

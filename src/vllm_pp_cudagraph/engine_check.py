@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
@@ -16,6 +16,9 @@ from vllm_pp_cudagraph import layer_partition, support
 from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, engine_core_plan
 from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 logger = init_logger("vllm.pp_cudagraph.engine_check")
 
@@ -72,7 +75,7 @@ def check_plans(plan: EnginePlan, workers: list[dict[str, Any] | None]) -> list[
     return problems
 
 
-def _record(vllm_config: Any, plan: EnginePlan, workers: list) -> None:
+def _record(vllm_config: VllmConfig, plan: EnginePlan, workers: list) -> None:
     """Leave the engine's plan and its workers' where ``bench`` and ``check`` read them
     (with the per-stage metrics on or off)."""
     engine = getattr(vllm_config.parallel_config, "data_parallel_rank", 0)
@@ -80,7 +83,7 @@ def _record(vllm_config: Any, plan: EnginePlan, workers: list) -> None:
                                                    "workers": workers}))
 
 
-def check_workers(vllm_config: Any, collective_rpc: Callable[..., list],
+def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
                   plan: EnginePlan) -> None:
     """Refuse an engine whose workers cannot follow its ``plan``; otherwise log the one
     line that says what the plugin does for it."""

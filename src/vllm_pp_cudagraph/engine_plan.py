@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph import layer_partition, support
 from vllm_pp_cudagraph.settings import (
@@ -15,6 +15,9 @@ from vllm_pp_cudagraph.settings import (
     PPCudaGraphSettings,
     hand_set_partition,
 )
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 #: Cadences that may let a request decode sooner than vLLM's (``balance`` only delays).
 LIFTING = frozenset({DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL})
@@ -66,7 +69,7 @@ class EnginePlan:
                 "predicted_stage_ms": self.predicted_stage_ms}
 
 
-def _stand_aside(settings: PPCudaGraphSettings, vllm_config: Any) -> str | None:
+def _stand_aside(settings: PPCudaGraphSettings, vllm_config: VllmConfig) -> str | None:
     if reason := support.no_pipeline_reason(vllm_config):
         return reason
     if not vllm_config.use_v2_model_runner:
@@ -74,7 +77,7 @@ def _stand_aside(settings: PPCudaGraphSettings, vllm_config: Any) -> str | None:
     return support.unproven_reason(vllm_config, settings.allow_unproven)
 
 
-def _cadence(settings: PPCudaGraphSettings, vllm_config: Any, stand_aside: str | None
+def _cadence(settings: PPCudaGraphSettings, vllm_config: VllmConfig, stand_aside: str | None
              ) -> DecodeCadence:
     """``settings.decode_cadence`` where vLLM's MRV2 PP cadence exists to change and the
     async scheduler (the one the ``decode-cadence`` patch wraps) runs it. Not with
@@ -91,7 +94,7 @@ def _cadence(settings: PPCudaGraphSettings, vllm_config: Any, stand_aside: str |
     return settings.decode_cadence
 
 
-def _handoff_blocker(vllm_config: Any) -> str | None:
+def _handoff_blocker(vllm_config: VllmConfig) -> str | None:
     if vllm_config.parallel_config.pipeline_parallel_size <= 1:
         return "no pipeline parallelism"
     if support.drafting(vllm_config) is not None:
@@ -99,7 +102,7 @@ def _handoff_blocker(vllm_config: Any) -> str | None:
     return None
 
 
-def plan_engine(settings: PPCudaGraphSettings, vllm_config: Any,
+def plan_engine(settings: PPCudaGraphSettings, vllm_config: VllmConfig,
                 gpu_memory_bytes: int | None = None) -> EnginePlan:
     """The plan for the engine of ``vllm_config`` under ``settings`` and the process's
     hand-set split (``settings.hand_set_partition``); ``gpu_memory_bytes`` is this GPU's (a
@@ -123,7 +126,7 @@ def plan_engine(settings: PPCudaGraphSettings, vllm_config: Any,
 _engine_core_plans: dict[int, tuple[weakref.ref, PPCudaGraphSettings, EnginePlan]] = {}
 
 
-def engine_core_plan(settings: PPCudaGraphSettings, vllm_config: Any) -> EnginePlan:
+def engine_core_plan(settings: PPCudaGraphSettings, vllm_config: VllmConfig) -> EnginePlan:
     """The engine core's plan for the engine of ``vllm_config``, computed on first use (the
     scheduler hook or the engine check, whichever comes first) and shared after."""
     key = id(vllm_config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, hand_set_partition
@@ -22,6 +22,9 @@ from vllm_pp_cudagraph.stage_costs import (
     text_config,
     unmodelled_reason,
 )
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 SETTING = PPCudaGraphSettings.env_name("layer_partition")
 VLLM_ENV = compat.LAYER_PARTITION_ENV
@@ -302,7 +305,7 @@ def _join(layers: tuple[int, ...]) -> str:
     return ",".join(map(str, layers))
 
 
-def decide_for(vllm_config: Any, setting: LayerPartition, hand_set: str | None = None, *,
+def decide_for(vllm_config: VllmConfig, setting: LayerPartition, hand_set: str | None = None, *,
                gpu_memory: int | None = None) -> Decision:
     """:func:`decide` for an engine's ``VllmConfig``; ``gpu_memory`` is the GPU's total
     bytes where known (a worker's; ``auto`` keeps vLLM's split without it)."""

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph import compat
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 #: Attention backends token-checked with the KV-cache write inside piecewise graphs.
 KV_UPDATE_PROVEN_BACKENDS = frozenset({"FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"})
 
 
-def kv_update_can_stay_in_graphs(vllm_config: Any) -> bool:
+def kv_update_can_stay_in_graphs(vllm_config: VllmConfig) -> bool:
     """Whether the KV-cache write may leave ``splitting_ops`` for this config: PP > 1, no
     context parallelism, vLLM's own piecewise compile, hoisted layer names, proven backends."""
     from vllm.config import CompilationMode

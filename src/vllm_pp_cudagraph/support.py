@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.graph_agreement import CAPTURE_FAILED_ADVICE
 from vllm_pp_cudagraph.piecewise_split import KV_UPDATE_PROVEN_BACKENDS
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 
 @dataclass(frozen=True)
@@ -127,14 +130,14 @@ def torch_evidence(vllm_version: str | None, torch_version: str | None) -> str:
             f"{here} only the CPU suite has run (docs/deployments.md, Versions)")
 
 
-def no_pipeline_reason(vllm_config: Any) -> str | None:
+def no_pipeline_reason(vllm_config: VllmConfig) -> str | None:
     """Why the plugin has nothing to do for an engine without a pipeline, or None."""
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         return None
     return "no pipeline (PP=1): the plugin only changes pipeline-parallel engines"
 
 
-def drafting(vllm_config: Any) -> Any | None:
+def drafting(vllm_config: VllmConfig) -> Any | None:
     """The engine's speculative config, or None where it drafts no tokens: the one test
     of speculative decoding the plan, the refusals and the stand-aside share."""
     speculative = getattr(vllm_config, "speculative_config", None)
@@ -143,7 +146,7 @@ def drafting(vllm_config: Any) -> Any | None:
     return speculative
 
 
-def known_failure(vllm_config: Any, layers: tuple[int, ...] | None = None) -> str | None:
+def known_failure(vllm_config: VllmConfig, layers: tuple[int, ...] | None = None) -> str | None:
     """Why stock vLLM of this release fails this engine, with what to change, or None;
     ``layers`` is the split the engine will use, where known (else vLLM's)."""
     speculative = drafting(vllm_config)
@@ -164,7 +167,7 @@ def known_failure(vllm_config: Any, layers: tuple[int, ...] | None = None) -> st
     return None
 
 
-def eagle_draft_layer_clash(vllm_config: Any, layers: tuple[int, ...] | None = None
+def eagle_draft_layer_clash(vllm_config: VllmConfig, layers: tuple[int, ...] | None = None
                             ) -> int | None:
     """The layer index an EAGLE-1 draft would take on the last stage, where that stage
     already holds it, else None; under ``layers`` per stage, or vLLM's split."""
@@ -177,7 +180,7 @@ def eagle_draft_layer_clash(vllm_config: Any, layers: tuple[int, ...] | None = N
     return end - start if start <= end - start < end else None
 
 
-def unproven_reason(vllm_config: Any, allow_unproven: bool = False) -> str | None:
+def unproven_reason(vllm_config: VllmConfig, allow_unproven: bool = False) -> str | None:
     """Why the plugin leaves this PP engine to stock vLLM: a speculative method or KV
     connector not proven with it here (``allow_unproven`` runs it regardless), or None."""
     if allow_unproven:
