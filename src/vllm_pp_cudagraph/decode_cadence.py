@@ -121,7 +121,7 @@ def decode_tokens(output: Any) -> int:
     return sum(1 for n in output.num_scheduled_tokens.values() if n == 1)
 
 
-def changing_cadence(original: ScheduleFn, settings: PPCudaGraphSettings) -> ScheduleFn:
+def wrap_schedule(original: ScheduleFn, settings: PPCudaGraphSettings) -> ScheduleFn:
     """Wrap the async scheduler's ``schedule`` to run the cadence of its engine's plan;
     under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed every step."""
 

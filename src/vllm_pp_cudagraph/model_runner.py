@@ -89,11 +89,11 @@ def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunne
 
 def worker_plan(vllm_config: VllmConfig) -> EnginePlan:
     """This worker's plan for its engine (with its GPU's memory), unless refused."""
-    return refusing(plan_engine(PPCudaGraphSettings.current(), vllm_config,
+    return check_refusal(plan_engine(PPCudaGraphSettings.current(), vllm_config,
                                 layer_partition.gpu_memory_bytes()))
 
 
-def refusing(plan: EnginePlan) -> EnginePlan:
+def check_refusal(plan: EnginePlan) -> EnginePlan:
     """``plan``, or an error naming what to change where it refuses the engine (an engine
     stock vLLM of this release is known to fail)."""
     if plan.refusal:
@@ -155,7 +155,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device,
                  plan: EnginePlan | None = None):
         check_graph_settings(vllm_config)
-        self.plan = refusing(plan) if plan else worker_plan(vllm_config)
+        self.plan = check_refusal(plan) if plan else worker_plan(vllm_config)
         if self.plan.stand_aside:
             # Built directly (not by build_runner), for an engine the plugin leaves to vLLM.
             raise RunnerStandsAsideError(
@@ -316,6 +316,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         self.cudagraph_manager.estimated_bytes = self._graph_memory_estimate
 
     def capture_model(self, *args, **kwargs) -> int:
+        # Passed through: 0.33 added ``profile_only``, which 0.26-0.32 lack.
         assert self.cudagraph_manager is not None
         if not self.cudagraph_manager.needs_capture():
             # vLLM returns early here; other stages may still capture and then

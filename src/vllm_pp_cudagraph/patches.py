@@ -176,9 +176,9 @@ def _cadence_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.decode_cadence import changing_cadence
+    from vllm_pp_cudagraph.decode_cadence import wrap_schedule
 
-    wrap = functools.partial(changing_cadence, settings=settings)
+    wrap = functools.partial(wrap_schedule, settings=settings)
     return _wrap_class_attr(_async_scheduler_cls(), "schedule", wrap)
 
 

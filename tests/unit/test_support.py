@@ -53,7 +53,7 @@ def vllms_speculative_methods() -> list[str]:
 RELEASE = compat.parse_release(compat.installed_versions().vllm)
 HERE = f"{RELEASE[0]}.{RELEASE[1]}"
 
-#: The refusal's own message (model_runner.refusing), so that no other error passes for it.
+#: The refusal's own message (model_runner.check_refusal), so that no other error passes for it.
 REFUSES = r"^vllm-pp-cudagraph refuses this engine: "
 
 
