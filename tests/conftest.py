@@ -122,7 +122,7 @@ def make_manager(pp_group, monkeypatch):
     from vllm.config import DeviceConfig, VllmConfig
     from vllm.config.compilation import CUDAGraphMode
 
-    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+    from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
 
     monkeypatch.setattr(cgu, "current_platform", NoGraphPoolPlatform())
 

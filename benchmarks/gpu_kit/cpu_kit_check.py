@@ -53,7 +53,7 @@ MODULES = (
     "flashinfer",
     "flashinfer.sampling",
     "vllm_pp_cudagraph.plugin",
-    "vllm_pp_cudagraph.model_runner",
+    "vllm_pp_cudagraph.worker.model_runner",
     "vllm_pp_cudagraph.bench.engine_run",
 )
 

@@ -119,7 +119,7 @@
 #                none yet, Qwen3-4B, Qwen3-32B and Llama-3.1-70B (../tools/cost_table.py:
 #                stock vLLM at PP=1, dummy weights, 4 and 12 layers fitted per batch size;
 #                the 30B-A3B shape took 9 minutes on an H100); copy cost-tables/*/*.json into
-#                src/vllm_pp_cudagraph/cost_tables/ to ship them. KIT_COST_SHAPES names
+#                src/vllm_pp_cudagraph/planning/cost_tables/ to ship them. KIT_COST_SHAPES names
 #                others (qwen3-0.6b and qwen3-30b-a3b ship already). Then one TP=2 rank's
 #                shard of the shapes in KIT_COST_TP_SHAPES (default qwen3-32b
 #                llama-3.1-70b; empty for none): the tables plan reads for TP

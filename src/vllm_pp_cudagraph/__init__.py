@@ -16,13 +16,13 @@ __version__ = "0.2.0.dev0"
 __all__ = ["PPCudaGraphManager", "PPCudaGraphModelRunner", "__version__", "build_runner"]
 
 if TYPE_CHECKING:
-    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
-    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner, build_runner
+    from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
+    from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner, build_runner
 
 _LAZY = {
-    "PPCudaGraphModelRunner": "vllm_pp_cudagraph.model_runner",
-    "PPCudaGraphManager": "vllm_pp_cudagraph.cudagraph_manager",
-    "build_runner": "vllm_pp_cudagraph.model_runner",
+    "PPCudaGraphModelRunner": "vllm_pp_cudagraph.worker.model_runner",
+    "PPCudaGraphManager": "vllm_pp_cudagraph.worker.graphs.cudagraph_manager",
+    "build_runner": "vllm_pp_cudagraph.worker.model_runner",
 }
 
 

@@ -226,7 +226,7 @@ def _report_settings(report: _Report, settings, error) -> None:
 
 def _report_partition(report: _Report, settings: PPCudaGraphSettings,
                       engine: EngineShape | None) -> None:
-    from vllm_pp_cudagraph import layer_partition
+    from vllm_pp_cudagraph.planning import layer_partition
 
     setting = settings.layer_partition
     if engine is None:
@@ -442,12 +442,12 @@ def _add_plan_parser(sub) -> None:
 
 def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     """``vllm-pp-cudagraph plan``: print each layout's prediction; the exit status."""
-    from vllm_pp_cudagraph.layer_partition import Memory
+    from vllm_pp_cudagraph.planning.layer_partition import Memory
     from vllm_pp_cudagraph.planning.pipeline_model import Workload
     from vllm_pp_cudagraph.planning.gpus import rates
     from vllm_pp_cudagraph.planning.measured import matching, stock_calibration
     from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, render
-    from vllm_pp_cudagraph.stage_costs import ModelShape, stage_costs
+    from vllm_pp_cudagraph.planning.stage_costs import ModelShape, stage_costs
 
     for flag, value in (("--gpus", args.gpus), ("--concurrency", args.concurrency),
                         ("--prompts", args.prompts or 1), ("--input-len", args.input_len),

@@ -8,7 +8,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_pp_cudagraph import layer_partition, support
+from vllm_pp_cudagraph import support
+
+from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.settings import (
     DecodeCadence,
     LayerPartition,

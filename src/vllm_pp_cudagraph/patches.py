@@ -6,8 +6,8 @@ process, but tests and embedding applications may call ``register`` again) and
 ``undo_all`` restores vLLM exactly as it was.
 
 Everything else the plugin does happens in its own subclasses
-(:class:`~vllm_pp_cudagraph.model_runner.PPCudaGraphModelRunner`,
-:class:`~vllm_pp_cudagraph.cudagraph_manager.PPCudaGraphManager`), which vLLM
+(:class:`~vllm_pp_cudagraph.worker.model_runner.PPCudaGraphModelRunner`,
+:class:`~vllm_pp_cudagraph.worker.graphs.cudagraph_manager.PPCudaGraphManager`), which vLLM
 only reaches through the patches listed here.
 """
 
@@ -103,7 +103,7 @@ def _patch_env_names(settings: PPCudaGraphSettings) -> Undo | None:
 
 
 def _making_runner(original: Callable) -> Callable:
-    from vllm_pp_cudagraph.model_runner import build_runner
+    from vllm_pp_cudagraph.worker.model_runner import build_runner
 
     @functools.wraps(original)
     def _make_model_runner(self):
@@ -117,7 +117,7 @@ def _making_runner(original: Callable) -> Callable:
 def _patch_runner_factory(settings: PPCudaGraphSettings) -> Undo:
     if factory := compat.worker_runner_factory():
         return _wrap_class_attr(*factory, _making_runner)
-    from vllm_pp_cudagraph.model_runner import build_runner
+    from vllm_pp_cudagraph.worker.model_runner import build_runner
 
     module = importlib.import_module(compat.V2_RUNNER_MODULE)
     inline = functools.wraps(module.GPUModelRunner, updated=())(
@@ -162,7 +162,7 @@ def _async_preemption_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.async_preemption import dropping_stale_output_on_resume
+    from vllm_pp_cudagraph.engine.async_preemption import dropping_stale_output_on_resume
 
     return _wrap_class_attr(
         _async_scheduler_cls(), "_update_after_schedule", dropping_stale_output_on_resume
@@ -176,14 +176,14 @@ def _cadence_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.decode_cadence import wrap_schedule
+    from vllm_pp_cudagraph.engine.decode_cadence import wrap_schedule
 
     wrap = functools.partial(wrap_schedule, settings=settings)
     return _wrap_class_attr(_async_scheduler_cls(), "schedule", wrap)
 
 
 def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.engine_check import checking_workers
+    from vllm_pp_cudagraph.engine.engine_check import checking_workers
 
     engine_core_cls = importlib.import_module(compat.ENGINE_CORE_MODULE).EngineCore
     wrap = functools.partial(checking_workers, settings=settings)
@@ -197,7 +197,7 @@ def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.piecewise_split import keeping_kv_update_in_graphs
+    from vllm_pp_cudagraph.worker.graphs.piecewise_split import keeping_kv_update_in_graphs
 
     config_cls = importlib.import_module(compat.VLLM_CONFIG_MODULE).VllmConfig
     return _wrap_class_attr(config_cls, "__post_init__", keeping_kv_update_in_graphs)
@@ -350,7 +350,7 @@ PATCHES: tuple[Patch, ...] = (
             "group and call is vLLM's. Details: stage_handoff.py."
         ),
         drop_when="vLLM hands intermediate tensors on without per-step metadata.",
-        scope="vllm_pp_cudagraph.stage_handoff.enable",
+        scope="vllm_pp_cudagraph.worker.pipeline.stage_handoff.enable",
     ),
     Patch(
         name="layer-partition",
@@ -367,7 +367,7 @@ PATCHES: tuple[Patch, ...] = (
             "cached its variables, it clears that cache. Details: layer_partition.py."
         ),
         drop_when="vLLM balances its split by cost, or takes a split from its config.",
-        scope="vllm_pp_cudagraph.layer_partition.apply",
+        scope="vllm_pp_cudagraph.planning.layer_partition.apply",
     ),
     Patch(
         name="graph-manager",
@@ -396,7 +396,7 @@ PATCHES: tuple[Patch, ...] = (
             "everything is restored when capture ends."
         ),
         drop_when="vLLM refuses pipeline communication during graph capture itself.",
-        scope="vllm_pp_cudagraph.capture_guard.forbid_pipeline_communication",
+        scope="vllm_pp_cudagraph.worker.graphs.capture_guard.forbid_pipeline_communication",
     ),
 )
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.graph_agreement import CAPTURE_FAILED_ADVICE
-from vllm_pp_cudagraph.piecewise_split import KV_UPDATE_PROVEN_BACKENDS
+from vllm_pp_cudagraph.worker.graphs.graph_agreement import CAPTURE_FAILED_ADVICE
+from vllm_pp_cudagraph.worker.graphs.piecewise_split import KV_UPDATE_PROVEN_BACKENDS
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

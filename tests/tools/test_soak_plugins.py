@@ -21,7 +21,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph import compat, patches
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
-from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, check_handoff_schemas, schema_of
+from vllm_pp_cudagraph.worker.pipeline.stage_inputs import StageInputMismatchError, check_handoff_schemas, schema_of
 
 PACKAGE_DIR = Path(__file__).parents[1] / "e2e" / "soak_plugins"
 
@@ -73,7 +73,7 @@ def test_forward_output_carries_a_key_the_next_stage_never_declared(e2e_models):
     from pp_e2e_models.stage_mismatch import with_undeclared_output
     from vllm.sequence import IntermediateTensors
 
-    from vllm_pp_cudagraph.stage_inputs import PRODUCED
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import PRODUCED
 
     declared = make_empty_intermediate_tensors_factory(["hidden_states", "residual"], 16)
     buffers = schema_of(declared(4, torch.bfloat16, torch.device("cpu")).tensors)

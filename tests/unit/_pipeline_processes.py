@@ -55,9 +55,9 @@ def handoff(rank: int) -> dict:
     import torch
     from vllm.sequence import IntermediateTensors
 
-    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
-    from vllm_pp_cudagraph.stage_handoff import HandoffDisagreementError
-    from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, schema_of
+    from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
+    from vllm_pp_cudagraph.worker.pipeline.stage_handoff import HandoffDisagreementError
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import StageInputMismatchError, schema_of
 
     def tensors(n: int, keys=("hidden_states", "residual")) -> dict:
         return {k: torch.zeros(n, 16, dtype=torch.bfloat16) for k in keys}
@@ -97,8 +97,8 @@ def stock_stage(rank: int, stock: int) -> dict:
     plugin's exchanges); the other runs the plugin's start-up hand-off check."""
     import time
 
-    from vllm_pp_cudagraph import stage_exchange
-    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+    from vllm_pp_cudagraph.worker.pipeline import stage_exchange
+    from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
     if rank == stock:
         time.sleep(4)  # alive, as a stage in vLLM's own start-up would be
@@ -169,8 +169,8 @@ def eagle3(rank: int, pp_size: int) -> dict:
 
     import torch
 
-    from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
-    from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError, schema_of
+    from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import StageInputMismatchError, schema_of
 
     model, buffers, produced = _eagle3_stage(rank, pp_size)
     stage = SimpleNamespace(
@@ -214,7 +214,7 @@ def direct(rank: int) -> dict:
 
     from vllm.distributed.parallel_state import GroupCoordinator
 
-    from vllm_pp_cudagraph import stage_handoff
+    from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 
     pp, tp = get_pp_group(), get_tp_group()
     blocker = stage_handoff.group_blocker(pp)
@@ -277,7 +277,7 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
         init_distributed_environment,
     )
 
-    from vllm_pp_cudagraph.graph_agreement import CaptureOutcome
+    from vllm_pp_cudagraph.worker.graphs.graph_agreement import CaptureOutcome
 
     config = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
@@ -288,7 +288,7 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
         init_distributed_environment(pp_size * tp_size, rank, f"tcp://127.0.0.1:{port}", rank,
                                      "gloo")
         ensure_model_parallel_initialized(tp_size, pp_size)
-    from vllm_pp_cudagraph.stage_exchange import announce_runner
+    from vllm_pp_cudagraph.worker.pipeline.stage_exchange import announce_runner
 
     if scenario.startswith("stock-stage-"):
         print(json.dumps(stock_stage(rank, int(scenario.rsplit("-", 1)[1]))))
@@ -306,7 +306,7 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
         return
     from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
-    from vllm_pp_cudagraph.cudagraph_manager import settle
+    from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import settle
 
     stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
     if scenario == "common":  # stage 0 {a, b} ({b} on its last TP rank), stage 1 {b, c}

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from vllm_pp_cudagraph.cadence_policy import CadenceChooser
+from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.settings import DecodeCadence
 
 

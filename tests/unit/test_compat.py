@@ -145,7 +145,7 @@ def test_vllms_runner_builds_its_manager_by_the_name_the_plugin_points_elsewhere
     import vllm.v1.worker.gpu.model_runner as mr
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-    from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+    from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
 
     source = inspect.getsource(inspect.unwrap(mr.GPUModelRunner).initialize_kv_cache)
     assert "ModelCudaGraphManager(" in source

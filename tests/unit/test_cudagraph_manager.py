@@ -11,7 +11,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
 from conftest import NoGraphPoolPlatform
-from vllm_pp_cudagraph.graph_agreement import Agreement
+from vllm_pp_cudagraph.worker.graphs.graph_agreement import Agreement
 
 VLLM_LIKE = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
 
@@ -76,7 +76,7 @@ def test_capture_runs_under_the_guard_and_settles_before_raising(make_manager, m
     import torch
     from vllm.distributed.parallel_state import get_pp_group
 
-    from vllm_pp_cudagraph.capture_guard import CapturedCommunicationError
+    from vllm_pp_cudagraph.worker.graphs.capture_guard import CapturedCommunicationError
 
     def forward_that_sends(self, *args, **kwargs):  # stands in for vLLM's capture body
         get_pp_group().send_tensor_dict({"hidden_states": torch.zeros(1, 4)})
@@ -124,7 +124,7 @@ def test_a_runner_with_vllms_manager_or_none_is_refused(make_manager):
     manager at all, is refused naming the setting (every release, FastPrefillHelper or not)."""
     import types
 
-    from vllm_pp_cudagraph.model_runner import check_manager_holders
+    from vllm_pp_cudagraph.worker.model_runner import check_manager_holders
 
     runner = types.SimpleNamespace(cudagraph_manager=make_manager("FULL_AND_PIECEWISE",
                                                                   VLLM_LIKE, 8))
@@ -143,7 +143,7 @@ def test_a_runner_where_anything_holds_vllms_manager_is_refused(make_manager):
     own some other way, whatever holds it (here FastPrefillHelper, 0.33) is named."""
     import types
 
-    from vllm_pp_cudagraph.model_runner import check_manager_holders
+    from vllm_pp_cudagraph.worker.model_runner import check_manager_holders
 
     attn_utils = pytest.importorskip("vllm.v1.worker.gpu.attn_utils")
     if not hasattr(attn_utils, "FastPrefillHelper"):

@@ -30,9 +30,9 @@ from vllm.v1.worker.gpu import pp_utils
 from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 
 from vllm_pp_cudagraph import patches
-from vllm_pp_cudagraph.cadence_policy import CadenceChooser
-from vllm_pp_cudagraph.decode_cadence import lift_idle_cadence, merge_decode_groups
-from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
+from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
+from vllm_pp_cudagraph.engine.decode_cadence import lift_idle_cadence, merge_decode_groups
+from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
@@ -580,7 +580,7 @@ def simulated_chooser(clock):
     """``auto``'s chooser measures steps on the simulated pipeline's clock."""
     from unittest import mock
 
-    from vllm_pp_cudagraph import decode_cadence
+    from vllm_pp_cudagraph.engine import decode_cadence
 
     return mock.patch.object(decode_cadence, "CadenceChooser",
                              functools.partial(CadenceChooser, clock=clock))

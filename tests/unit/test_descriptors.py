@@ -13,7 +13,7 @@ import pytest
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-from vllm_pp_cudagraph.descriptors import capture_num_reqs, captures_uniform_batch
+from vllm_pp_cudagraph.worker.graphs.descriptors import capture_num_reqs, captures_uniform_batch
 
 SIZE_SETS = {
     "vllm-like": [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64],

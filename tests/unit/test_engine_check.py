@@ -10,8 +10,8 @@ import pytest
 from _scheduler import make_scheduler
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_pp_cudagraph import engine_check
-from vllm_pp_cudagraph.engine_check import WorkerRunnerError, check_workers, plan_of
+from vllm_pp_cudagraph.engine import engine_check
+from vllm_pp_cudagraph.engine.engine_check import WorkerRunnerError, check_workers, plan_of
 from vllm_pp_cudagraph.engine_plan import plan_engine
 from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
 
@@ -204,7 +204,8 @@ def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path
 def test_the_engine_core_plans_once_for_its_check_and_its_scheduler_hook(config, monkeypatch):
     """One plan per engine core: the engine check and the scheduler hook read the same
     one, and a worker's plan for the same engine (with its GPU's memory) agrees with it."""
-    from vllm_pp_cudagraph import decode_cadence, engine_plan
+    from vllm_pp_cudagraph import engine_plan
+    from vllm_pp_cudagraph.engine import decode_cadence
 
     made = []
     real = engine_plan.plan_engine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_pp_cudagraph.graph_agreement import CaptureOutcome, agree, merge_tp_peers
+from vllm_pp_cudagraph.worker.graphs.graph_agreement import CaptureOutcome, agree, merge_tp_peers
 
 A, B, C = "desc-a", "desc-b", "desc-c"
 

@@ -6,7 +6,7 @@ import pytest
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-from vllm_pp_cudagraph.graph_memory import extrapolate, planned_graph_count
+from vllm_pp_cudagraph.worker.graphs.graph_memory import extrapolate, planned_graph_count
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig
 
 from conftest import DATA, run_python
 from vllm_pp_cudagraph import compat, patches, plugin
-from vllm_pp_cudagraph.model_runner import GraphConfigError, check_graph_settings
+from vllm_pp_cudagraph.worker.model_runner import GraphConfigError, check_graph_settings
 from vllm_pp_cudagraph.settings import PluginConfigError
 
 REPORT_BREAKABLE = """

@@ -16,7 +16,7 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 
 def stage(last: bool) -> PPCudaGraphModelRunner:

@@ -13,9 +13,11 @@ from vllm import envs
 from vllm.distributed.utils import get_pp_indices
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat, layer_partition
+from vllm_pp_cudagraph import compat
+
+from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES, write_model_dir
-from vllm_pp_cudagraph.layer_partition import (
+from vllm_pp_cudagraph.planning.layer_partition import (
     GIB,
     KV_TOLERANCE,
     SETTING,
@@ -26,9 +28,9 @@ from vllm_pp_cudagraph.layer_partition import (
     vllm_split,
 )
 from vllm_pp_cudagraph.engine_plan import plan_engine
-from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, SettingsError
-from vllm_pp_cudagraph.stage_costs import (
+from vllm_pp_cudagraph.planning.stage_costs import (
     TABLES,
     CostTableError,
     ModelShape,
@@ -261,9 +263,9 @@ def test_moe_layers_read_the_experts_their_tokens_pick():
 SCRIPT = """
 import json
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.layer_partition import decide
+from vllm_pp_cudagraph.planning.layer_partition import decide
 from vllm_pp_cudagraph.settings import LayerPartition
-from vllm_pp_cudagraph.layer_partition import Memory
+from vllm_pp_cudagraph.planning.layer_partition import Memory
 memory = Memory(141 * 2**30, 0.9)
 print(json.dumps({f"{s} {pp}": decide(LayerPartition.AUTO, SHAPES[s], pp, 256, None,
                                       memory=memory, max_num_batched_tokens=8192).layers
@@ -482,7 +484,7 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
                         lambda self, *a, **k: seen.append(envs.VLLM_PP_LAYER_PARTITION))
     monkeypatch.setattr(PPCudaGraphModelRunner, "_check_stage_handoffs", lambda self: None)
     monkeypatch.setattr(PPCudaGraphModelRunner, "_start_stage_clock", lambda self: None)
-    monkeypatch.setattr("vllm_pp_cudagraph.model_runner.get_tp_group",
+    monkeypatch.setattr("vllm_pp_cudagraph.worker.model_runner.get_tp_group",
                         lambda: type("TP", (), {"rank_in_group": 0})())
     runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
     config = engine_config(tmp_path)
@@ -509,7 +511,7 @@ def test_stage_zero_logs_the_split_and_the_bench_reads_it_from_the_records(
     monkeypatch.setattr(GPUModelRunner, "load_model", lambda self, *a, **k: None)
     monkeypatch.setattr(PPCudaGraphModelRunner, "_check_stage_handoffs", lambda self: None)
     monkeypatch.setattr(PPCudaGraphModelRunner, "_start_stage_clock", lambda self: None)
-    monkeypatch.setattr("vllm_pp_cudagraph.model_runner.get_tp_group",
+    monkeypatch.setattr("vllm_pp_cudagraph.worker.model_runner.get_tp_group",
                         lambda: type("TP", (), {"rank_in_group": 0})())
     config = engine_config(tmp_path, pp=pp)
     for stage in range(pp):  # every stage decides; stage 0 alone logs

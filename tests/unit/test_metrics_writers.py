@@ -171,7 +171,7 @@ def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch, m
     records, never from log lines."""
     from test_engine_check import ours, plan, rpc_answering
 
-    from vllm_pp_cudagraph.engine_check import check_workers
+    from vllm_pp_cudagraph.engine.engine_check import check_workers
     from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
 
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "records"))

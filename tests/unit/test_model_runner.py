@@ -15,10 +15,10 @@ import pytest
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import model_runner
-from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
-from vllm_pp_cudagraph.stage_failure import EXIT_CODE, stopping_worker_on_error
-from vllm_pp_cudagraph.stage_inputs import StageInputMismatchError
+from vllm_pp_cudagraph.worker import model_runner
+from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
+from vllm_pp_cudagraph.worker.pipeline.stage_failure import EXIT_CODE, stopping_worker_on_error
+from vllm_pp_cudagraph.worker.pipeline.stage_inputs import StageInputMismatchError
 
 
 def bare_runner(**state) -> PPCudaGraphModelRunner:
@@ -248,7 +248,7 @@ def test_the_profiling_run_under_pp_ends_with_the_warm_up(monkeypatch, token_upd
 
 def handoff_plan(direct: bool, blocker: str | None = None):
     from vllm_pp_cudagraph.engine_plan import EnginePlan
-    from vllm_pp_cudagraph.layer_partition import Decision
+    from vllm_pp_cudagraph.planning.layer_partition import Decision
     from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
 
     return EnginePlan(refusal=None, stand_aside=None, no_pipeline=False,

@@ -73,7 +73,7 @@ def test_with_context_parallelism_vllms_split_is_kept(kv_in_graphs):
     config = build()
     config.parallel_config.prefill_context_parallel_size = 2
     config.compilation_config.splitting_ops = None
-    from vllm_pp_cudagraph.piecewise_split import kv_update_can_stay_in_graphs
+    from vllm_pp_cudagraph.worker.graphs.piecewise_split import kv_update_can_stay_in_graphs
 
     assert not kv_update_can_stay_in_graphs(config)
     config.parallel_config.prefill_context_parallel_size = 1

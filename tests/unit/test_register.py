@@ -10,7 +10,7 @@ import vllm.v1.worker.gpu.model_runner as mr
 from _scheduler import pp_engine_config
 
 from vllm_pp_cudagraph import compat, patches, plugin
-from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner
+from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 from vllm_pp_cudagraph.settings import PluginConfigError
 
 STOCK_RUNNER = mr.GPUModelRunner

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from vllm_pp_cudagraph.stage_failure import EXIT_CODE, stopping_worker_on_error
+from vllm_pp_cudagraph.worker.pipeline.stage_failure import EXIT_CODE, stopping_worker_on_error
 
 
 def test_a_failing_step_logs_the_stage_and_exits_the_process(caplog):
@@ -37,7 +37,7 @@ def test_the_process_really_ends_with_the_error_in_its_log():
         import vllm.logger
         if hasattr(vllm.logger, "configure_logging_from_args"):  # 0.31+
             vllm.logger.configure_logging_from_args(argparse.Namespace())
-        from vllm_pp_cudagraph.stage_failure import stopping_worker_on_error
+        from vllm_pp_cudagraph.worker.pipeline.stage_failure import stopping_worker_on_error
         with stopping_worker_on_error(0, "execute_model"):
             raise RuntimeError("injected stage fault")
         print("still running")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_pp_cudagraph import patches, stage_handoff
+from vllm_pp_cudagraph import patches
+
+from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 
@@ -60,7 +62,7 @@ def test_a_group_with_its_own_communicator_keeps_vllms_hand_off():
 def test_the_direct_hand_off_is_no_start_up_patch():
     # The runner applies it to its own group; apply_all changes no vLLM class for it.
     patch = next(p for p in patches.PATCHES if p.name == "direct-handoff")
-    assert patch.apply is None and patch.scope == "vllm_pp_cudagraph.stage_handoff.enable"
+    assert patch.apply is None and patch.scope == "vllm_pp_cudagraph.worker.pipeline.stage_handoff.enable"
     assert patches.apply_patch("direct-handoff", PPCudaGraphSettings(direct_handoff=True)) is None
 
 

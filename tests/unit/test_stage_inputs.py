@@ -7,7 +7,7 @@ import torch
 from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu_worker import AsyncIntermediateTensors
 
-from vllm_pp_cudagraph.stage_inputs import (
+from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
     StageInputMismatchError,
     check_padding_agreement,
     check_stage_inputs,
@@ -133,7 +133,7 @@ def test_pending_flat_receive_with_wrong_hidden_size_is_caught():
 
 
 def test_startup_schemas_compare_dims_and_dtype_whatever_the_token_count():
-    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import check_handoff_schemas, schema_of
 
     # A forward's output of one token and a buffer of 64 describe the same hand-off.
     buffers = schema_of(BUFFERS)
@@ -144,7 +144,7 @@ def test_startup_schemas_compare_dims_and_dtype_whatever_the_token_count():
 
 
 def test_startup_schema_mismatch_names_the_stages_and_keys():
-    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import check_handoff_schemas, schema_of
 
     want = schema_of(BUFFERS)
     sent = schema_of({"hidden_states": torch.zeros(1, HIDDEN * 2, dtype=torch.bfloat16)})
@@ -157,7 +157,7 @@ def test_startup_schema_mismatch_names_the_stages_and_keys():
 
 
 def test_startup_mismatch_names_where_the_sent_tensors_came_from():
-    from vllm_pp_cudagraph.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
 
     want = schema_of(BUFFERS)
     sent = schema_of({**BUFFERS, "aux": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})
@@ -190,7 +190,7 @@ AUX = "aux_hidden_states_"
 
 def test_a_declaration_may_lack_the_slots_vllm_reserves_on_the_receiver():
     # EAGLE3 over PP: vLLM adds aux slots to the receiving stage's buffers only.
-    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import check_handoff_schemas, schema_of
 
     declared = schema_of(BUFFERS)
     buffers = schema_of({**BUFFERS, f"{AUX}0": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})
@@ -200,7 +200,7 @@ def test_a_declaration_may_lack_the_slots_vllm_reserves_on_the_receiver():
 
 
 def test_a_forward_that_lacks_a_reserved_slot_is_still_refused():
-    from vllm_pp_cudagraph.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
 
     produced = schema_of(BUFFERS)
     buffers = schema_of({**BUFFERS, f"{AUX}0": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})
@@ -209,7 +209,7 @@ def test_a_forward_that_lacks_a_reserved_slot_is_still_refused():
 
 
 def test_a_reserved_slot_of_another_shape_is_refused_even_as_declared():
-    from vllm_pp_cudagraph.stage_inputs import check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import check_handoff_schemas, schema_of
 
     slot = {f"{AUX}0": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)}
     declared = schema_of({**BUFFERS, f"{AUX}0": torch.zeros(1, 2 * HIDDEN, dtype=torch.bfloat16)})

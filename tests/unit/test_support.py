@@ -11,8 +11,10 @@ from vllm.config import speculative as vllm_speculative
 
 from _scheduler import pp_engine_config
 
-from vllm_pp_cudagraph import compat, model_runner, support
-from vllm_pp_cudagraph.model_runner import PPCudaGraphModelRunner, build_runner
+from vllm_pp_cudagraph import compat, support
+
+from vllm_pp_cudagraph.worker import model_runner
+from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner, build_runner
 
 
 class Config:
@@ -238,7 +240,7 @@ def test_the_runner_built_directly_for_an_engine_the_plugin_leaves_to_vllm_refus
     """A user who builds PPCudaGraphModelRunner by hand gets the plan's stand-aside as a
     clear error naming build_runner, not the plugin's runner on an engine it does not
     cover."""
-    from vllm_pp_cudagraph.model_runner import RunnerStandsAsideError
+    from vllm_pp_cudagraph.worker.model_runner import RunnerStandsAsideError
 
     monkeypatch.delenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", raising=False)
     aside = pp_engine_config(model_dir, connector="SharedStorageConnector")

@@ -13,7 +13,7 @@ from vllm_pp_cudagraph.metrics.snapshots import KEPT_SWITCHES, EngineSnapshot, w
 from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
 
 if TYPE_CHECKING:
-    from vllm_pp_cudagraph.cadence_policy import CadenceChooser
+    from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
 
 
 def group_sizes(running: Iterable[Any], pp_size: int) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_pp_cudagraph.stage_costs import FITTED, Rates
+from vllm_pp_cudagraph.planning.stage_costs import FITTED, Rates
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.planning.pipeline_model import Workload
-from vllm_pp_cudagraph.stage_costs import ModelShape
+from vllm_pp_cudagraph.planning.stage_costs import ModelShape
 
 CELLS_FILE = Path(__file__).with_name("measured_cells.json")
 

@@ -1,6 +1,6 @@
 """What PP with the plugin, stock PP and TP deliver for a model on N GPUs, predicted.
 
-From stage costs (:mod:`vllm_pp_cudagraph.stage_costs`) and how each layout's steps
+From stage costs (:mod:`vllm_pp_cudagraph.planning.stage_costs`) and how each layout's steps
 overlap; docs/performance.md ("Predicting PP against TP") says how and how far it holds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib.resources import files
 
-from vllm_pp_cudagraph.stage_costs import (
+from vllm_pp_cudagraph.planning.stage_costs import (
     FITTED,
     ModelShape,
     Rates,
@@ -241,7 +241,7 @@ def plugin_auto(shape: ModelShape, split: tuple[int, ...], work: Workload, link:
     """What the plugin's ``auto`` runs: vLLM's cadence, unless ``balance`` or ``merge`` is
     predicted faster by ``auto``'s margin (with the plugin's worker, vLLM's groups cost
     what ``balance``'s do here, so ``balance`` never is)."""
-    from vllm_pp_cudagraph.cadence_policy import MARGIN
+    from vllm_pp_cudagraph.engine.cadence_policy import MARGIN
 
     kept = pipeline(shape, split, work, "vllm", link, costs_at, tp, rates)
     others = [pipeline(shape, split, work, c, link, costs_at, tp, rates)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_pp_cudagraph.layer_partition import Decision, Memory, decide, vllm_split
+from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide, vllm_split
 from vllm_pp_cudagraph.planning.measured import MeasuredCell, row_error
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
@@ -18,7 +18,7 @@ from vllm_pp_cudagraph.planning.pipeline_model import (
     tp_shard,
 )
 from vllm_pp_cudagraph.settings import LayerPartition, hand_set_partition
-from vllm_pp_cudagraph.stage_costs import (
+from vllm_pp_cudagraph.planning.stage_costs import (
     FITTED,
     ModelShape,
     Rates,

@@ -1,7 +1,7 @@
 """Stock vLLM plus the plugin's preemption fix alone: the soak's preemption baseline.
 
 Under PP, stock vLLM 0.26 dies when a request is preempted while its output is
-still in flight (see ``vllm_pp_cudagraph.async_preemption``). To measure how
+still in flight (see ``vllm_pp_cudagraph.engine.async_preemption``). To measure how
 often two stock runs differ under preemption, stock needs that one scheduler
 fix and nothing else: this plugin applies it alone, leaving vLLM's runner,
 graphs and schedule as they are. Where ``pp_cudagraph`` is loaded as well, it

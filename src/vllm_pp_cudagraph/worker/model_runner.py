@@ -14,21 +14,27 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat, graph_memory, layer_partition, stage_handoff, support
-from vllm_pp_cudagraph.cudagraph_manager import PPCudaGraphManager
+from vllm_pp_cudagraph import compat, support
+
+from vllm_pp_cudagraph.planning import layer_partition
+
+from vllm_pp_cudagraph.worker.graphs import graph_memory
+
+from vllm_pp_cudagraph.worker.pipeline import stage_handoff
+from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
 from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock
-from vllm_pp_cudagraph.first_stage_tokens import batch_req_indices, consume_entries_needed_by
+from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import batch_req_indices, consume_entries_needed_by
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
-from vllm_pp_cudagraph.stage_exchange import (
+from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
     announce_runner,
     check_peer_runners,
     exchange_peers,
     gather_from_stages,
 )
-from vllm_pp_cudagraph.stage_failure import stopping_worker_on_error
-from vllm_pp_cudagraph.stage_inputs import (
+from vllm_pp_cudagraph.worker.pipeline.stage_failure import stopping_worker_on_error
+from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
     DECLARED,
     PRODUCED,
     Schema,

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 
-from vllm_pp_cudagraph import layer_partition, support
+from vllm_pp_cudagraph import support
+
+from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, engine_core_plan
 from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings

@@ -9,7 +9,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed.parallel_state import get_pp_group, graph_capture
 from vllm.forward_context import set_forward_context
 
-from vllm_pp_cudagraph.capture_guard import forbid_pipeline_communication
+from vllm_pp_cudagraph.worker.graphs.capture_guard import forbid_pipeline_communication
 
 
 def planned_graph_count(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, hand_set_partition
-from vllm_pp_cudagraph.stage_costs import (
+from vllm_pp_cudagraph.planning.stage_costs import (
     TABLES,
     ModelShape,
     StageCosts,

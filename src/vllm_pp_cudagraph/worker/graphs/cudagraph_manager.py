@@ -14,14 +14,16 @@ from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-from vllm_pp_cudagraph import compat, descriptors
-from vllm_pp_cudagraph.capture_guard import (
+from vllm_pp_cudagraph import compat
+
+from vllm_pp_cudagraph.worker.graphs import descriptors
+from vllm_pp_cudagraph.worker.graphs.capture_guard import (
     CapturedCommunicationError,
     forbid_pipeline_communication,
 )
-from vllm_pp_cudagraph.graph_agreement import Agreement, CaptureOutcome, agree, merge_tp_peers
+from vllm_pp_cudagraph.worker.graphs.graph_agreement import Agreement, CaptureOutcome, agree, merge_tp_peers
 from vllm_pp_cudagraph.metrics.snapshots import CaptureRecord, write_snapshot
-from vllm_pp_cudagraph.stage_exchange import gather_from_stages, gather_from_tp_peers
+from vllm_pp_cudagraph.worker.pipeline.stage_exchange import gather_from_stages, gather_from_tp_peers
 
 logger = init_logger("vllm.pp_cudagraph.manager")
 
@@ -39,11 +41,11 @@ class PPCudaGraphManager(ModelCudaGraphManager):
     On top of vLLM's capture and replay it:
 
     - captures only FULL shapes whose dummy batch has uniform query lengths
-      (see :mod:`vllm_pp_cudagraph.descriptors`);
+      (see :mod:`vllm_pp_cudagraph.worker.graphs.descriptors`);
     - captures with pipeline communication forbidden
-      (:mod:`vllm_pp_cudagraph.capture_guard`);
+      (:mod:`vllm_pp_cudagraph.worker.graphs.capture_guard`);
     - after capture, agrees with the other stages on one set of graphs, or on
-      running eagerly together (:mod:`vllm_pp_cudagraph.graph_agreement`);
+      running eagerly together (:mod:`vllm_pp_cudagraph.worker.graphs.graph_agreement`);
     - owns the piecewise entry point (:meth:`run_pw_graph`), running either
       torch.compile's piecewise graphs or the breakable runner, which
       :meth:`init_breakable_cg_runner` builds lazily on this manager's pool.

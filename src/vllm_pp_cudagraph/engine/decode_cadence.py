@@ -16,7 +16,7 @@ from typing import Any
 from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.cadence_policy import STOCK, CadenceChooser
+from vllm_pp_cudagraph.engine.cadence_policy import STOCK, CadenceChooser
 from vllm_pp_cudagraph.engine_plan import engine_core_plan
 from vllm_pp_cudagraph.metrics.engine_record import EngineRecord
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings

@@ -1,0 +1,1 @@
+"""What each worker runs: the plugin's model runner."""
