@@ -403,9 +403,8 @@ def test_each_server_reports_the_plugins_graph_memory_estimate_beside_what_captu
     # What each rank's graph manager records after capture (TP rank 1 of stage 0 too).
     for stage, tp_rank, estimate, took in [(0, 0, 0.42, 0.38), (0, 1, 0.5, 0.4),
                                           (1, 0, 0.47, 0.45)]:
-        write_snapshot(CaptureRecord(stage, tp_rank, {"estimated_gib": estimate,
-                                                      "captured_gib": took, "graphs": {}}),
-                       tmp_path)
+        record = {"estimated_gib": estimate, "captured_gib": took, "graphs": {}}
+        write_snapshot(CaptureRecord(f"{stage}-{tp_rank}", record), tmp_path)
     log = "\n".join([
         "(Worker_PP0 pid=1) INFO Graph capturing finished in 12 secs, took 0.38 GiB",
         "(Worker_PP1 pid=2) INFO Graph capturing finished in 13 secs, took 0.45 GiB",

@@ -67,10 +67,13 @@ def test_workers_with_the_plugins_runner_pass(config):
     assert calls == [plan_of]
 
 
-def test_every_worker_without_the_package_is_refused_under_a_lifting_cadence(config):
+@pytest.mark.parametrize("cadence", [DecodeCadence.MERGE, DecodeCadence.FILL, AUTO])
+def test_every_worker_without_the_package_is_refused_under_a_lifting_cadence(config, cadence):
+    """merge and fill let a request decode sooner than vLLM's cadence, and auto may choose
+    merge: a worker on vLLM's runner would serve stale tokens."""
     rpc, _ = rpc_answering([STOCK, STOCK])
     with pytest.raises(WorkerRunnerError, match="worker 0: .*worker 1: .*stale tokens"):
-        check_workers(config, rpc, plan(config, DecodeCadence.MERGE))
+        check_workers(config, rpc, plan(config, cadence))
 
 
 def test_on_vllms_cadence_stock_workers_are_not_refused(config, caplog):

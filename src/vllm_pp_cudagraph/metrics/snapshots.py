@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 METRICS_DIR_ENV = "VLLM_PP_CUDAGRAPH_METRICS_DIR"
 DEFAULT_MAX_AGE_S = 60.0
@@ -208,30 +208,23 @@ class PlanRecord:
 
     name: str
     record: Mapping[str, Any]
+    #: The file name's first word.
+    kind: ClassVar[str] = "plan"
 
     @property
     def filename(self) -> str:
-        return f"plan-{self.name}.json"
+        return f"{self.kind}-{self.name}.json"
 
     def to_json(self) -> str:
         return json.dumps(dict(self.record), separators=(",", ":"))
 
 
 @dataclass(frozen=True)
-class CaptureRecord:
+class CaptureRecord(PlanRecord):
     """What one rank's CUDA-graph capture took beside the plugin's estimate of it before
     the KV cache was sized: ``graphs-<stage>-<tp rank>.json``, for the soak's check."""
 
-    stage: int
-    tp_rank: int
-    record: Mapping[str, Any]
-
-    @property
-    def filename(self) -> str:
-        return f"graphs-{self.stage}-{self.tp_rank}.json"
-
-    def to_json(self) -> str:
-        return json.dumps(dict(self.record), separators=(",", ":"))
+    kind: ClassVar[str] = "graphs"
 
 
 def read_capture_records(directory: Path) -> dict[tuple[int, int], dict[str, Any]]:

@@ -121,12 +121,15 @@ class PPCudaGraphManager(ModelCudaGraphManager):
             used / (1 << 30),
             estimate,
         )
+        self._record_capture(used)
+
+    def _record_capture(self, used: int) -> None:
+        """Leave what this rank's graphs took beside the estimate (metrics/snapshots.py)."""
         self.captured_bytes = max(self.captured_bytes, used)
-        write_snapshot(CaptureRecord(self.stage, get_tp_group().rank_in_group, {
-            "estimated_gib": None if self.estimated_bytes is None else self.estimated_bytes / (1 << 30),
-            "captured_gib": self.captured_bytes / (1 << 30),
-            "graphs": self.graph_counts(),
-        }))
+        estimated = None if self.estimated_bytes is None else self.estimated_bytes / (1 << 30)
+        record = {"estimated_gib": estimated, "captured_gib": self.captured_bytes / (1 << 30),
+                  "graphs": self.graph_counts()}
+        write_snapshot(CaptureRecord(f"{self.stage}-{get_tp_group().rank_in_group}", record))
 
     def settle_with_other_stages(self, error: str | None = None) -> None:
         """Exchange capture outcomes with every rank and keep what all have.
