@@ -25,7 +25,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No plugin-related variables set; patches undone afterwards."""
-    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.compat import patches
 
     _clean_env(monkeypatch)
     yield monkeypatch

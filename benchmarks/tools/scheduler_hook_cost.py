@@ -29,7 +29,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 

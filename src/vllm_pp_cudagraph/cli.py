@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
-from vllm_pp_cudagraph import __version__, compat, install_check, support
+from vllm_pp_cudagraph import __version__, compat, install_check
+
+from vllm_pp_cudagraph.compat import support
 from vllm_pp_cudagraph.exit_status import (
     EXIT_BROKEN_INSTALL,
     EXIT_MISCONFIGURED,
@@ -271,7 +273,7 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
 
 def _patch_rows(report: _Report, settings: PPCudaGraphSettings, held: list[str]) -> list | None:
     """Each patch and why it stands aside (None: it applies); None where vLLM's internals moved."""
-    from vllm_pp_cudagraph.patches import standing
+    from vllm_pp_cudagraph.compat.patches import standing
 
     try:
         with _output_held_back(held):
@@ -285,7 +287,7 @@ def _patch_rows(report: _Report, settings: PPCudaGraphSettings, held: list[str])
 
 
 def _report_patches(report: _Report, rows: list | None) -> None:
-    from vllm_pp_cudagraph.patches import PATCHES
+    from vllm_pp_cudagraph.compat.patches import PATCHES
 
     if rows is None:
         return

@@ -8,7 +8,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_pp_cudagraph import support
+from vllm_pp_cudagraph.compat import support
 
 from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.settings import (

@@ -114,7 +114,7 @@ def register() -> None:
             )
         return
 
-    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.compat import patches
     from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings, SettingsError
 
     if patches.is_applied():

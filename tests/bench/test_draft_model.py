@@ -193,7 +193,7 @@ def test_on_the_last_of_two_stages_vllm_names_the_eagle_draft_layer_as_its_first
 
     from vllm.config import ParallelConfig
 
-    from vllm_pp_cudagraph import support
+    from vllm_pp_cudagraph.compat import support
 
     _skip_where_drafts_take_the_pipeline()
     spec = _speculative_config("eagle", eagle_draft, target_dir, pp=2)

@@ -19,7 +19,9 @@ import torch
 from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_pp_cudagraph import compat, patches
+from vllm_pp_cudagraph import compat
+
+from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.pipeline.stage_inputs import StageInputMismatchError, check_handoff_schemas, schema_of
 

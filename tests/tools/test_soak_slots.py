@@ -267,7 +267,9 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
     )
     from vllm.v1.attention.backends import flashinfer
 
-    from vllm_pp_cudagraph import compat, patches
+    from vllm_pp_cudagraph import compat
+
+    from vllm_pp_cudagraph.compat import patches
     from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
     monkeypatch.setattr(flashinfer.current_platform, "is_device_capability",

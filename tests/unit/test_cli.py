@@ -131,7 +131,7 @@ def test_console_script_runs_and_reports_the_missing_gpu(clean_env):
 
 
 def test_a_vllm_whose_internals_moved_is_reported_not_raised(gpus, monkeypatch):
-    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.compat import patches
 
     def standing(settings):
         raise AttributeError("type object 'AsyncScheduler' has no attribute 'schedule'")

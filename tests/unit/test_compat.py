@@ -205,7 +205,7 @@ def test_every_vllm_method_a_patch_wraps_is_in_the_surface():
     drops or renames it fails the surface test instead of the patch at start-up."""
     import re
 
-    from vllm_pp_cudagraph.patches import PATCHES
+    from vllm_pp_cudagraph.compat.patches import PATCHES
 
     found = [m.groups() for patch in PATCHES
              for m in re.finditer(r"\b(vllm(?:\.\w+)+)\.([A-Z]\w*)\.(\w+)\b", patch.target)]

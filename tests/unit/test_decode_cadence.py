@@ -29,7 +29,7 @@ from vllm.v1.request import Request
 from vllm.v1.worker.gpu import pp_utils
 from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 
-from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.engine.decode_cadence import lift_idle_cadence, merge_decode_groups
 from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import batch_req_indices, consume_entries_needed_by

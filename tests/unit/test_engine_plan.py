@@ -81,7 +81,7 @@ def test_a_known_failure_is_judged_on_the_split_the_engine_will_use(engine, monk
     """An EAGLE-1 draft clashes with the last stage's layer names under vLLM's 14/14 on
     0.33; a split the plan chose (here 15/13, the last stage lighter) does not, though
     vLLM's variable is not set yet when the plan is made."""
-    from vllm_pp_cudagraph import support
+    from vllm_pp_cudagraph.compat import support
     from vllm_pp_cudagraph.planning import layer_partition
 
     monkeypatch.setitem(support.EAGLE_DRAFT_NAME_CLASH, support.release_line(), "it fails")

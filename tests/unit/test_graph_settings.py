@@ -6,7 +6,8 @@ import pytest
 from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig
 
 from conftest import DATA, run_python
-from vllm_pp_cudagraph import compat, patches, plugin
+from vllm_pp_cudagraph import compat, plugin
+from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.worker.model_runner import GraphConfigError, check_graph_settings
 from vllm_pp_cudagraph.settings import PluginConfigError
 

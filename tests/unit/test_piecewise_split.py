@@ -12,7 +12,9 @@ from vllm.config import (
     VllmConfig,
 )
 
-from vllm_pp_cudagraph import compat, patches
+from vllm_pp_cudagraph import compat
+
+from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 KV_WRITE = "vllm::unified_kv_cache_update"

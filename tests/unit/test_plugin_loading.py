@@ -27,7 +27,8 @@ load_general_plugins()
 import inspect
 import re
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
-from vllm_pp_cudagraph import compat, patches, plugin
+from vllm_pp_cudagraph import compat, plugin
+from vllm_pp_cudagraph.compat import patches
 plugin.register()  # a second call in the same process
 factory = compat.worker_runner_factory()
 builder = getattr(*factory) if factory else GPUModelRunnerV2

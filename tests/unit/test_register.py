@@ -9,7 +9,9 @@ import vllm.v1.worker.gpu.model_runner as mr
 
 from _scheduler import pp_engine_config
 
-from vllm_pp_cudagraph import compat, patches, plugin
+from vllm_pp_cudagraph import compat, plugin
+
+from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 from vllm_pp_cudagraph.settings import PluginConfigError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.compat import patches
 
 from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings

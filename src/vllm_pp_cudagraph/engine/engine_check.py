@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 
-from vllm_pp_cudagraph import support
+from vllm_pp_cudagraph.compat import support
 
 from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, engine_core_plan

@@ -14,7 +14,9 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat, support
+from vllm_pp_cudagraph import compat
+
+from vllm_pp_cudagraph.compat import support
 
 from vllm_pp_cudagraph.planning import layer_partition
 

@@ -19,7 +19,7 @@ _undo: list[Callable[[], None]] = []
 
 def register() -> None:
     """Apply the plugin's scheduler fix for preemption under PP, once per process."""
-    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.compat import patches
     from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
     if _undo or patches.is_applied():
