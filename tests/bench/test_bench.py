@@ -33,7 +33,7 @@ from vllm_pp_cudagraph.bench.report import (
 )
 from vllm_pp_cudagraph.bench.runs import engine_status, run_spec, serve_load_spec
 from vllm_pp_cudagraph.bench.stats import output_digest
-from vllm_pp_cudagraph.exit_status import EXIT_NO_GPU
+from vllm_pp_cudagraph.cli.exit_status import EXIT_NO_GPU
 from vllm_pp_cudagraph.bench.stats import (
     RequestTiming,
     capture_stats,

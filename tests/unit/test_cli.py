@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from vllm_pp_cudagraph import cli, compat, install_check, settings
+from vllm_pp_cudagraph import compat, settings
+from vllm_pp_cudagraph.cli import command as cli
+from vllm_pp_cudagraph.cli import install_check
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.planning.shapes import read_model_config
 
@@ -210,7 +212,7 @@ def test_vllm_log_lines_stay_out_of_the_report(clean_env):
 def test_the_quick_check_leaves_vllms_model_runner_unimported(clean_env):
     """What keeps ``check`` to seconds: vLLM's model-runner stack is for ``--full``."""
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
-    script = ("import io, sys; from vllm_pp_cudagraph import cli; cli.check(io.StringIO()); "
+    script = ("import io, sys; from vllm_pp_cudagraph.cli import command as cli; cli.check(io.StringIO()); "
               "print('model_runner' in ' '.join(sys.modules))")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_pp_cudagraph import compat, install_check
+from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.cli import install_check
 
 INDEX_ONLY = "env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null pip install"
 

@@ -80,4 +80,4 @@ def test_no_runtime_module_imports_the_bench():
     found = [line for line in imports_of("src", {"vllm_pp_cudagraph"},
                                          exempt=lambda path: bench in path.parents)
              if line.split(": imports ")[1].startswith("vllm_pp_cudagraph.bench")]
-    assert found == ["src/vllm_pp_cudagraph/cli.py: imports vllm_pp_cudagraph.bench"]
+    assert found == ["src/vllm_pp_cudagraph/cli/command.py: imports vllm_pp_cudagraph.bench"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_pp_cudagraph import cli
+from vllm_pp_cudagraph.cli import command as cli
 
 H200 = ["--gpu-memory-gib", "141"]
 

@@ -25,7 +25,7 @@ from vllm_pp_cudagraph.bench.report import (
     write_results,
 )
 from vllm_pp_cudagraph.bench.runs import prepare_model, run_engines
-from vllm_pp_cudagraph.exit_status import EXIT_NO_GPU, TABLE, ArgumentParser
+from vllm_pp_cudagraph.cli.exit_status import EXIT_NO_GPU, TABLE, ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm_pp_cudagraph.bench.engine_run import TENSOR_PARALLEL_RUNNERS, TOKEN_FAMILY
 from vllm_pp_cudagraph.bench.token_judge import NEAR_TIE_NATS, TokenRecord, judge
-from vllm_pp_cudagraph.exit_status import EXIT_FAILED, EXIT_OK
+from vllm_pp_cudagraph.cli.exit_status import EXIT_FAILED, EXIT_OK
 
 
 def family(report: dict[str, Any]) -> str:

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
-from vllm_pp_cudagraph import __version__, compat, install_check
+from vllm_pp_cudagraph import __version__, compat
+from vllm_pp_cudagraph.cli import install_check
 
 from vllm_pp_cudagraph.compat import support
-from vllm_pp_cudagraph.exit_status import (
+from vllm_pp_cudagraph.cli.exit_status import (
     EXIT_BROKEN_INSTALL,
     EXIT_MISCONFIGURED,
     EXIT_NO_GPU,
@@ -518,7 +519,3 @@ def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineSha
                            args.max_num_batched_tokens, gpu_bytes, args.gpu_memory_utilization)
     except ValueError as exc:
         parser.error(f"check: {exc}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
