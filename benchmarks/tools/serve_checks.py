@@ -45,7 +45,13 @@ from vllm_pp_cudagraph.bench.dummy_model import (
     write_model_dir,
     write_weights,
 )
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, stop_process_group
+from vllm_pp_cudagraph.bench.engine_run import (
+    RunSpec,
+    engine_env,
+    record_findings,
+    records_dir_of,
+    stop_process_group,
+)
 from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
 from vllm_pp_cudagraph.bench.serve_run import serve_and_call, serve_command
 
@@ -160,12 +166,13 @@ def check_structured(args: argparse.Namespace) -> dict[str, Any]:
     )
     log = log_path.read_text(errors="replace")
     report["grammar_rejections"] = sum(log.count(line) for line in GRAMMAR_REJECTIONS)
-    report["plugin_loaded_lines"] = log.count("vllm-pp-cudagraph active in process")
+    # The ranks on the plugin's runner, from their plan records.
+    report["plugin_stages"] = record_findings(records_dir_of(log_path))["plugin_stages"]
     report["passed"] = bool(
         "error" not in report and not report.get("problems")
         and report["grammar_rejections"] == 0 and report.get("shutdown_clean")
         and report.get("requests") == args.requests
-        and (args.runner != "plugin" or report["plugin_loaded_lines"] >= args.pp)
+        and (args.runner != "plugin" or report["plugin_stages"] >= args.pp)
     )
     return report
 

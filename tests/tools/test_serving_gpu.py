@@ -39,7 +39,7 @@ def test_structured_outputs_parse_and_match_their_schema(tmp_path):
     code = main(["structured", "--out", str(tmp_path), "--pp", "2", "--port", "8310"])
     report = json.loads((tmp_path / "structured-plugin-pp2.json").read_text())
     assert code == 0, {k: report.get(k) for k in
-                       ("error", "problems", "grammar_rejections", "plugin_loaded_lines",
+                       ("error", "problems", "grammar_rejections", "plugin_stages",
                         "shutdown_clean", "requests")}
 
 
