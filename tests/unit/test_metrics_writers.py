@@ -131,15 +131,27 @@ def test_a_stage_clock_reads_its_events_only_once_done_and_reports_busy_and_bubb
 def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     """Each rank's plan record (the runner's, or the factory's where it stood aside) is
     what bench reports: ranks on the plugin's runner, direct hand-offs, the split used."""
+    from types import SimpleNamespace
+
+    from vllm_pp_cudagraph import settings
     from vllm_pp_cudagraph.bench.engine_run import record_findings
+    from vllm_pp_cudagraph.engine_plan import plan_engine
     from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
+    from vllm_pp_cudagraph.worker import model_runner
 
     stock = record_findings(tmp_path)  # stock vLLM writes none
     assert stock["plugin_stages"] == stock["plan_records"] == 0
+    # What each rank's runner writes, from the plan it runs (a renamed key fails here).
+    monkeypatch.setenv(snapshots.METRICS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(settings, "_hand_set", "15,13")
+    config = make_scheduler(str(write_model_dir(tmp_path / "m", tokenizer=False)),
+                            pp=2).vllm_config
+    plan = plan_engine(PPCudaGraphSettings(direct_handoff=True), config)
+    monkeypatch.setattr(model_runner, "get_tp_group", lambda: SimpleNamespace(rank_in_group=0))
     for stage in (0, 1):
-        write_snapshot(PlanRecord(f"{stage}-0", {
-            "plugin_runner": True, "direct_handoff": True, "layers": [15, 13],
-            "split_noteworthy": True, "stage": stage, "tp_rank": 0}), tmp_path)
+        monkeypatch.setattr(model_runner, "get_pp_group",
+                            lambda stage=stage: SimpleNamespace(rank_in_group=stage))
+        model_runner.write_plan_record(plan.record())
     write_snapshot(PlanRecord("engine-0", {"engine": {}, "workers": []}), tmp_path)
     found = record_findings(tmp_path)
     assert found == {
