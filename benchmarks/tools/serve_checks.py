@@ -37,6 +37,11 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.tools.sampling_mix import (
+    JSON_SCHEMA_FORMAT,
+    STRUCTURED_SERVE_ARGS,
+    schema_problems,
+)
 from vllm_pp_cudagraph.bench.dummy_model import (
     SHAPES,
     has_random_weights,
@@ -54,12 +59,6 @@ from vllm_pp_cudagraph.bench.engine_run import (
 )
 from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
 from vllm_pp_cudagraph.bench.serve_run import serve_and_call, serve_command
-
-from benchmarks.tools.sampling_mix import (
-    JSON_SCHEMA_FORMAT,
-    STRUCTURED_SERVE_ARGS,
-    schema_problems,
-)
 
 #: Log lines that mean a grammar saw tokens it did not allow.
 GRAMMAR_REJECTIONS = ("grammar rejected tokens", "Failed to advance FSM")

@@ -84,19 +84,6 @@ from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES, has_random_weights, token_word, write_model_dir
-from vllm_pp_cudagraph.bench.engine_run import (
-    RUNNERS,
-    RunSpec,
-    engine_env,
-    records_dir_of,
-    runner_cadence,
-)
-from vllm_pp_cudagraph.bench.serve_load import LoadSpec
-from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
-from vllm_pp_cudagraph.bench.stats import capture_stats
-from vllm_pp_cudagraph.metrics.snapshots import read_capture_records
-
 from benchmarks.tools.lora_adapters import lora_mix, lora_serve_args, write_lora_adapter
 from benchmarks.tools.sampling_mix import (
     SAMPLING_MIX,
@@ -122,6 +109,23 @@ from benchmarks.tools.soak_judge import (
     text_digests,
 )
 from benchmarks.tools.soak_store import load_report, run_settings, save_report
+from vllm_pp_cudagraph.bench.dummy_model import (
+    SHAPES,
+    has_random_weights,
+    token_word,
+    write_model_dir,
+)
+from vllm_pp_cudagraph.bench.engine_run import (
+    RUNNERS,
+    RunSpec,
+    engine_env,
+    records_dir_of,
+    runner_cadence,
+)
+from vllm_pp_cudagraph.bench.serve_load import LoadSpec
+from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
+from vllm_pp_cudagraph.bench.stats import capture_stats
+from vllm_pp_cudagraph.metrics.snapshots import read_capture_records
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
 #: Stock graph mode each plugin mode is compared with, by default (the issue's

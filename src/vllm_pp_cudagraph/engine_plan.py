@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph.compat import support
-
 from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.settings import (
     DecodeCadence,

@@ -32,15 +32,15 @@ from vllm_pp_cudagraph.bench.report import (
     write_plot,
 )
 from vllm_pp_cudagraph.bench.runs import engine_status, run_spec, serve_load_spec
-from vllm_pp_cudagraph.bench.stats import output_digest
-from vllm_pp_cudagraph.cli.exit_status import EXIT_NO_GPU
 from vllm_pp_cudagraph.bench.stats import (
     RequestTiming,
     capture_stats,
     median_run,
+    output_digest,
     percentile,
     summarize_requests,
 )
+from vllm_pp_cudagraph.cli.exit_status import EXIT_NO_GPU
 
 
 def report(runner, mode, digest="d1", **extra):

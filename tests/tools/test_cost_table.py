@@ -8,13 +8,12 @@ import json
 import pytest
 from _refusal import assert_refused
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.planning.layer_partition import Memory, decide
-from vllm_pp_cudagraph.settings import LayerPartition
-from vllm_pp_cudagraph.planning.stage_costs import ModelShape, read_table
-
 from benchmarks.tools.cost_table import cost_table, fit_line, fit_rows, main
 from benchmarks.tools.stage_cost import stage_config
+from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.planning.layer_partition import Memory, decide
+from vllm_pp_cudagraph.planning.stage_costs import ModelShape, read_table
+from vllm_pp_cudagraph.settings import LayerPartition
 
 CONFIG = SHAPES["qwen3-0.6b"]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from e2e.conftest import require_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_gpus")]

@@ -20,10 +20,13 @@ from vllm.model_executor.models.utils import make_empty_intermediate_tensors_fac
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph import compat
-
 from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
-from vllm_pp_cudagraph.worker.pipeline.stage_inputs import StageInputMismatchError, check_handoff_schemas, schema_of
+from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
+    StageInputMismatchError,
+    check_handoff_schemas,
+    schema_of,
+)
 
 PACKAGE_DIR = Path(__file__).parents[1] / "e2e" / "soak_plugins"
 

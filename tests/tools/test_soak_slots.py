@@ -14,10 +14,6 @@ import time
 import pytest
 from _serve_parser import parse_serve_args
 
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
-from vllm_pp_cudagraph.bench.serve_run import serve_command
-
 from benchmarks.tools.soak import (
     LOWERED_MODE_MESSAGE,
     PREEMPTION_ARGS,
@@ -32,8 +28,9 @@ from benchmarks.tools.soak import (
 )
 from benchmarks.tools.soak import main as serve_soak_main
 from benchmarks.tools.soak_judge import GreedyCheck
-
-
+from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
+from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
+from vllm_pp_cudagraph.bench.serve_run import serve_command
 
 
 def test_every_group_gets_its_share_of_slots_on_distinct_ports():
@@ -268,7 +265,6 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
     from vllm.v1.attention.backends import flashinfer
 
     from vllm_pp_cudagraph import compat
-
     from vllm_pp_cudagraph.compat import patches
     from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 

@@ -97,8 +97,8 @@ def stock_stage(rank: int, stock: int) -> dict:
     plugin's exchanges); the other runs the plugin's start-up hand-off check."""
     import time
 
-    from vllm_pp_cudagraph.worker.pipeline import stage_exchange
     from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
+    from vllm_pp_cudagraph.worker.pipeline import stage_exchange
 
     if rank == stock:
         time.sleep(4)  # alive, as a stage in vLLM's own start-up would be
@@ -208,11 +208,9 @@ def direct(rank: int) -> dict:
     """Stage 0 sends steps of varying size; each later stage receives them into fixed
     buffers and, unless last, sends on what it received plus one."""
     import torch
-    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+    from vllm.distributed.parallel_state import GroupCoordinator, get_pp_group, get_tp_group
     from vllm.sequence import IntermediateTensors
     from vllm.v1.worker.gpu_worker import AsyncIntermediateTensors
-
-    from vllm.distributed.parallel_state import GroupCoordinator
 
     from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 

@@ -20,10 +20,9 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request
 
 from vllm_pp_cudagraph import compat
-
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.engine.async_preemption import dropping_stale_output_on_resume
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 SEEDS = range(100)

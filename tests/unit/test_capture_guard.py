@@ -57,7 +57,10 @@ def test_pp_group_transfers_raise_during_capture(pp_group):
 
 
 def test_pp_group_works_again_after_capture(pp_group):
-    from vllm_pp_cudagraph.worker.graphs.capture_guard import GUARDED_GROUP_METHODS, GUARDED_TORCH_FUNCTIONS
+    from vllm_pp_cudagraph.worker.graphs.capture_guard import (
+        GUARDED_GROUP_METHODS,
+        GUARDED_TORCH_FUNCTIONS,
+    )
 
     torch_functions = {name: getattr(dist, name) for name in GUARDED_TORCH_FUNCTIONS}
     with forbid_pipeline_communication((pp_group,)):

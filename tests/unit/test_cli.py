@@ -14,8 +14,8 @@ import pytest
 from vllm_pp_cudagraph import compat, settings
 from vllm_pp_cudagraph.cli import command as cli
 from vllm_pp_cudagraph.cli import install_check
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.planning.shapes import read_model_config
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 
 @pytest.fixture

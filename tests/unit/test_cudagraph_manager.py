@@ -6,11 +6,11 @@ import inspect
 
 import pytest
 import torch
+from conftest import NoGraphPoolPlatform
 from vllm.compilation import breakable_cudagraph
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-from conftest import NoGraphPoolPlatform
 from vllm_pp_cudagraph.worker.graphs.graph_agreement import Agreement
 
 VLLM_LIKE = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]

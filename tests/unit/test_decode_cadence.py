@@ -12,8 +12,8 @@ breaks (the first stage would embed a stale token, with no error anywhere).
 
 from __future__ import annotations
 
-import json
 import functools
+import json
 import random
 from collections import deque
 from pathlib import Path
@@ -29,12 +29,15 @@ from vllm.v1.request import Request
 from vllm.v1.worker.gpu import pp_utils
 from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 
+from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.engine.decode_cadence import lift_idle_cadence, merge_decode_groups
-from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import batch_req_indices, consume_entries_needed_by
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
+from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
+    batch_req_indices,
+    consume_entries_needed_by,
+)
 
 MAX_REQS = 16
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from conftest import DATA, run_python
 from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig
 
-from conftest import DATA, run_python
 from vllm_pp_cudagraph import compat, plugin
 from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.worker.model_runner import GraphConfigError, check_graph_settings
 from vllm_pp_cudagraph.settings import PluginConfigError
+from vllm_pp_cudagraph.worker.model_runner import GraphConfigError, check_graph_settings
 
 REPORT_BREAKABLE = """
 import json, os

@@ -14,9 +14,9 @@ from vllm.distributed.utils import get_pp_indices
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat
-
-from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES, write_model_dir
+from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.planning.layer_partition import (
     GIB,
     KV_TOLERANCE,
@@ -27,9 +27,6 @@ from vllm_pp_cudagraph.planning.layer_partition import (
     decide,
     vllm_split,
 )
-from vllm_pp_cudagraph.engine_plan import plan_engine
-from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
-from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, SettingsError
 from vllm_pp_cudagraph.planning.stage_costs import (
     TABLES,
     CostTableError,
@@ -38,6 +35,8 @@ from vllm_pp_cudagraph.planning.stage_costs import (
     read_table,
     stage_costs,
 )
+from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, SettingsError
+from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 AUTO = LayerPartition.AUTO
 BATCH = 256

@@ -8,8 +8,8 @@ import random
 import pytest
 from _scheduler import make_scheduler
 
-from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.metrics import snapshots
 from vllm_pp_cudagraph.metrics.engine_record import group_sizes
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock

@@ -13,7 +13,6 @@ from vllm.config import (
 )
 
 from vllm_pp_cudagraph import compat
-
 from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 

@@ -106,8 +106,7 @@ def test_auto_is_predicted_on_vllms_cadence_unless_another_wins_by_its_margin():
 def test_a_tp_shards_own_measured_table_is_read_where_one_ships(tmp_path, monkeypatch):
     import json
 
-    from vllm_pp_cudagraph.planning import stage_costs
-    from vllm_pp_cudagraph.planning import pipeline_model
+    from vllm_pp_cudagraph.planning import pipeline_model, stage_costs
     from vllm_pp_cudagraph.planning.pipeline_model import tp_shard
 
     shard = tp_shard(SHAPE_32B, 2)

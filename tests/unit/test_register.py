@@ -6,14 +6,12 @@ import os
 
 import pytest
 import vllm.v1.worker.gpu.model_runner as mr
-
 from _scheduler import pp_engine_config
 
 from vllm_pp_cudagraph import compat, plugin
-
 from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 from vllm_pp_cudagraph.settings import PluginConfigError
+from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 STOCK_RUNNER = mr.GPUModelRunner
 
@@ -83,7 +81,7 @@ def test_v1_runner_requested_together_with_plugin_is_refused(clean_env, worker):
 
 def test_each_patch_says_whether_it_stands_aside_here(clean_env):
     """``check`` reports this; patches fixed upstream name the release they stop at."""
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
+    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings
 
     standing = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
     assert standing["runner-factory"] is None
@@ -98,7 +96,7 @@ def test_each_patch_says_whether_it_stands_aside_here(clean_env):
 def test_patches_fixed_upstream_stand_aside_from_their_release(clean_env):
     """On this vLLM, a patch with ``off_from`` stands aside exactly when the
     installed release is at or past it (the probe and the release agree)."""
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
+    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings
 
     installed = compat.parse_release(compat.installed_versions().vllm)
     for patch, why in patches.standing(PPCudaGraphSettings()):
@@ -175,7 +173,7 @@ def test_scoped_patches_name_the_context_that_applies_them():
 
 
 def patches_settings():
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings, PluginConfigError
+    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings
 
     return PPCudaGraphSettings.from_env()
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from vllm_pp_cudagraph.worker.pipeline.stage_exchange import PeerRunnerError, announce_runner, check_peer_runners
+from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
+    PeerRunnerError,
+    announce_runner,
+    check_peer_runners,
+)
 
 
 def test_peers_that_announced_the_plugins_runner_pass_at_once():

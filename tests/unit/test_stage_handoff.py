@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 
 from vllm_pp_cudagraph.compat import patches
-
-from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 
 
 @pytest.mark.parametrize("pp_size, tp_size", [(2, 1), (2, 2), (3, 1)])

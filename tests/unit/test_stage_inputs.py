@@ -157,7 +157,11 @@ def test_startup_schema_mismatch_names_the_stages_and_keys():
 
 
 def test_startup_mismatch_names_where_the_sent_tensors_came_from():
-    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
+        PRODUCED,
+        check_handoff_schemas,
+        schema_of,
+    )
 
     want = schema_of(BUFFERS)
     sent = schema_of({**BUFFERS, "aux": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})
@@ -200,7 +204,11 @@ def test_a_declaration_may_lack_the_slots_vllm_reserves_on_the_receiver():
 
 
 def test_a_forward_that_lacks_a_reserved_slot_is_still_refused():
-    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import PRODUCED, check_handoff_schemas, schema_of
+    from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
+        PRODUCED,
+        check_handoff_schemas,
+        schema_of,
+    )
 
     produced = schema_of(BUFFERS)
     buffers = schema_of({**BUFFERS, f"{AUX}0": torch.zeros(1, HIDDEN, dtype=torch.bfloat16)})

@@ -7,14 +7,11 @@ import typing
 
 import pytest
 import torch
+from _scheduler import pp_engine_config
 from vllm.config import speculative as vllm_speculative
 
-from _scheduler import pp_engine_config
-
 from vllm_pp_cudagraph import compat
-
 from vllm_pp_cudagraph.compat import support
-
 from vllm_pp_cudagraph.worker import model_runner
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner, build_runner
 

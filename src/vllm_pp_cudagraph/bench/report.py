@@ -16,7 +16,6 @@ from vllm_pp_cudagraph.bench.engine_run import runner_cadence
 from vllm_pp_cudagraph.bench.judging import expected_difference, judge_tokens, layout
 from vllm_pp_cudagraph.planning.layer_partition import vllm_split
 
-
 COLUMNS = [
     ("run", "run", "{}"),
     ("req_per_s", "req/s", "{:.2f}"),
@@ -203,8 +202,8 @@ def disagreement_lines(reports: list[dict[str, Any]]) -> list[str]:
 def add_predictions(args: argparse.Namespace, reports: list[dict[str, Any]]) -> None:
     """``plan``'s prediction beside each run that has a speed (``predicted`` in
     bench.json), and a console line with the error; on the NVLink default."""
-    from vllm_pp_cudagraph.planning.shapes import read_model_config
     from vllm_pp_cudagraph.planning.plan import predict_run
+    from vllm_pp_cudagraph.planning.shapes import read_model_config
 
     try:
         config = read_model_config(args.model)

@@ -14,8 +14,6 @@ from importlib import metadata
 
 from vllm_pp_cudagraph import __version__, compat
 from vllm_pp_cudagraph.cli import install_check
-
-from vllm_pp_cudagraph.compat import support
 from vllm_pp_cudagraph.cli.exit_status import (
     EXIT_BROKEN_INSTALL,
     EXIT_MISCONFIGURED,
@@ -25,6 +23,7 @@ from vllm_pp_cudagraph.cli.exit_status import (
     TABLE,
     ArgumentParser,
 )
+from vllm_pp_cudagraph.compat import support
 from vllm_pp_cudagraph.planning.shapes import read_model_config
 from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
 from vllm_pp_cudagraph.settings import (
@@ -445,10 +444,10 @@ def _add_plan_parser(sub) -> None:
 
 def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     """``vllm-pp-cudagraph plan``: print each layout's prediction; the exit status."""
-    from vllm_pp_cudagraph.planning.layer_partition import Memory
-    from vllm_pp_cudagraph.planning.pipeline_model import Workload
     from vllm_pp_cudagraph.planning.gpus import rates
+    from vllm_pp_cudagraph.planning.layer_partition import Memory
     from vllm_pp_cudagraph.planning.measured import matching, stock_calibration
+    from vllm_pp_cudagraph.planning.pipeline_model import Workload
     from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, render
     from vllm_pp_cudagraph.planning.stage_costs import ModelShape, stage_costs
 

@@ -9,8 +9,8 @@ docs/architecture.md says why both are safe."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.v1.core.sched.interface import PauseState

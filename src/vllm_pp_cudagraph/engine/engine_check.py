@@ -13,10 +13,9 @@ from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 
 from vllm_pp_cudagraph.compat import support
-
-from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, engine_core_plan
 from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
+from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 if TYPE_CHECKING:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, hand_set_partition
 from vllm_pp_cudagraph.planning.stage_costs import (
     TABLES,
     ModelShape,
@@ -22,6 +21,7 @@ from vllm_pp_cudagraph.planning.stage_costs import (
     text_config,
     unmodelled_reason,
 )
+from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, hand_set_partition
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

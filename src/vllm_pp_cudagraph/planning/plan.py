@@ -17,7 +17,6 @@ from vllm_pp_cudagraph.planning.pipeline_model import (
     tensor_parallel,
     tp_shard,
 )
-from vllm_pp_cudagraph.settings import LayerPartition, hand_set_partition
 from vllm_pp_cudagraph.planning.stage_costs import (
     FITTED,
     ModelShape,
@@ -25,6 +24,7 @@ from vllm_pp_cudagraph.planning.stage_costs import (
     stage_costs,
     unmodelled_reason,
 )
+from vllm_pp_cudagraph.settings import LayerPartition, hand_set_partition
 
 
 class PlanError(ValueError):

@@ -15,20 +15,19 @@ from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat
-
 from vllm_pp_cudagraph.compat import support
-
-from vllm_pp_cudagraph.planning import layer_partition
-
-from vllm_pp_cudagraph.worker.graphs import graph_memory
-
-from vllm_pp_cudagraph.worker.pipeline import stage_handoff
-from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
 from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock
-from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import batch_req_indices, consume_entries_needed_by
+from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.worker.graphs import graph_memory
+from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
+from vllm_pp_cudagraph.worker.pipeline import stage_handoff
+from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
+    batch_req_indices,
+    consume_entries_needed_by,
+)
 from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
     announce_runner,
     check_peer_runners,

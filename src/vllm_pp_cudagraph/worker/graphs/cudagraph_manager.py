@@ -15,15 +15,22 @@ from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
 from vllm_pp_cudagraph import compat
-
+from vllm_pp_cudagraph.metrics.snapshots import CaptureRecord, write_snapshot
 from vllm_pp_cudagraph.worker.graphs import descriptors
 from vllm_pp_cudagraph.worker.graphs.capture_guard import (
     CapturedCommunicationError,
     forbid_pipeline_communication,
 )
-from vllm_pp_cudagraph.worker.graphs.graph_agreement import Agreement, CaptureOutcome, agree, merge_tp_peers
-from vllm_pp_cudagraph.metrics.snapshots import CaptureRecord, write_snapshot
-from vllm_pp_cudagraph.worker.pipeline.stage_exchange import gather_from_stages, gather_from_tp_peers
+from vllm_pp_cudagraph.worker.graphs.graph_agreement import (
+    Agreement,
+    CaptureOutcome,
+    agree,
+    merge_tp_peers,
+)
+from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
+    gather_from_stages,
+    gather_from_tp_peers,
+)
 
 logger = init_logger("vllm.pp_cudagraph.manager")
 
