@@ -116,7 +116,7 @@ def test_preemption_fix_wraps_the_scheduler_once_and_nothing_else(preemption_fix
     preemption_fix.register()
     fixed = AsyncScheduler._update_after_schedule
     assert fixed is not stock_update
-    assert fixed.__qualname__.startswith("dropping_stale_output_on_resume")
+    assert fixed.__qualname__.startswith("wrap_update_after_schedule")
     preemption_fix.register()  # vLLM registers plugins in every process, some twice
     assert AsyncScheduler._update_after_schedule is fixed
     assert AsyncScheduler.schedule is stock_schedule  # vLLM's decode cadence is kept

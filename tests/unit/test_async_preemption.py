@@ -22,7 +22,7 @@ from vllm.v1.request import Request
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.engine.async_preemption import dropping_stale_output_on_resume
+from vllm_pp_cudagraph.engine.async_preemption import wrap_update_after_schedule
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 SEEDS = range(100)
@@ -126,6 +126,6 @@ def test_a_resumed_speculative_request_keeps_its_placeholders(model_dir, draft_t
     request.num_output_placeholders = 4
     resumed = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="r")],
                               scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=[]))
-    dropping_stale_output_on_resume(lambda self, output: None)(scheduler, resumed)
+    wrap_update_after_schedule(lambda self, output: None)(scheduler, resumed)
     assert request.async_tokens_to_discard == discarded
     assert request.num_output_placeholders == 4 - discarded

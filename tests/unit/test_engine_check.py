@@ -142,8 +142,8 @@ def test_a_refusal_shuts_the_workers_down_before_raising(config):
         vllm_config = config
         model_executor = Executor()
 
-    init = engine_check.checking_workers(lambda self: "kv-config",
-                                         PPCudaGraphSettings(decode_cadence=AUTO))
+    init = engine_check.wrap_initialize_kv_caches(lambda self: "kv-config",
+                                                  PPCudaGraphSettings(decode_cadence=AUTO))
     with pytest.raises(WorkerRunnerError):
         init(Core())
     assert Core.model_executor.shut_down
@@ -221,7 +221,7 @@ def test_the_engine_core_plans_once_for_its_check_and_its_scheduler_hook(config,
         model_executor = type("Executor", (), {
             "collective_rpc": lambda self, fn: [ours(config)] * 2})()
 
-    engine_check.checking_workers(lambda self: None, settings)(Core())
+    engine_check.wrap_initialize_kv_caches(lambda self: None, settings)(Core())
     scheduler = type("Scheduler", (), {"vllm_config": config, "pp_size": 2})()
     state = decode_cadence._SchedulerState.of(scheduler, settings)
     assert len(made) == 1 and state.cadence is AUTO

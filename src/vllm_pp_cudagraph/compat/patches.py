@@ -162,10 +162,10 @@ def _async_preemption_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.engine.async_preemption import dropping_stale_output_on_resume
+    from vllm_pp_cudagraph.engine.async_preemption import wrap_update_after_schedule
 
     return _wrap_class_attr(
-        _async_scheduler_cls(), "_update_after_schedule", dropping_stale_output_on_resume
+        _async_scheduler_cls(), "_update_after_schedule", wrap_update_after_schedule
     )
 
 
@@ -183,10 +183,10 @@ def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo:
 
 
 def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.engine.engine_check import checking_workers
+    from vllm_pp_cudagraph.engine.engine_check import wrap_initialize_kv_caches
 
     engine_core_cls = importlib.import_module(compat.ENGINE_CORE_MODULE).EngineCore
-    wrap = functools.partial(checking_workers, settings=settings)
+    wrap = functools.partial(wrap_initialize_kv_caches, settings=settings)
     return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", wrap)
 
 
@@ -197,10 +197,10 @@ def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 
 
 def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.worker.graphs.piecewise_split import keeping_kv_update_in_graphs
+    from vllm_pp_cudagraph.worker.graphs.piecewise_split import wrap_config_post_init
 
     config_cls = importlib.import_module(compat.VLLM_CONFIG_MODULE).VllmConfig
-    return _wrap_class_attr(config_cls, "__post_init__", keeping_kv_update_in_graphs)
+    return _wrap_class_attr(config_cls, "__post_init__", wrap_config_post_init)
 
 
 PATCHES: tuple[Patch, ...] = (

@@ -25,7 +25,7 @@ def restarted_request_ids(scheduler_output: Any) -> list[str]:
     return ids + list(scheduler_output.scheduled_cached_reqs.resumed_req_ids)
 
 
-def dropping_stale_output_on_resume(original: UpdateFn) -> UpdateFn:
+def wrap_update_after_schedule(original: UpdateFn) -> UpdateFn:
     """Wrap ``AsyncScheduler._update_after_schedule``: a restarted request's in-flight
     placeholders become tokens to discard."""
 

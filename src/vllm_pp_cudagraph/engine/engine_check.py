@@ -120,8 +120,8 @@ def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
                 ", breakable" if is_breakable_cudagraph_enabled() else "")
 
 
-def checking_workers(original: Callable[..., Any],
-                     settings: PPCudaGraphSettings) -> Callable[..., Any]:
+def wrap_initialize_kv_caches(original: Callable[..., Any],
+                              settings: PPCudaGraphSettings) -> Callable[..., Any]:
     """Wrap ``EngineCore._initialize_kv_caches``: check the workers against the engine's
     plan once it returns; on a refusal shut the executor down before raising."""
 

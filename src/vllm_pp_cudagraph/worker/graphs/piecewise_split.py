@@ -33,7 +33,7 @@ def kv_update_can_stay_in_graphs(vllm_config: VllmConfig) -> bool:
     )
 
 
-def keeping_kv_update_in_graphs(original: Callable[..., None]) -> Callable[..., None]:
+def wrap_config_post_init(original: Callable[..., None]) -> Callable[..., None]:
     """Wrap ``VllmConfig.__post_init__``: drop the KV-write split vLLM defaulted (not one
     the user gave)."""
 
