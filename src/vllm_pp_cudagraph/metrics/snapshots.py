@@ -231,22 +231,27 @@ def read_capture_records(directory: Path) -> dict[tuple[int, int], dict[str, Any
     """Every capture record in ``directory`` by (stage, TP rank); unreadable ones are left
     out."""
     records = {}
-    for path in sorted(Path(directory).glob("graphs-*-*.json")):
+    for name, record in _read_records(directory, CaptureRecord.kind).items():
         try:
-            stage, tp_rank = (int(n) for n in path.stem.removeprefix("graphs-").split("-"))
-            records[stage, tp_rank] = json.loads(path.read_text())
-        except (OSError, ValueError):
+            stage, tp_rank = (int(n) for n in name.split("-"))
+        except ValueError:
             continue
+        records[stage, tp_rank] = record
     return records
 
 
 def read_plan_records(directory: Path) -> dict[str, dict[str, Any]]:
     """Every plan record in ``directory`` by name (``0-0``, ``engine-0``); unreadable
     ones are left out."""
+    return _read_records(directory, PlanRecord.kind)
+
+
+def _read_records(directory: Path, kind: str) -> dict[str, dict[str, Any]]:
+    """The records of ``kind`` (:attr:`PlanRecord.kind`) in ``directory`` by name."""
     records = {}
-    for path in sorted(Path(directory).glob("plan-*.json")):
+    for path in sorted(Path(directory).glob(f"{kind}-*.json")):
         try:
-            records[path.stem.removeprefix("plan-")] = json.loads(path.read_text())
+            records[path.stem.removeprefix(f"{kind}-")] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
     return records
