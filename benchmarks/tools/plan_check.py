@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.planning.gpus import GPUS, by_device_name, rates
-from vllm_pp_cudagraph.planning.measured import row_error, stock_calibration
+from vllm_pp_cudagraph.planning.measured import row_error
 from vllm_pp_cudagraph.planning.pipeline_model import Prediction
 from vllm_pp_cudagraph.planning.plan import predict_run
 
@@ -36,11 +35,9 @@ STOCK_SCHEDULE_ONLY = frozenset({"v1"})
 
 
 def predict(run: dict[str, Any]) -> Prediction | None:
-    """The model's prediction for one measured run on its GPU (an H200 where the run did
-    not record one) and release; None for a runner it does not model."""
-    gpu = by_device_name(run.get("gpu") or "") or GPUS["h200"]
-    stock = stock_calibration(run.get("vllm_version"), run["workload"]).factor
-    return predict_run(SHAPES[run["shape"]], run, rates(gpu), stock)
+    """The model's prediction for one measured run on its GPU and release
+    (``predict_run``); None for a runner it does not model."""
+    return predict_run(SHAPES[run["shape"]], run)
 
 
 def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -198,6 +198,29 @@ def test_stock_pp_is_calibrated_on_the_installed_release(installed, workload, re
     assert found.source.rsplit("/", 1)[-1][:4] == "2026"  # a dated results folder
 
 
+def _served_run(runner: str, **spec) -> dict:
+    return {"runner": runner, "workload": "serve", "pp": 2, "tp": 1, "prompts": 128,
+            "input_len": 64, "output_len": 256, "max_num_seqs": 1024, "concurrency": 1024,
+            "interconnect": "nvlink", **spec}
+
+
+def test_a_bench_run_is_predicted_on_its_own_release_and_gpu():
+    """The prediction ``bench`` prints beside a run and the one the plan check judges are
+    one: stock calibrated for the run's release, the rates of the run's GPU."""
+    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+    from vllm_pp_cudagraph.planning.plan import predict_run
+
+    def req_per_s(runner: str, **spec) -> float:
+        return predict_run(SHAPES["qwen3-32b"], _served_run(runner, **spec)).req_per_s
+
+    on_033 = {"vllm_version": "0.33.0", "gpu": "NVIDIA H200"}
+    assert req_per_s("stock", **on_033) == pytest.approx(req_per_s("plugin-cadence", **on_033))
+    on_026 = {"vllm_version": "0.26.0", "gpu": "NVIDIA H200"}
+    assert req_per_s("stock", **on_026) < 0.9 * req_per_s("plugin-cadence", **on_026)
+    on_h100 = {"vllm_version": "0.33.0", "gpu": "NVIDIA H100 80GB HBM3"}
+    assert req_per_s("plugin-cadence", **on_h100) < req_per_s("plugin-cadence", **on_033)
+
+
 def test_plan_says_which_release_stock_is_calibrated_on(clean_env, capsys, on_vllm_033):
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
                       "--max-num-seqs", "1024", *H200)

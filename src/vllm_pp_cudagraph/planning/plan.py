@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide, vllm_split
-from vllm_pp_cudagraph.planning.measured import MeasuredCell, row_error
+from vllm_pp_cudagraph.planning.gpus import FITTED_ON, by_device_name
+from vllm_pp_cudagraph.planning.gpus import rates as gpu_rates
+from vllm_pp_cudagraph.planning.measured import MeasuredCell, row_error, stock_calibration
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
     STOCK_PP_GPU_FACTOR,
@@ -246,11 +248,14 @@ RUNNER_CADENCES = {"plugin": "auto", "plugin-merge": "merge", "plugin-balance": 
                    "plugin-cadence": "vllm", "stock": "stock", "v1": "stock"}
 
 
-def predict_run(config: Any, run: dict[str, Any], rates: Rates = FITTED,
-                stock_factor: float = STOCK_PP_GPU_FACTOR) -> Prediction | None:
+def predict_run(config: Any, run: dict[str, Any]) -> Prediction | None:
     """The prediction for one bench run (its spec's fields; for ``serve`` also its point's
-    ``concurrency``; ``interconnect`` where not NVLink) on GPUs of ``rates``; None for a
-    runner or a model it does not cover."""
+    ``concurrency``; ``interconnect`` where not NVLink) on the run's GPU (``gpu``, an H200
+    where it names none) with stock PP calibrated for its release (``vllm_version``) and
+    workload; None for a runner or a model it does not cover."""
+    gpu = by_device_name(run.get("gpu") or "") or FITTED_ON
+    rates = gpu_rates(gpu)
+    stock_factor = stock_calibration(run.get("vllm_version"), run["workload"]).factor
     if unmodelled_reason(config) is not None:
         return None
     shape = ModelShape.from_config(config)
