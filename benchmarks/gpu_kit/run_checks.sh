@@ -71,6 +71,16 @@
 #                KIT_DEADLINE_S bounds each lane)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
+#   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
+#                (dummy weights), PP=2: the plugin's defaults on GPUs 0,1 beside stock on
+#                2,3, then a second stock server; 10,000 requests each (KIT_SOAK_REQUESTS)
+#                of the sampling mix with a quarter structured and a tenth cancelled, the
+#                token check; each server watched under load (GPU memory at the start and
+#                the end, every stage's snapshots, requests left: ../tools/soak_watch.py)
+#   soak-30b-a3b 4 GPUs: the same with Qwen3-30B-A3B
+#   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
+#   soak-preemption-32b  4 GPUs: soak-32b's servers with a KV cache of 512 blocks, so
+#                requests are preempted and resumed; 2,000 requests each
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -149,7 +159,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b never-slower-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -464,6 +474,25 @@ shared_soak() {
 }
 step_shared-soak-30b-a3b() { shared_soak 30b-a3b; }
 step_shared-soak-32b() { shared_soak 32b; }
+
+# gpu_soak NAME PP GPU-GROUP... [soak options]: the soak with a GPU per stage.
+gpu_soak() {
+  local name=$1 pp=$2
+  shift 2
+  local groups=()
+  while [ $# -gt 0 ] && [[ $1 != --* ]]; do groups+=("$1"); shift; done
+  install_test_plugins
+  python3 -m benchmarks.tools.soak --out "$RES/$name" --pp "$pp" --gpus "${groups[@]}" \
+    --modes full_and_piecewise --sampling-mix --structured --token-check \
+    --requests "${KIT_SOAK_REQUESTS:-10000}" --gpu-memory-utilization 0.9 --port 9800 \
+    --resume "$@"
+}
+step_soak-32b() { gpu_soak soak-32b 2 0,1 2,3 --shape qwen3-32b; }
+step_soak-30b-a3b() { gpu_soak soak-30b-a3b 2 0,1 2,3 --shape qwen3-30b-a3b; }
+step_soak-32b-pp4() { gpu_soak soak-32b-pp4 4 0,1,2,3 --shape qwen3-32b; }
+step_soak-preemption-32b() {
+  KIT_SOAK_REQUESTS=2000 gpu_soak soak-preemption-32b 2 0,1 2,3 --shape qwen3-32b --preemption
+}
 
 step_shared-soak-lora() {
   shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-lora" --lora 3 \

@@ -109,6 +109,7 @@ from benchmarks.tools.soak_judge import (
     text_digests,
 )
 from benchmarks.tools.soak_store import load_report, run_settings, save_report
+from benchmarks.tools.soak_watch import ServerWatch, watch_problems, watch_summary
 from vllm_pp_cudagraph.bench.dummy_model import (
     SHAPES,
     has_random_weights,
@@ -267,7 +268,7 @@ def server_env(args: argparse.Namespace, preemption_fix: bool = False) -> dict[s
 def model_spec(runner: str, run_mode: str, args: argparse.Namespace,
                extra_env: dict[str, str]) -> RunSpec:
     """A soak engine of the soak's model shape, weights and memory share."""
-    return RunSpec(runner, run_mode, pp=2, max_num_seqs=args.max_num_seqs,
+    return RunSpec(runner, run_mode, pp=args.pp, max_num_seqs=args.max_num_seqs,
                    shape=args.shape, weights=args.weights,
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    extra_env=extra_env)
@@ -321,8 +322,10 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
         spec = slot.apply(server_spec(runner, run_mode, args))
         load = soak_load(args)
         log_path = args.out / f"{mode}-{tag.replace('_', '-')}.log"
+        watch = ServerWatch(slot.gpus, records_dir_of(log_path), args.pp)
         report = run_serve_mode(spec, model_dir, load, log_path, port=slot.port,
-                                extra_args=extra + slot.serve_args(), keep_texts=True)
+                                extra_args=extra + slot.serve_args(), keep_texts=True,
+                                watch=watch)
         report["slot"] = {"gpus": slot.gpus, "port": slot.port, "kv_cache_gib": slot.kv_cache_gib}
         if log_path.exists():
             log = log_path.read_text(errors="replace")
@@ -407,7 +410,7 @@ def compared_pairs(runs: list[str]) -> dict[str, list[tuple[str, str]]]:
 def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
     """One mode's verdict from its runs' reports (keys as :func:`run_tags` names them)."""
-    result: dict = {"mode": mode, "shape": args.shape, "weights": args.weights,
+    result: dict = {"mode": mode, "pp": args.pp, "shape": args.shape, "weights": args.weights,
                     "lora": len(args.lora_adapters),
                     "plugin_runner": args.plugin_runner,
                     "stock_mode": stock_mode_for(mode, args.same_stock_mode),
@@ -448,6 +451,12 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
         result["problems"] += [f"{name}: {problem}" for name, rep in reports.items()
                                if name.startswith("plugin")
                                for problem in graph_memory_problems(rep.get("graph_memory"))]
+        # Stock's watch is reported beside the plugin's; only the plugin's judges.
+        result["watch"] = {name: {**(watch_summary(rep.get("watch")) or {}), "problems":
+                                  watch_problems(rep.get("watch"), name.startswith("plugin"))}
+                           for name, rep in reports.items()}
+        result["problems"] += [f"{name}: {problem}" for name, found in result["watch"].items()
+                               if name.startswith("plugin") for problem in found["problems"]]
         if args.structured:
             # Every run's structured outputs are checked; the plugin's must all pass.
             found = {name: structured_problems(rep) for name, rep in texts.items()}
@@ -549,7 +558,7 @@ def lowered_mode_check(model_dir: str, out: Path, slot: Slot, args: argparse.Nam
     lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
     told = {stage: next((line for line in lines if f"Worker_PP{stage}" in line
                          and all(part in line for part in LOWERED_MODE_MESSAGE)), None)
-            for stage in range(2)}
+            for stage in range(args.pp)}
     problems = serving_problems(report)
     problems += [f"pipeline stage {stage} did not log the lowered mode ({LOWERED_MODE_MESSAGE})"
                  for stage, line in told.items() if line is None]
@@ -587,9 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                         help="per server, where GPUs are not shared (big shapes need more)")
     parser.add_argument("--port", type=int, default=8000, help="first slot's port (+10 per slot)")
+    parser.add_argument("--pp", type=int, default=2, help="pipeline stages of every server")
     parser.add_argument("--gpus", nargs="+",
                         default=[os.environ.get("CUDA_VISIBLE_DEVICES") or "0,1"],
-                        help="GPU groups, one per PP=2 server (default: CUDA_VISIBLE_DEVICES)")
+                        help="GPU groups, one per server: PP GPUs each, or one that every "
+                             "stage shares (default: CUDA_VISIBLE_DEVICES)")
     parser.add_argument("--servers-per-gpus", type=int, default=1,
                         help="servers that may run on one GPU group at a time")
     parser.add_argument("--kv-cache-gib", type=float, default=None,
@@ -649,6 +660,9 @@ def main(argv: list[str] | None = None) -> int:
                      "write); use --weights dummy")
     if args.structured and not args.sampling_mix:
         parser.error("--structured adds to the sampling mix: give --sampling-mix too")
+    if bad := [g for g in args.gpus if len(g.split(",")) not in (1, args.pp)]:
+        parser.error(f"--gpus {' '.join(bad)}: each group needs --pp ({args.pp}) GPUs, or one "
+                     "GPU that every stage shares")
     modes = [m for m in args.modes.split(",") if m]
     servers = [(mode, *server) for mode in modes
                for server in mode_servers(mode, args.same_stock_mode, args.plugin_runner,

@@ -34,10 +34,10 @@ Digests = list[str | None]
 
 #: What must be equal for runs of two soaks to be pooled: the load (same
 #: requests, same length) and the configuration.
-CONFIG_KEYS = ("requests", "max_tokens", "mode", "shape", "weights", "lora", "plugin_runner",
+CONFIG_KEYS = ("pp", "requests", "max_tokens", "mode", "shape", "weights", "lora", "plugin_runner",
                "stock_mode", "preemption", "batch_invariant")
 #: What soaks from before a key was recorded ran with.
-CONFIG_DEFAULTS = {"shape": "qwen3-0.6b", "weights": "random", "lora": 0}
+CONFIG_DEFAULTS = {"pp": 2, "shape": "qwen3-0.6b", "weights": "random", "lora": 0}
 
 
 def pooled_runs(results: list[dict]) -> dict[tuple, dict[str, Digests]]:

@@ -22,7 +22,7 @@ from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
 
 #: The soak settings that shape a server or its load: a report saved under other
 #: values of any of them is not comparable.
-RUN_SETTINGS = ("shape", "weights", "requests", "concurrency", "max_tokens", "max_num_seqs",
+RUN_SETTINGS = ("pp", "shape", "weights", "requests", "concurrency", "max_tokens", "max_num_seqs",
                 "sampling_mix", "structured", "preemption", "lora", "ray", "batch_invariant",
                 "plugin_runner", "same_stock_mode", "gpu_memory_utilization", "kv_cache_gib")
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from _serve_parser import parse_serve_args
+from test_soak_watch import steady
 
 from benchmarks.tools.soak import (
     LOWERED_MODE_MESSAGE,
@@ -135,16 +136,16 @@ def test_under_preemption_every_server_preempts_and_stock_gets_only_the_fix(tmp_
     assert engine_env(server_spec("stock", "piecewise", args))["VLLM_PLUGINS"] == ""
 
 
-def _served(preemptions: int, texts: list[str]) -> dict:
+def _served(preemptions: int, texts: list[str], watch: dict | None = None) -> dict:
     report = LoadReport([RequestResult(i, stream=False, text=t) for i, t in enumerate(texts)],
                         elapsed_s=1.0, health_checks=1, health_failures=[])
     return {"load_report": report, "load": report.summary(), "preemptions": preemptions,
-            "shutdown_clean": True, "shutdown_rc": 0}
+            "shutdown_clean": True, "shutdown_rc": 0, "watch": watch or steady()}
 
 
 #: The soak's model defaults, as its parser sets them.
-SOAK_MODEL = dict(max_num_seqs=256, shape="qwen3-0.6b", weights="random", gpu_memory_utilization=0.5,
-                  lora_adapters={}, structured=False)
+SOAK_MODEL = dict(pp=2, max_num_seqs=256, shape="qwen3-0.6b", weights="random",
+                  gpu_memory_utilization=0.5, lora_adapters={}, structured=False)
 
 
 def _soak_args(**overrides) -> argparse.Namespace:
@@ -165,6 +166,28 @@ def test_a_preemption_soak_fails_when_any_run_was_not_preempted():
     assert problem.startswith("stock_b: no request was preempted")
     reports["stock_b"] = _served(2800, texts)
     assert mode_result("piecewise", reports, args, PREEMPTION_ARGS)["passed"]
+
+
+def test_what_the_watch_saw_fails_the_plugin_and_is_reported_for_stock():
+    texts = ["a b", "c d"]
+    left = {**steady(), "requests_left": 2}
+    reports = {"plugin": _served(0, texts), "stock_a": _served(0, texts, watch=left),
+               "stock_b": _served(0, texts)}
+    result = mode_result("piecewise", reports, _soak_args(), [])
+    assert result["passed"]
+    assert result["watch"]["stock_a"]["requests_left"] == 2
+    assert result["watch"]["stock_a"]["problems"][0].startswith("2 requests still running")
+    assert result["watch"]["plugin"]["gpu_mib_start"] == {"0": 70_000, "1": 70_000}
+    reports["plugin"] = _served(0, texts, watch=left)
+    result = mode_result("piecewise", reports, _soak_args(), [])
+    assert not result["passed"]
+    assert result["problems"] == [f"plugin: {result['watch']['plugin']['problems'][0]}"]
+
+
+def test_a_gpu_group_must_hold_every_stage_or_share_one_gpu(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        serve_soak_main(["--out", str(tmp_path / "soak"), "--pp", "4", "--gpus", "0,1"])
+    assert "--gpus 0,1: each group needs --pp (4) GPUs" in capsys.readouterr().err
 
 
 def test_shares_judge_a_plugin_on_its_own_cadence_only_where_no_token_check_ran():

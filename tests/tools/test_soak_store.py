@@ -9,10 +9,10 @@ import asyncio
 import json
 
 import pytest
-
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
+from test_soak_watch import steady
 
 from benchmarks.tools.soak_judge import GreedyCheck
+from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
 
 
 class MachineGone(Exception):
@@ -25,7 +25,7 @@ def _served(texts: list[str]) -> dict:
                          for i, t in enumerate(texts)],
                         elapsed_s=1.0, health_checks=1, health_failures=[])
     return {"load_report": report, "load": report.summary(), "preemptions": 0,
-            "shutdown_clean": True, "shutdown_rc": 0}
+            "shutdown_clean": True, "shutdown_rc": 0, "watch": steady()}
 
 
 @pytest.fixture

@@ -153,17 +153,22 @@ def run_serve_mode(
     shutdown_timeout_s: float = 60,
     extra_args: Sequence[str] = (),
     keep_texts: bool = False,
+    watch: Any = None,
 ) -> dict[str, Any]:
     """Serve ``spec`` on ``port``, send ``load`` (its base_url is set here), stop.
 
     ``extra_args`` go to ``vllm serve`` as they are. The report holds the load
     summary, a digest of completed texts, and with ``keep_texts`` the
     :class:`~vllm_pp_cudagraph.bench.serve_load.LoadReport` itself (key ``load_report``).
+    A ``watch`` is started as the load starts and finished once it ends
+    (``watch.start()``, ``watch.finish(base_url)``); what it returns is kept as ``watch``.
     """
     load.model = "dummy"
 
     async def send_load(base_url: str) -> dict[str, Any]:
         load.base_url = base_url
+        if watch is not None:
+            watch.start()
         result = await run_load(load)
         summary = result.summary()
         report: dict[str, Any] = {"load": summary}
@@ -173,6 +178,8 @@ def run_serve_mode(
         report["digest"] = output_digest(completed_texts(result))
         if keep_texts:
             report["load_report"] = result
+        if watch is not None:
+            report["watch"] = await asyncio.to_thread(watch.finish, base_url)
         return report
 
     return serve_and_call(spec, model_dir, log_path, send_load, port, startup_timeout_s,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide, vllm_split
 from vllm_pp_cudagraph.planning.gpus import FITTED_ON, by_device_name
 from vllm_pp_cudagraph.planning.gpus import rates as gpu_rates
+from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide, vllm_split
 from vllm_pp_cudagraph.planning.measured import MeasuredCell, row_error, stock_calibration
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
