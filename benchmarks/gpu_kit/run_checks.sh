@@ -142,7 +142,7 @@
 # Every step runs even when an earlier one failed; DIR/steps.txt has each step's exit
 # status and seconds, DIR/summary.txt the runs' tokens_agree, plugin_stages and speed.
 # The project is installed into the kit's site first (KIT_SITE, default /tmp/site).
-# The shared soaks resume: with KIT_PREVIOUS=FOLDER (an earlier DIR, unpacked and
+# The soaks resume: with KIT_PREVIOUS=FOLDER (an earlier DIR, unpacked and
 # carried over), the servers that finished there are not served again.
 #
 # FlashInfer: vLLM 0.33's sampler uses it by default (JIT-compiled on first use, needs
