@@ -47,15 +47,16 @@ class _MRV2Config(VllmConfig):
     use_v2_model_runner = True
 
 
-def build_scheduler(model_dir: str, running: int, prompt: int, output: int,
-                    metrics: bool) -> AsyncScheduler:
-    """vLLM's async scheduler at PP=2 with room for ``running`` requests to the end."""
+def empty_scheduler(model_dir: str, max_num_seqs: int, prompt: int, output: int,
+                    pp: int = 2) -> AsyncScheduler:
+    """vLLM's async scheduler at PP=``pp`` with room for ``max_num_seqs`` requests of
+    ``prompt`` + ``output`` tokens to the end, none added yet."""
     max_len = prompt + output + BLOCK
-    blocks = running * (max_len // BLOCK + 2)
+    blocks = max_num_seqs * (max_len // BLOCK + 2)
     config = VllmConfig(
         model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=max_len),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-        scheduler_config=SchedulerConfig(max_num_seqs=running, max_num_batched_tokens=8192,
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
                                          max_model_len=max_len, is_encoder_decoder=False,
                                          async_scheduling=True),
         parallel_config=ParallelConfig(pipeline_parallel_size=1),
@@ -63,7 +64,7 @@ def build_scheduler(model_dir: str, running: int, prompt: int, output: int,
     )
     # Built at PP=1 (on CPU vLLM configures V1, which refuses PP with async scheduling);
     # the scheduler reads the pipeline size when constructed.
-    config.parallel_config.pipeline_parallel_size = 2
+    config.parallel_config.pipeline_parallel_size = pp
     config.cache_config.num_gpu_blocks = blocks
     kv_cache = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
@@ -73,6 +74,12 @@ def build_scheduler(model_dir: str, running: int, prompt: int, output: int,
                                block_size=BLOCK)
     scheduler.use_v2_model_runner = True
     config.__class__ = _MRV2Config
+    return scheduler
+
+
+def build_scheduler(model_dir: str, running: int, prompt: int, output: int) -> AsyncScheduler:
+    """vLLM's async scheduler at PP=2 with ``running`` requests added."""
+    scheduler = empty_scheduler(model_dir, running, prompt, output)
     for i in range(running):
         params = SamplingParams(max_tokens=output, ignore_eos=True)
         scheduler.add_request(Request(request_id=str(i), prompt_token_ids=[5] * prompt,
@@ -105,8 +112,7 @@ def measure(model_dir: str, cadence: str, args: argparse.Namespace) -> dict:
         undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(
             decode_cadence=cadence, metrics=args.metrics, metrics_dir=args.metrics_dir))
     try:
-        scheduler = build_scheduler(model_dir, args.running, args.prompt, args.output,
-                                    args.metrics)
+        scheduler = build_scheduler(model_dir, args.running, args.prompt, args.output)
         times = step_times(scheduler, args.steps, args.warmup)
         decoding = sum(1 for r in scheduler.running if r.num_output_tokens > 0)
     finally:

@@ -13,7 +13,6 @@ breaks (the first stage would embed a stale token, with no error anywhere).
 from __future__ import annotations
 
 import functools
-import json
 import random
 from collections import deque
 from pathlib import Path
@@ -29,6 +28,8 @@ from vllm.v1.request import Request
 from vllm.v1.worker.gpu import pp_utils
 from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 
+from benchmarks.tools import pipeline_sim
+from benchmarks.tools.pipeline_sim import PipelineClock
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
@@ -157,51 +158,6 @@ class FirstStage:
             need_sampled_mask=np.array([r in sampled for r in ids]),
             gen_at_receive_np=self.handler.req_idx_gen_np[idx].copy(),
         )
-
-
-class PipelineClock:
-    """Simulated time of a ``pp_size``-stage pipeline serving the scheduler's steps.
-
-    A step's first stage starts once the engine has sent it (``host_ms`` after
-    the previous step), the stage is free, and every request in it has its
-    previous token back from the last stage; each stage then takes
-    ``forward_ms(tokens)``. As in the engine core, up to ``pp_size + 1`` steps are
-    in flight: the next step is scheduled once the oldest one is out.
-    Calling the clock gives the time of the ``schedule()`` call in progress.
-    """
-
-    def __init__(self, pp_size: int, host_ms, forward_ms):
-        self.pp_size = pp_size
-        # A constant, or a function of the step's tokens as forward_ms is.
-        self.host_ms = host_ms if callable(host_ms) else (lambda tokens: host_ms)
-        self.forward_ms = forward_ms
-        self.now_ms = 0.0
-        self.stage_free = [0.0] * pp_size
-        self.token_ready: dict[str, float] = {}
-        self.in_flight: deque[float] = deque()
-
-    def __call__(self) -> float:
-        return self.now_ms / 1000
-
-    def run(self, output) -> None:
-        tokens = sum(output.num_scheduled_tokens.values())
-        host_ms = self.host_ms(tokens)
-        t = max([self.now_ms + host_ms]
-                + [self.token_ready.get(r, 0.0) for r in output.num_scheduled_tokens])
-        if tokens:
-            for stage in range(self.pp_size):
-                t = max(t, self.stage_free[stage]) + self.forward_ms(tokens)
-                self.stage_free[stage] = t
-        for req_id in output.num_scheduled_tokens:
-            self.token_ready[req_id] = t
-        self.in_flight.append(t)
-        self.now_ms += host_ms
-        if len(self.in_flight) > self.pp_size:
-            self.now_ms = max(self.now_ms, self.in_flight.popleft())
-
-    @property
-    def end_ms(self) -> float:
-        return max([self.now_ms, *self.in_flight])
 
 
 class Run:
@@ -541,33 +497,10 @@ HOST_BOUND = {"host_ms": 2.0, "forward_ms": lambda n: 0.3 + 0.01 * n}
 GPU_BOUND = {"host_ms": 0.3, "forward_ms": lambda n: 0.5 + 0.5 * n}
 
 #: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock, FULL_AND_PIECEWISE,
-#: ``benchmarks/tools/stage_cost.py``): decode step GPU time and host time by batch size,
-#: with 64- and 1,024-token contexts. A copy of the run's ``stage_cost.json``
+#: ``benchmarks/tools/stage_cost.py``): a copy of the run's ``stage_cost.json``
 #: (benchmarks/results/2026-11-24-vllm033-one-gpu-stage-costs/stage-cost/).
 RECORDED_STAGE_COSTS = Path(__file__).parents[1] / "data" / "stage_costs_vllm033.json"
-
-
-def recorded_profile(shape: str, context: int, requests_each: int) -> dict:
-    """``shape``'s recorded stage costs as a simulation profile, each simulated request
-    standing for ``requests_each`` real ones (the simulation serves a handful). Host time
-    per step is what the profile saw on the host: inside the forward, plus the time the GPU
-    waited for it. Beyond the largest recorded batch (prefills) the cost grows on the line
-    through the two largest."""
-    [record] = [r for r in json.loads(RECORDED_STAGE_COSTS.read_text()) if r["shape"] == shape]
-    rows = sorted((r for r in record["rows"] if r["context"] == context), key=lambda r: r["batch"])
-    batch = [r["batch"] for r in rows]
-
-    def cost(values: list[float]):
-        slope = (values[-1] - values[-2]) / (batch[-1] - batch[-2])
-
-        def at(tokens: int) -> float:
-            n = tokens * requests_each
-            return float(np.interp(n, batch, values)) + slope * max(0, n - batch[-1])
-        return at
-
-    return {"host_ms": cost([r["forward_ms"] + max(0.0, r["period_ms"] - r["kernel_ms"])
-                             for r in rows]),
-            "forward_ms": cost([r["kernel_ms"] for r in rows])}
+recorded_profile = functools.partial(pipeline_sim.recorded_profile, RECORDED_STAGE_COSTS)
 
 
 #: The cadence each recorded shape and context serves 256 requests faster with at PP=2:

@@ -1,0 +1,231 @@
+"""A PP pipeline simulated around vLLM's real scheduler: what each decode cadence serves.
+
+vLLM's real ``AsyncScheduler`` (CPU) schedules every step, with the plugin's cadence hook
+applied as in an engine core; :class:`PipelineClock` times each step on ``pp_size``
+simulated stages whose forward costs come from a recorded stage profile
+(``benchmarks/tools/stage_cost.py``'s ``stage_cost.json``). ``auto``'s chooser measures
+on that clock. :func:`serve_passes` drives it as ``vllm bench serve`` drives a server:
+closed-loop passes at a fixed concurrency, each drained before the next. No GPU runs; the
+figures are the model's, for comparing cadences on the same steps, not speed claims.
+
+    python -m benchmarks.tools.pipeline_sim --shape qwen3-32b --concurrency 1024 \\
+        --pass-requests 2048 --input-len 64 --output-len 256 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+from vllm.sampling_params import SamplingParams
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+
+from vllm_pp_cudagraph.compat import patches
+from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
+from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+
+#: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock,
+#: FULL_AND_PIECEWISE): decode step GPU and host time by batch, at 64- and 1,024-token
+#: contexts.
+STAGE_COSTS = (Path(__file__).parents[1] / "results"
+               / "2026-11-24-vllm033-one-gpu-stage-costs" / "stage-cost" / "stage_cost.json")
+
+CADENCES = ("vllm", "auto", "balance", "merge")
+
+
+class PipelineClock:
+    """Simulated time of a ``pp_size``-stage pipeline serving the scheduler's steps.
+
+    A step's first stage starts once the engine has sent it (``host_ms`` after
+    the previous step), the stage is free, and every request in it has its
+    previous token back from the last stage; each stage then takes
+    ``forward_ms(tokens)``. As in the engine core, up to ``pp_size + 1`` steps are
+    in flight: the next step is scheduled once the oldest one is out.
+    Calling the clock gives the time of the ``schedule()`` call in progress.
+    """
+
+    def __init__(self, pp_size: int, host_ms, forward_ms):
+        self.pp_size = pp_size
+        # A constant, or a function of the step's tokens as forward_ms is.
+        self.host_ms = host_ms if callable(host_ms) else (lambda tokens: host_ms)
+        self.forward_ms = forward_ms
+        self.now_ms = 0.0
+        self.stage_free = [0.0] * pp_size
+        self.token_ready: dict[str, float] = {}
+        self.in_flight: deque[float] = deque()
+
+    def __call__(self) -> float:
+        return self.now_ms / 1000
+
+    def run(self, output) -> None:
+        tokens = sum(output.num_scheduled_tokens.values())
+        host_ms = self.host_ms(tokens)
+        t = max([self.now_ms + host_ms]
+                + [self.token_ready.get(r, 0.0) for r in output.num_scheduled_tokens])
+        if tokens:
+            for stage in range(self.pp_size):
+                t = max(t, self.stage_free[stage]) + self.forward_ms(tokens)
+                self.stage_free[stage] = t
+        for req_id in output.num_scheduled_tokens:
+            self.token_ready[req_id] = t
+        self.in_flight.append(t)
+        self.now_ms += host_ms
+        if len(self.in_flight) > self.pp_size:
+            self.now_ms = max(self.now_ms, self.in_flight.popleft())
+
+    @property
+    def end_ms(self) -> float:
+        return max([self.now_ms, *self.in_flight])
+
+
+def recorded_profile(path: Path, shape: str, context: int, requests_each: int = 1
+                     ) -> dict[str, Callable[[int], float]]:
+    """``shape``'s stage costs recorded in ``path`` as a clock profile, each simulated
+    request standing for ``requests_each`` real ones. Host time per step is what the
+    profile saw on the host: inside the forward, plus the time the GPU waited for it.
+    Beyond the largest recorded batch the cost grows on the line through the two largest."""
+    [record] = [r for r in json.loads(Path(path).read_text()) if r["shape"] == shape]
+    rows = sorted((r for r in record["rows"] if r["context"] == context), key=lambda r: r["batch"])
+    batch = [r["batch"] for r in rows]
+
+    def cost(values: list[float]) -> Callable[[int], float]:
+        slope = (values[-1] - values[-2]) / (batch[-1] - batch[-2])
+
+        def at(tokens: int) -> float:
+            n = tokens * requests_each
+            return float(np.interp(n, batch, values)) + slope * max(0, n - batch[-1])
+        return at
+
+    return {"host_ms": cost([r["forward_ms"] + max(0.0, r["period_ms"] - r["kernel_ms"])
+                             for r in rows]),
+            "forward_ms": cost([r["kernel_ms"] for r in rows])}
+
+
+@contextmanager
+def cadence_on_clock(cadence: str, clock: PipelineClock) -> Iterator[None]:
+    """The plugin's cadence hook applied (none for ``vllm``: stock's scheduler), with
+    ``auto``'s chooser measuring on ``clock``."""
+    from vllm_pp_cudagraph.engine import decode_cadence
+
+    undo = None
+    if cadence != "vllm":
+        undo = patches.apply_patch("decode-cadence",
+                                   PPCudaGraphSettings(decode_cadence=cadence, metrics=False))
+    try:
+        with mock.patch.object(decode_cadence, "CadenceChooser",
+                               functools.partial(CadenceChooser, clock=clock)):
+            yield
+    finally:
+        if undo is not None:
+            undo()
+
+
+def _sampled(scheduler, output) -> ModelRunnerOutput:
+    """The last stage's output: a token for each request whose tokens are all computed."""
+    ids = list(output.num_scheduled_tokens)
+    tokens = []
+    for rid in ids:
+        request = scheduler.requests.get(rid)  # gone once finished by an earlier output
+        done = request is not None and request.num_computed_tokens >= request.num_tokens
+        tokens.append([7] if done else [])
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=tokens)
+
+
+def serve_passes(scheduler, clock: PipelineClock, passes: list[int], concurrency: int,
+                 input_len: int, output_len: int) -> list[float]:
+    """Each pass's requests per simulated second: ``passes[i]`` requests kept
+    ``concurrency`` at a time (a new one as one finishes), the engine drained between
+    passes, ``pp_size + 1`` steps in flight as in the engine core."""
+    rates, next_id = [], 0
+    for size in passes:
+        sent = done = 0
+        start, in_flight = clock.now_ms, deque()
+        while done < size:
+            while sent < size and sent - done < concurrency:
+                scheduler.add_request(Request(
+                    request_id=str(next_id), prompt_token_ids=[5] * input_len,
+                    sampling_params=SamplingParams(max_tokens=output_len, ignore_eos=True),
+                    pooling_params=None))
+                next_id, sent = next_id + 1, sent + 1
+            if scheduler.has_requests():
+                output = scheduler.schedule()
+                clock.run(output)
+                in_flight.append(output)
+                if len(in_flight) < scheduler.pp_size + 1 and scheduler.has_requests():
+                    continue
+            if not in_flight:
+                continue
+            output = in_flight.popleft()
+            outputs = scheduler.update_from_output(output, _sampled(scheduler, output))
+            done += sum(o.finish_reason is not None
+                        for engine in outputs.values() for o in engine.outputs)
+        while in_flight:
+            output = in_flight.popleft()
+            scheduler.update_from_output(output, _sampled(scheduler, output))
+        rates.append(size / ((clock.end_ms - start) / 1000))
+    return rates
+
+
+def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One cadence over the warm-up and the timed passes, on a fresh scheduler."""
+    from benchmarks.tools.scheduler_hook_cost import empty_scheduler
+
+    clock = PipelineClock(args.pp, **recorded_profile(args.stage_costs, args.shape, args.context))
+    with cadence_on_clock(cadence, clock):
+        scheduler = empty_scheduler(model_dir, args.concurrency, args.input_len,
+                                    args.output_len, args.pp)
+        rates = serve_passes(scheduler, clock, [args.concurrency] + [args.pass_requests]
+                             * args.passes, args.concurrency, args.input_len, args.output_len)
+    state = getattr(scheduler, "_pp_cudagraph", None)
+    chooser = state.chooser if state is not None else None
+    return {"cadence": cadence, "warmup_req_per_s": round(rates[0], 2),
+            "pass_req_per_s": [round(r, 2) for r in rates[1:]],
+            "trials": dict(chooser.trials) if chooser else None,
+            "trial_steps": dict(chooser.trial_steps) if chooser else None,
+            "switches": [(step, str(c)) for step, c, *_ in chooser.switches] if chooser else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="qwen3-32b")
+    parser.add_argument("--stage-costs", type=Path, default=STAGE_COSTS,
+                        help="a stage_cost.json (benchmarks/tools/stage_cost.py)")
+    parser.add_argument("--context", type=int, default=64, choices=(64, 1024),
+                        help="the recorded context whose stage costs are used")
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=1024)
+    parser.add_argument("--pass-requests", type=int, default=2048)
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--cadences", default=",".join(CADENCES))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(write_model_dir(Path(tmp) / "model", tokenizer=False))
+        rows = [simulate(model_dir, c, args) for c in args.cadences.split(",")]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "pipeline_sim.json").write_text(json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items() if k != "out"}, "runs": rows},
+            indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
