@@ -69,6 +69,11 @@
 #                lanes-32b/lanes.md pairs them (KIT_LANE_A / KIT_LANE_B: other runners,
 #                the same count in each; KIT_LANE_POINTS: other IN:CONCURRENCY points;
 #                KIT_DEADLINE_S bounds each lane)
+#   lanes-burst-32b  4 GPUs: where stock leaves room, side by side (plugin | stock, stock |
+#                plugin): the seed's burst on the 32B shape, 128 requests of 2 tokens at
+#                once, 512 out, three passes (KIT_DEADLINE_BURST_S)
+#   lanes-0.6b   4 GPUs: the same pairs on the launch-bound 0.6B shape at the lanes-32b
+#                cell's load (KIT_DEADLINE_SMALL_S)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
@@ -159,7 +164,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -391,6 +396,22 @@ step_lanes-32b() {
     --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
     --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
     --deadline "${KIT_DEADLINE_S:-1500}"
+}
+
+# Where stock leaves room, side by side in both lane orders (plugin | stock, stock |
+# plugin): the seed's burst on the 32B shape (128 requests of 2 tokens at once, 512 out,
+# one prefill cohort), and the launch-bound 0.6B shape at the never-slower cell's load.
+step_lanes-burst-32b() {
+  lanes lanes-burst-32b "plugin:$FAP,stock:$FAP" "stock:$FAP,plugin:$FAP" --model qwen3-32b \
+    --weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
+    --timeout 600 --workload serve --num-requests 128 --output-len 512 --repeat 3 \
+    --points 2:128 --deadline "${KIT_DEADLINE_BURST_S:-900}"
+}
+step_lanes-0.6b() {
+  lanes lanes-0.6b "plugin:$FAP,stock:$FAP" "stock:$FAP,plugin:$FAP" --model qwen3-0.6b \
+    --weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
+    --timeout 600 --workload serve --num-requests 2048 --output-len 256 --repeat 2 \
+    --points 64:1024 --deadline "${KIT_DEADLINE_SMALL_S:-900}"
 }
 
 # The same cell on 2 GPUs, one server at a time: the plugin's defaults, stock, the plugin
