@@ -13,9 +13,10 @@ mkdir -p "$logs"
 git clone -q ${3:+--branch "$3"} "$repo" "$dir" && cd "$dir" || exit 1
 echo "clone of $(git rev-parse --short HEAD) on $(nproc) cores, $(uname -sm), $(python3 --version)"
 echo
-# The Install section's first code block, then the first test line, as .ci/run finds it.
+# The Install section's first code block, then the Test section's (its install line and
+# the test command .ci/run runs), each line as written.
 mapfile -t commands < <(awk '/^## Install/ {on=1} on && /^```/ {n++; next} on && n == 1' README.md)
-commands+=("$(grep -m1 '^python -m pytest' README.md)")
+mapfile -t -O ${#commands[@]} commands < <(awk '/^## Test/ {on=1} on && /^```/ {n++; next} on && n == 1' README.md)
 commands+=("vllm-pp-cudagraph check" "vllm-pp-cudagraph bench --pp 0 --out /tmp/fresh-clone-bench"
   "vllm-pp-cudagraph bench --pp 2 --model /nonexistent --out /tmp/fresh-clone-bench"
   "python examples/offline_pp2.py" "python examples/direct_runner.py ./no-such-model"

@@ -21,6 +21,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -142,25 +143,47 @@ def _sampled(scheduler, output) -> ModelRunnerOutput:
                              sampled_token_ids=tokens)
 
 
+@dataclass
+class PassResult:
+    """One pass: requests per simulated second, and each request's time to its first
+    token and per output token after it (ms, in the order they finished)."""
+
+    req_per_s: float
+    ttft_ms: list[float] = field(default_factory=list)
+    tpot_ms: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        return {"req_per_s": round(self.req_per_s, 2),
+                "ttft_p50_ms": round(float(np.percentile(self.ttft_ms, 50)), 1),
+                "ttft_p99_ms": round(float(np.percentile(self.ttft_ms, 99)), 1),
+                "tpot_p50_ms": round(float(np.percentile(self.tpot_ms, 50)), 2)}
+
+
 def serve_passes(scheduler, clock: PipelineClock, passes: list[int], concurrency: int,
-                 input_len: int, output_len: int) -> list[float]:
-    """Each pass's requests per simulated second: ``passes[i]`` requests kept
-    ``concurrency`` at a time (a new one as one finishes), the engine drained between
-    passes, ``pp_size + 1`` steps in flight as in the engine core."""
-    rates, next_id = [], 0
+                 input_len: int, output_len: int) -> list[PassResult]:
+    """Each pass: ``passes[i]`` requests kept ``concurrency`` at a time (a new one as one
+    finishes), the engine drained between passes, ``pp_size + 1`` steps in flight as in
+    the engine core."""
+    results, next_id = [], 0
     for size in passes:
         sent = done = 0
         start, in_flight = clock.now_ms, deque()
+        arrived: dict[str, float] = {}
+        first_token: dict[str, float] = {}
+        result = PassResult(0.0)
         while done < size:
             while sent < size and sent - done < concurrency:
+                rid = str(next_id)
                 scheduler.add_request(Request(
-                    request_id=str(next_id), prompt_token_ids=[5] * input_len,
+                    request_id=rid, prompt_token_ids=[5] * input_len,
                     sampling_params=SamplingParams(max_tokens=output_len, ignore_eos=True),
                     pooling_params=None))
+                arrived[rid] = clock.now_ms
                 next_id, sent = next_id + 1, sent + 1
             if scheduler.has_requests():
                 output = scheduler.schedule()
                 clock.run(output)
+                _note_first_tokens(scheduler, output, clock, first_token)
                 in_flight.append(output)
                 if len(in_flight) < scheduler.pp_size + 1 and scheduler.has_requests():
                     continue
@@ -168,13 +191,28 @@ def serve_passes(scheduler, clock: PipelineClock, passes: list[int], concurrency
                 continue
             output = in_flight.popleft()
             outputs = scheduler.update_from_output(output, _sampled(scheduler, output))
-            done += sum(o.finish_reason is not None
-                        for engine in outputs.values() for o in engine.outputs)
+            for finished in (o for engine in outputs.values() for o in engine.outputs
+                             if o.finish_reason is not None):
+                rid, done = finished.request_id, done + 1
+                result.ttft_ms.append(first_token[rid] - arrived[rid])
+                result.tpot_ms.append((clock.token_ready[rid] - first_token[rid])
+                                      / max(1, output_len - 1))
         while in_flight:
             output = in_flight.popleft()
             scheduler.update_from_output(output, _sampled(scheduler, output))
-        rates.append(size / ((clock.end_ms - start) / 1000))
-    return rates
+        result.req_per_s = size / ((clock.end_ms - start) / 1000)
+        results.append(result)
+    return results
+
+
+def _note_first_tokens(scheduler, output, clock: PipelineClock,
+                       first_token: dict[str, float]) -> None:
+    """The step that completes a request's prompt gives its first token at its end."""
+    for rid in output.num_scheduled_tokens:
+        request = scheduler.requests.get(rid)
+        if (rid not in first_token and request is not None
+                and request.num_computed_tokens >= request.num_prompt_tokens):
+            first_token[rid] = clock.token_ready[rid]
 
 
 def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -185,12 +223,14 @@ def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str
     with cadence_on_clock(cadence, clock):
         scheduler = empty_scheduler(model_dir, args.concurrency, args.input_len,
                                     args.output_len, args.pp)
-        rates = serve_passes(scheduler, clock, [args.concurrency] + [args.pass_requests]
-                             * args.passes, args.concurrency, args.input_len, args.output_len)
+        warmup, *passes = serve_passes(
+            scheduler, clock, [args.concurrency] + [args.pass_requests] * args.passes,
+            args.concurrency, args.input_len, args.output_len)
     state = getattr(scheduler, "_pp_cudagraph", None)
     chooser = state.chooser if state is not None else None
-    return {"cadence": cadence, "warmup_req_per_s": round(rates[0], 2),
-            "pass_req_per_s": [round(r, 2) for r in rates[1:]],
+    return {"cadence": cadence, "warmup_req_per_s": round(warmup.req_per_s, 2),
+            "pass_req_per_s": [round(p.req_per_s, 2) for p in passes],
+            "passes": [p.summary() for p in passes],
             "trials": dict(chooser.trials) if chooser else None,
             "trial_steps": dict(chooser.trial_steps) if chooser else None,
             "switches": [(step, str(c)) for step, c, *_ in chooser.switches] if chooser else None}

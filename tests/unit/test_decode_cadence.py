@@ -1,46 +1,35 @@
-"""Moving decodes between PP steps: the schedule each cadence makes, and every first-stage input still right.
+"""Moving decodes between PP steps: the schedule each cadence makes, and every first-stage
+input still right.
 
-vLLM's real ``AsyncScheduler`` at ``pipeline_parallel_size=2`` is driven the
-way the engine core drives it (``pp_size + 1`` batches in flight). Each step is
-also played through a first stage: vLLM's real ``PPHandler`` ring holds the
-last stage's sampled tokens per step, consumed as vLLM's runner does, plus the
-plugin's early consume. A request that decodes on a first stage must read the
-token the last stage sampled at its previous step: that is the agreement
-between the scheduler's cadence and the worker's ring that a wrong patch
-breaks (the first stage would embed a stale token, with no error anywhere).
+vLLM's real ``AsyncScheduler`` at ``pipeline_parallel_size=2`` is driven the way the engine
+core drives it (``pp_size + 1`` batches in flight). Each step is also played through a
+first stage (``_first_stage.py``: vLLM's real ``PPHandler`` ring, consumed as vLLM's
+runner does, plus the plugin's early consume). How fast each cadence serves, timed on a
+simulated pipeline, is tested beside the simulation (``tests/tools/test_pipeline_sim.py``).
 """
 
 from __future__ import annotations
 
-import functools
 import random
-from collections import deque
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from _scheduler import drive, make_requests, make_scheduler, wrong_outputs
+from _first_stage import MAX_REQS, FirstStage, Run, serve
+from _scheduler import make_requests, make_scheduler
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request
 from vllm.v1.worker.gpu import pp_utils
-from vllm.v1.worker.gpu.pp_utils import PendingRecv, PPHandler
 
-from benchmarks.tools import pipeline_sim
-from benchmarks.tools.pipeline_sim import PipelineClock
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.engine.decode_cadence import lift_idle_cadence, merge_decode_groups
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
-    batch_req_indices,
     consume_entries_needed_by,
 )
-
-MAX_REQS = 16
 
 
 @pytest.fixture(scope="module")
@@ -84,120 +73,6 @@ def host_copies(monkeypatch):
     for name in ("async_copy_to_gpu", "async_tensor_h2d"):
         if hasattr(pp_utils, name):
             monkeypatch.setattr(pp_utils, name, lambda array, device=None: torch.from_numpy(array))
-
-
-class _HostStream:
-    """Stands in for the CUDA stream that waits on a broadcast: on CPU, tokens are there."""
-
-    def wait_event(self, event) -> None:
-        pass
-
-
-class FirstStage:
-    """A first pipeline stage's request state, fed through vLLM's ``PPHandler`` ring."""
-
-    def __init__(self, pp_size: int, early_consume: bool):
-        handler = PPHandler.__new__(PPHandler)
-        handler.is_last_rank = False
-        handler.device = torch.device("cpu")
-        handler.main_stream = _HostStream()
-        handler.queue = deque([None] * pp_size)
-        handler.req_idx_gen_np = np.zeros(MAX_REQS, dtype=np.int32)
-        self.handler = handler
-        self.early_consume = early_consume
-        self.index: dict[str, int] = {}
-        self.free = list(range(MAX_REQS))
-        self.last_sampled = np.full(MAX_REQS, -1, dtype=np.int64)
-        #: Ring entries the plugin's early consume took before vLLM's own consume would.
-        self.consumed_early = 0
-
-    def _apply(self, outputs: dict | None) -> None:
-        if outputs is None:
-            return
-        rows = outputs["idx_mapping"].numpy()
-        for row, req_idx in enumerate(rows):
-            count = int(outputs["num_sampled"][row])
-            if req_idx >= 0 and count:
-                self.last_sampled[req_idx] = int(outputs["sampled_tokens"][row, count - 1])
-
-    def start_step(self, output) -> dict[str, int]:
-        """What the runner does before the forward; returns each cached request's input token."""
-        self._apply(self.handler.get_prev_sampled_outputs())
-        if self.early_consume:
-            needed = batch_req_indices(output.scheduled_cached_reqs.req_ids, self.index)
-            pending = sum(entry is not None for entry in self.handler.queue)
-            for outputs in consume_entries_needed_by(self.handler, needed):
-                self._apply(outputs)
-            self.consumed_early += pending - sum(entry is not None for entry in self.handler.queue)
-        for req_id in output.finished_req_ids | (output.preempted_req_ids or set()):
-            self._free(req_id)
-        for data in output.scheduled_new_reqs:
-            self._free(data.req_id)
-            self.index[data.req_id] = self.free.pop()
-        return {r: int(self.last_sampled[self.index[r]]) for r in output.scheduled_cached_reqs.req_ids}
-
-    def _free(self, req_id: str) -> None:
-        req_idx = self.index.pop(req_id, None)
-        if req_idx is not None:
-            self.handler.on_req_idx_freed(req_idx)
-            self.free.append(req_idx)
-
-    def receive(self, output, sampled: dict[str, int]) -> None:
-        """The broadcast of the last stage's tokens for this step, as ``PPHandler.receive`` queues it."""
-        ids = list(output.num_scheduled_tokens)
-        if not any(r in sampled for r in ids):
-            return
-        idx = np.array([self.index[r] for r in ids], dtype=np.int32)
-        self.handler.queue[-1] = PendingRecv(
-            event=None,
-            sampled_tokens=torch.tensor([[sampled.get(r, -1)] for r in ids]),
-            num_sampled=torch.tensor([int(r in sampled) for r in ids]),
-            num_rejected=torch.zeros(len(ids), dtype=torch.int32),
-            idx_mapping=torch.from_numpy(idx),
-            idx_mapping_np=idx,
-            need_sampled_mask=np.array([r in sampled for r in ids]),
-            gen_at_receive_np=self.handler.req_idx_gen_np[idx].copy(),
-        )
-
-
-class Run:
-    """What one simulated serving run produced."""
-
-    def __init__(self):
-        self.requests: list[Request] = []
-        self.steps: list[frozenset[str]] = []
-        self.problems: list[str] = []
-        self.consumed_early = 0
-
-
-def serve(scheduler: AsyncScheduler, requests: list[Request], arrivals: list[int],
-          early_consume: bool = True, clock: PipelineClock | None = None) -> Run:
-    """Run the requests through the scheduler and a first stage; collect what went wrong.
-
-    With ``clock``, each step is also timed on a simulated pipeline.
-    """
-    run = Run()
-    run.requests = requests
-    stage = FirstStage(scheduler.pp_size, early_consume)
-    previous_token: dict[str, int | None] = {}
-
-    def on_step(output, sampled: dict[str, int]) -> None:
-        run.steps.append(frozenset(output.num_scheduled_tokens))
-        for req_id, token in stage.start_step(output).items():
-            expected = previous_token.get(req_id)
-            if expected is not None and token != expected:
-                run.problems.append(f"step {len(run.steps)} request {req_id}: first stage read "
-                                    f"{token}, last stage sampled {expected}")
-        for rid in output.num_scheduled_tokens:
-            previous_token[rid] = sampled.get(rid)
-        stage.receive(output, sampled)
-        if clock is not None:
-            clock.run(output)
-
-    drive(scheduler, requests, arrivals, on_step)
-    run.problems += wrong_outputs(requests)
-    run.consumed_early = stage.consumed_early
-    return run
 
 
 def lone_group(model_dir: str, pp: int = 2) -> Run:
@@ -489,145 +364,6 @@ def test_balanced_arrivals_and_preemption_never_decode_sooner_and_keep_tokens_ri
     assert preemptions > 0, "the KV cache never ran short: nothing was tested"
     assert problems == []
     assert sum(run.consumed_early for run in runs) == 0
-
-
-#: Model cost profiles (milliseconds): a small model whose steps cost host time whatever
-#: their size, and a big one whose stages' forwards grow with the batch.
-HOST_BOUND = {"host_ms": 2.0, "forward_ms": lambda n: 0.3 + 0.01 * n}
-GPU_BOUND = {"host_ms": 0.3, "forward_ms": lambda n: 0.5 + 0.5 * n}
-
-#: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock, FULL_AND_PIECEWISE,
-#: ``benchmarks/tools/stage_cost.py``): a copy of the run's ``stage_cost.json``
-#: (benchmarks/results/2026-11-24-vllm033-one-gpu-stage-costs/stage-cost/).
-RECORDED_STAGE_COSTS = Path(__file__).parents[1] / "data" / "stage_costs_vllm033.json"
-recorded_profile = functools.partial(pipeline_sim.recorded_profile, RECORDED_STAGE_COSTS)
-
-
-#: The cadence each recorded shape and context serves 256 requests faster with at PP=2:
-#: the 0.6B shape's steps at short contexts are host time (one merged group); at long
-#: contexts its attention makes them GPU time, as the bigger shapes' stage forwards are
-#: at any (groups that overlap).
-RECORDED_WINNER = {("qwen3-0.6b", 64): "merge", ("qwen3-0.6b", 1024): "balance",
-                   **{(shape, context): "balance" for context in (64, 1024)
-                      for shape in ("qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")}}
-
-
-def simulated_chooser(clock):
-    """``auto``'s chooser measures steps on the simulated pipeline's clock."""
-    from unittest import mock
-
-    from vllm_pp_cudagraph.engine import decode_cadence
-
-    return mock.patch.object(decode_cadence, "CadenceChooser",
-                             functools.partial(CadenceChooser, clock=clock))
-
-
-def timed(model_dir: str, cadence: str, profile: dict, pp: int = 2) -> tuple[Run, PipelineClock, object]:
-    """Eight requests of 240 tokens arriving at once, served on a simulated pipeline."""
-    clock = PipelineClock(pp, **profile)
-    scheduler = make_scheduler(model_dir, num_blocks=256, pp=pp)
-    requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(240, 240))
-    undo = _cadence(cadence) if cadence != "vllm" else (lambda: None)
-    try:
-        with simulated_chooser(clock):
-            run = serve(scheduler, requests, [0] * 8, clock=clock)
-    finally:
-        undo()
-    state = getattr(scheduler, "_pp_cudagraph", None)
-    return run, clock, state.chooser if state is not None else None
-
-
-@pytest.mark.parametrize("profile, wins, loses", [(HOST_BOUND, "merge", "balance"),
-                                                  (GPU_BOUND, "balance", "merge")])
-@pytest.mark.parametrize("pp", [2, 4])
-def test_auto_keeps_the_cadence_that_measures_faster(model_dir, profile, wins, loses, pp):
-    """On a host-bound profile merging wins, on a GPU-bound one balancing does (by
-    about 2x either way); auto finds the winner within a few windows, keeps it to the
-    end, and serves within 30% of the winner's time (on so short a run, the windows of
-    vLLM's cadence it starts on and the trials of the others cost the rest), with every
-    token right."""
-    runs = {c: timed(model_dir, c, profile, pp) for c in ("auto", wins, loses)}
-    assert {c: run.problems[:3] for c, (run, _, _) in runs.items()} == {c: [] for c in runs}
-    end = {c: clock.end_ms for c, (_, clock, _) in runs.items()}
-    assert end[wins] < 0.7 * end[loses], end
-    assert end["auto"] < 1.3 * end[wins], end
-    chooser = runs["auto"][2]
-    assert chooser.cadence.value == wins
-    # Adopted once, early (auto starts on vLLM's cadence): within seven windows (the
-    # first, as the load arrives, one of the incumbent at that load, a trial of the other
-    # candidate where it comes first, the winner's trial, the incumbent's again to confirm
-    # it, and the switch) and the steps that re-form the groups.
-    assert [c.value for _, c, *_ in chooser.switches] == [wins]
-    assert all(step < 7 * chooser.window_steps + 5 * pp for step, *_ in chooser.switches), \
-        chooser.switches
-
-
-def served_arrivals(model_dir: str, cadence: str, profile: dict, pp: int) -> tuple[Run, PipelineClock]:
-    """64 requests of 60-200 tokens arriving over 600 engine steps, at most 16 running,
-    on a simulated pipeline; ``vllm`` is stock's cadence (no patch)."""
-    clock = PipelineClock(pp, **profile)
-    scheduler = make_scheduler(model_dir, num_blocks=1024, pp=pp, max_num_seqs=16)
-    rng = random.Random(0)
-    requests = make_requests(64, rng, prompt=(4, 30), output=(60, 200))
-    arrivals = sorted(rng.randint(0, 600) for _ in requests)
-    undo = _cadence(cadence) if cadence != "vllm" else (lambda: None)
-    try:
-        with simulated_chooser(clock):
-            run = serve(scheduler, requests, arrivals, clock=clock)
-    finally:
-        undo()
-    return run, clock
-
-
-@pytest.mark.parametrize("profile", [HOST_BOUND, GPU_BOUND], ids=["host-bound", "gpu-bound"])
-@pytest.mark.parametrize("pp", [2, 4])
-def test_under_arrivals_auto_is_never_slower_than_vllms_cadence(model_dir, profile, pp):
-    """Requests arriving while the engine steps, as behind ``vllm serve``: the default
-    finishes the load at least as soon as stock's cadence would (the issue's floor is
-    0.97x stock), and within 15% of the better fixed cadence, the rest being what its
-    trials of the other one cost on a load this short."""
-    runs = {c: served_arrivals(model_dir, c, profile, pp)
-            for c in ("auto", "balance", "merge", "vllm")}
-    assert {c: run.problems[:3] for c, (run, _) in runs.items()} == {c: [] for c in runs}
-    end = {c: clock.end_ms for c, (_, clock) in runs.items()}
-    assert end["auto"] <= end["vllm"], end
-    assert end["auto"] < 1.15 * min(end["balance"], end["merge"]), end
-
-
-@pytest.mark.parametrize("shape, context", sorted(RECORDED_WINNER))
-def test_on_recorded_stage_costs_auto_keeps_the_faster_cadence(model_dir, shape, context):
-    """PP=2 on each shape's recorded stage costs, 8 requests standing for 256 arriving at
-    once (the seed's burst): the fixed cadence that serves them sooner is the one the costs
-    predict (for the 0.6B shape that depends on the context), auto ends on it, serves
-    within 20% of its time and ahead of vLLM's cadence."""
-    winner = RECORDED_WINNER[shape, context]
-    profile = recorded_profile(shape, context, requests_each=32)
-    runs = {c: timed(model_dir, c, profile) for c in ("auto", "balance", "merge", "vllm")}
-    assert {c: run.problems[:3] for c, (run, _, _) in runs.items()} == {c: [] for c in runs}
-    end = {c: clock.end_ms for c, (_, clock, _) in runs.items()}
-    assert min(("balance", "merge"), key=end.get) == winner, end
-    assert runs["auto"][2].cadence.value == winner
-    assert end["auto"] < 1.2 * end[winner], end
-    # The requests arrived at once, so vLLM's cadence leaves them one group and a stage
-    # idle every other step: the room stock leaves, which auto takes (1.08x to 1.6x).
-    assert end["auto"] < 0.95 * end["vllm"], end
-
-
-@pytest.mark.parametrize("shape, context", sorted(RECORDED_WINNER))
-def test_on_recorded_stage_costs_under_arrivals_auto_keeps_pace_with_vllms_cadence(
-        model_dir, shape, context):
-    """The arrivals above (at most 16 running, standing for 256) on each shape's recorded
-    stage costs at PP=2: auto finishes the load at no less than the issue's floor of
-    0.97x vLLM's cadence's speed (level with it or ahead on the GPU-bound shapes, far
-    ahead on the 0.6B shape), and within 5% of the better fixed cadence: its trials of
-    the other cost no more."""
-    profile = recorded_profile(shape, context, requests_each=16)
-    runs = {c: served_arrivals(model_dir, c, profile, 2)
-            for c in ("auto", "balance", "merge", "vllm")}
-    assert {c: run.problems[:3] for c, (run, _) in runs.items()} == {c: [] for c in runs}
-    end = {c: clock.end_ms for c, (_, clock) in runs.items()}
-    assert 0.97 * end["auto"] <= end["vllm"], end
-    assert end["auto"] < 1.05 * min(end["balance"], end["merge"]), end
 
 
 def test_patch_is_undone_exactly_and_off_when_disabled():
