@@ -30,9 +30,14 @@ def test_four_gpus_add_tp_times_pp(clean_env, capsys):
 def test_a_model_too_big_for_the_gpus_is_said_not_to_fit(clean_env, capsys):
     code, out = run_plan(capsys, "--model", "llama-3.1-70b", "--gpus", "2",
                          "--gpu-memory-gib", "40")
-    assert code == cli.EXIT_OK
+    assert code == cli.EXIT_FAILED
     assert out.count("does not fit") == 3
-    assert "recommended: none (no layout fits)" in out
+    assert "recommended: none (no layout fits: more GPUs, GPUs with more memory" in out
+    # TP has no stages: its row speaks of the weights' shard on each GPU.
+    [tp_row] = [line for line in out.splitlines() if line.startswith("stock TP=2 ")]
+    assert "does not fit: the weights (" in tp_row and "per GPU, a 1/2 shard)" in tp_row
+    [pp_row] = [line for line in out.splitlines() if line.startswith("plugin PP=2 ")]
+    assert "does not fit: stage 0's weights (" in pp_row
 
 
 def test_a_layout_the_heads_do_not_divide_into_is_named(clean_env, capsys):

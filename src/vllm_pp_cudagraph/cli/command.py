@@ -16,6 +16,7 @@ from vllm_pp_cudagraph import __version__, compat
 from vllm_pp_cudagraph.cli import install_check
 from vllm_pp_cudagraph.cli.exit_status import (
     EXIT_BROKEN_INSTALL,
+    EXIT_FAILED,
     EXIT_MISCONFIGURED,
     EXIT_NO_GPU,
     EXIT_OK,
@@ -495,7 +496,8 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
                         lambda name: ModelShape.from_config(read_model_config(name)))
     for line in render(rows, work, source, args.model, measured):
         print(line, file=out)
-    return EXIT_OK
+    # A plan that fits nothing answers, and a script asking it must not read "in order".
+    return EXIT_OK if any(row.fits for row in rows) else EXIT_FAILED
 
 
 def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineShape | None:

@@ -11,7 +11,8 @@ from typing import NoReturn
 
 #: Everything in order.
 EXIT_OK = 0
-#: The work ran and failed: a bench engine failed, or the runs' tokens differ.
+#: The work ran and failed: a bench engine failed, the runs' tokens differ, or no layout
+#: fits (``plan``).
 EXIT_FAILED = 1
 #: A setting or an argument is wrong (a plugin setting, VLLM_PLUGINS, a flag).
 EXIT_MISCONFIGURED = 2
@@ -23,7 +24,8 @@ EXIT_BROKEN_INSTALL = 4
 EXIT_UNSUPPORTED = 5
 
 TABLE = (
-    f"Exit status: {EXIT_OK} in order, {EXIT_FAILED} a run failed or tokens differ (bench), "
+    f"Exit status: {EXIT_OK} in order, {EXIT_FAILED} a run failed or tokens differ (bench) "
+    f"or no layout fits (plan), "
     f"{EXIT_MISCONFIGURED} a setting or argument is wrong, {EXIT_NO_GPU} no GPU or too "
     f"few visible, {EXIT_BROKEN_INSTALL} torch, torchvision or vLLM does not import, "
     f"{EXIT_UNSUPPORTED} unsupported vLLM."

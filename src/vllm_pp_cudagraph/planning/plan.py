@@ -55,8 +55,10 @@ def _room(shape: ModelShape, split: tuple[int, ...], tp: int, memory: Memory) ->
         weights = costs.stage_bytes(stage, len(split), layers) // tp
         room = memory.budget - weights
         if room <= 0:
-            return 0, (f"does not fit: stage {stage}'s weights ({weights / 2**30:.1f} GiB "
-                       f"per GPU) leave no room in {memory.budget / 2**30:.1f} GiB")
+            held = f"stage {stage}'s weights" if len(split) > 1 else "the weights"
+            share = f", a 1/{tp} shard" if tp > 1 else ""
+            return 0, (f"does not fit: {held} ({weights / 2**30:.1f} GiB per GPU{share}) "
+                       f"leave no room in {memory.budget / 2**30:.1f} GiB")
         tokens.append(room // _kv_bytes_per_token(shape, layers, tp))
     return min(tokens), ""
 
@@ -159,7 +161,8 @@ def recommendation(rows: list[Row], work: Workload, model: str,
     fastest predicted layout."""
     best = recommended(rows, work)
     if best is None:
-        return ["recommended: none (no layout fits)"]
+        return ["recommended: none (no layout fits: more GPUs, GPUs with more memory or a "
+                "higher --gpu-memory-utilization)"]
     predicted = best.prediction.layout
     if won := [cell for cell in measured if cell.winner]:
         note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
