@@ -280,8 +280,12 @@ def test_check_says_vllms_split_applies_by_default_and_what_auto_would_pick(gpus
     code, out = check_engine(model_dir, 3, gpu_memory_bytes=H200_BYTES,
                              gpu_memory_utilization=0.9)
     assert code == cli.EXIT_OK
-    assert "layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm" in out
+    assert ("layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm, the "
+            "default): layers 9,10,9 per stage") in out
     assert "with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: auto picks 10,10,8" in out
+    # Without the GPU's memory, vLLM's split is still known.
+    code, out = check_engine(model_dir, 2)
+    assert "the default): layers 14,14 per stage" in out
 
 
 def test_check_names_a_hand_set_partition_and_the_setting_without_a_model(gpus):

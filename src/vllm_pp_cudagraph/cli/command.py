@@ -230,6 +230,7 @@ def _report_settings(report: _Report, settings, error) -> None:
 def _report_partition(report: _Report, settings: PPCudaGraphSettings,
                       engine: EngineShape | None) -> None:
     from vllm_pp_cudagraph.planning import layer_partition
+    from vllm_pp_cudagraph.planning.stage_costs import num_hidden_layers
 
     setting = settings.layer_partition
     if engine is None:
@@ -259,6 +260,10 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
             return
         decision = decide(setting)
         lines = decision.describe()
+        if decision.layers is None and engine.pp > 1:
+            # vLLM's own split, as its get_pp_indices gives it without a hand-set one.
+            split = layer_partition.vllm_split(num_hidden_layers(engine.config), engine.pp)
+            lines[0] += f": layers {','.join(map(str, split))} per stage"
         if decision.source == "vllm" and setting is LayerPartition.VLLM and engine.pp > 1:
             auto = decide(LayerPartition.AUTO) if memory.known else None
             lines.append("with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: "
