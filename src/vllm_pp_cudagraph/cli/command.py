@@ -454,7 +454,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     from vllm_pp_cudagraph.planning.layer_partition import Memory
     from vllm_pp_cudagraph.planning.measured import matching, stock_calibration
     from vllm_pp_cudagraph.planning.pipeline_model import Workload
-    from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, render
+    from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, recommended, render
     from vllm_pp_cudagraph.planning.stage_costs import ModelShape, stage_costs
 
     for flag, value in (("--gpus", args.gpus), ("--concurrency", args.concurrency),
@@ -502,7 +502,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     for line in render(rows, work, source, args.model, measured):
         print(line, file=out)
     # A plan that fits nothing answers, and a script asking it must not read "in order".
-    return EXIT_OK if any(row.fits for row in rows) else EXIT_FAILED
+    return EXIT_FAILED if recommended(rows, work) is None else EXIT_OK
 
 
 def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineShape | None:
