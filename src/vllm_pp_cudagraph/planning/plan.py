@@ -256,11 +256,9 @@ def predict_run(config: Any, run: dict[str, Any]) -> Prediction | None:
     ``concurrency``; ``interconnect`` where not NVLink) on the run's GPU (``gpu``, an H200
     where it names none) with stock PP calibrated for its release (``vllm_version``) and
     workload; None for a runner or a model it does not cover."""
-    gpu = by_device_name(run.get("gpu") or "") or FITTED_ON
-    rates = gpu_rates(gpu)
-    stock_factor = stock_calibration(run.get("vllm_version"), run["workload"]).factor
     if unmodelled_reason(config) is not None:
         return None
+    rates = gpu_rates(by_device_name(run.get("gpu") or "") or FITTED_ON)
     shape = ModelShape.from_config(config)
     serve = run["workload"] == "serve"
     work = Workload(run.get("concurrency") or run["prompts"], run["input_len"],
@@ -274,5 +272,6 @@ def predict_run(config: Any, run: dict[str, Any]) -> Prediction | None:
     split = tuple(run.get("layer_partition") or vllm_split(shape.num_layers, run["pp"]))
     if cadence == "auto":
         return plugin_auto(shape, split, work, link, tp=run["tp"], rates=rates)
+    stock_factor = stock_calibration(run.get("vllm_version"), run["workload"]).factor
     return pipeline(shape, split, work, cadence, link, tp=run["tp"], rates=rates,
                     stock_factor=stock_factor)
