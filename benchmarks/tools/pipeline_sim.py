@@ -31,6 +31,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
+from benchmarks.tools.scheduler_hook_cost import empty_scheduler
 from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -217,8 +218,6 @@ def _note_first_tokens(scheduler, output, clock: PipelineClock,
 
 def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str, Any]:
     """One cadence over the warm-up and the timed passes, on a fresh scheduler."""
-    from benchmarks.tools.scheduler_hook_cost import empty_scheduler
-
     clock = PipelineClock(args.pp, **recorded_profile(args.stage_costs, args.shape, args.context))
     with cadence_on_clock(cadence, clock):
         scheduler = empty_scheduler(model_dir, args.concurrency, args.input_len,
