@@ -142,6 +142,23 @@ def test_a_silent_stage_shows(env) -> None:
     assert "stage 1 silent" in format_log_line(logger.view)
 
 
+def test_a_stage_without_steps_for_two_windows_reads_idle_not_its_last_window(env) -> None:
+    """A stage writes only while it steps: between bursts its last busy window must not
+    stand for the idle time after it."""
+    write_snapshot(stage(0, time=time.time() - stat_logger.IDLE_AFTER_S - 5), env.dir)
+    write_snapshot(stage(1, time=time.time() - 1), env.dir)
+    logger = env.make()
+    samples = scrape(env.registry)
+    assert value(samples, "stage_reporting", stage="0") == 1
+    assert value(samples, "stage_busy_ratio", stage="0") == 0
+    assert value(samples, "stage_wait_ratio", stage="0") == 0
+    assert value(samples, "stage_step_seconds", stage="0") is None
+    assert value(samples, "stage_graph_steps_total", stage="0") == 998
+    assert value(samples, "stage_busy_ratio", stage="1") == pytest.approx(0.97)
+    line = format_log_line(logger.view)
+    assert line.startswith("Pipeline: stage 0 idle; stage 1 busy 97%, waits 3%;")
+
+
 def test_the_stage_count_also_comes_from_the_snapshots(env) -> None:
     write_snapshot(stage(0), env.dir)
     env.make(vllm_config=config(pp=1))
@@ -208,7 +225,7 @@ def test_cadence_info_keeps_earlier_cadences_at_zero(env) -> None:
 
 
 def test_record_rereads_at_most_once_a_second(env, monkeypatch) -> None:
-    clock = types.SimpleNamespace(monotonic=lambda: 100.0)
+    clock = types.SimpleNamespace(monotonic=lambda: 100.0, time=time.time)
     monkeypatch.setattr(stat_logger, "time", clock)
     logger = env.make()
     write_snapshot(stage(0, steps=1), env.dir)

@@ -10,7 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from vllm_pp_cudagraph.metrics.snapshots import (
     read_engine_snapshot,
     read_stage_snapshots,
 )
+from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
 from vllm_pp_cudagraph.plugin import is_enabled
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings, environment_value
 
@@ -36,6 +37,9 @@ logger = init_logger("vllm.pp_cudagraph.metrics")
 
 PREFIX = "vllm_pp_cudagraph:"
 REFRESH_INTERVAL_S = 1.0
+#: A stage writes at its first step 5 s into a window, so a snapshot older than two windows
+#: means the stage ran no step for at least one: it reports idle, not its last busy window.
+IDLE_AFTER_S = 2 * INTERVAL_S
 _STAGE = ["engine", "stage"]
 
 #: Per-stage gauges: name -> (help, value from the snapshot; None leaves the sample out).
@@ -46,7 +50,7 @@ STAGE_GAUGES: dict[str, tuple[str, Callable[[StageSnapshot], float | None]]] = {
                          "steps (the pipeline bubble: on the stages after the first, mostly "
                          "waiting for the previous stage's tensors).", lambda s: s.wait_fraction),
     "stage_step_seconds": ("Mean GPU time of one step of the stage, in seconds.",
-                           lambda s: s.step_ms / 1e3),
+                           lambda s: s.step_ms / 1e3 if s.steps else None),
     "stage_handoff_seconds": ("Mean host time per step receiving intermediate tensors "
                               "(direct hand-off only), in seconds.",
                               lambda s: None if s.handoff_ms is None else s.handoff_ms / 1e3),
@@ -171,6 +175,7 @@ def format_log_line(view: PipelineView) -> str | None:
     for stage in range(max(view.pp_size, max(view.stages, default=-1) + 1)):
         snap = view.stages.get(stage)
         parts.append(f"stage {stage} silent" if snap is None else
+                     f"stage {stage} idle" if not snap.steps else
                      f"stage {stage} busy {snap.busy_fraction:.0%}, waits {snap.wait_fraction:.0%}")
     if timed := [s.handoff_ms for s in view.stages.values() if s.handoff_ms is not None]:
         parts.append(f"hand-off {sum(timed) / len(timed):.2f} ms/step")
@@ -188,6 +193,14 @@ def format_log_line(view: PipelineView) -> str | None:
     if steps:
         parts.append(f"graphs {100 * graphs / steps:.1f}% of steps")
     return "Pipeline: " + "; ".join(parts)
+
+
+def idle_marked(snap: StageSnapshot, now: float) -> StageSnapshot:
+    """``snap``, or where it is :data:`IDLE_AFTER_S` old, a window of no steps since it."""
+    if now - snap.time <= IDLE_AFTER_S:
+        return snap
+    return replace(snap, window_s=now - snap.time, steps=0, busy_fraction=0.0,
+                   wait_fraction=0.0, handoff_ms=None, predicted_step_ms=None)
 
 
 class _MonotonicTotal:
@@ -301,7 +314,9 @@ class PipelineStatLogger(StatLoggerBase):
         """Re-read the snapshots now."""
         with self._lock:
             self._next_refresh = time.monotonic() + REFRESH_INTERVAL_S
-            stages = read_stage_snapshots(self.engine_index, self.directory, self.max_age_s)
+            stages = {stage: idle_marked(snap, time.time()) for stage, snap in
+                      read_stage_snapshots(self.engine_index, self.directory,
+                                           self.max_age_s).items()}
             snap = read_engine_snapshot(self.engine_index, self.directory, self.max_age_s)
             self.view = self._next_view(stages, snap)
 
