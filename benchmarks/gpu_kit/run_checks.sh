@@ -71,7 +71,8 @@
 #                KIT_DEADLINE_S bounds each lane)
 #   lanes-burst-32b  4 GPUs: where stock leaves room, side by side (plugin | stock, stock |
 #                plugin): the seed's burst on the 32B shape, 128 requests of 2 tokens at
-#                once, 512 out, three passes (KIT_DEADLINE_BURST_S)
+#                once, 512 out, three passes of two such waves (KIT_DEADLINE_BURST_S;
+#                one slot is about 7 minutes, as is one of lanes-0.6b)
 #   lanes-0.6b   4 GPUs: the same pairs on the launch-bound 0.6B shape at the lanes-32b
 #                cell's load (KIT_DEADLINE_SMALL_S)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
@@ -400,7 +401,7 @@ step_lanes-32b() {
 
 # Where stock leaves room, side by side in both lane orders (plugin | stock, stock |
 # plugin): the seed's burst on the 32B shape (128 requests of 2 tokens at once, 512 out,
-# one prefill cohort), and the launch-bound 0.6B shape at the never-slower cell's load.
+# one prefill cohort; a pass sends twice the concurrency, so two such waves), and the launch-bound 0.6B shape at the never-slower cell's load.
 step_lanes-burst-32b() {
   lanes lanes-burst-32b "plugin:$FAP,stock:$FAP" "stock:$FAP,plugin:$FAP" --model qwen3-32b \
     --weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \

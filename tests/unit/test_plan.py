@@ -94,6 +94,21 @@ def test_a_measured_cell_decides_over_the_prediction(clean_env, capsys):
     assert "recommended: stock TP=2 (measured on 2x H200; the model predicted plugin PP=2)" in out
 
 
+def test_a_measured_winner_does_not_settle_a_layout_its_cell_did_not_measure(
+        clean_env, capsys):
+    """The seed's burst on two H200s: the plugin beat stock PP=2, but TP=2 was not served
+    and is predicted well ahead, so the cell's winner is not the recommendation; the bench
+    command measures the winner against TP."""
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "128",
+                      "--max-num-seqs", "1024", "--input-len", "2", "--output-len", "512",
+                      "--gpu", "h200")
+    assert "plugin PP=2 10.90, stock PP=2 10.62 req/s; plugin PP=2 won" in out
+    assert ("recommended: too close to call (plugin PP=2 won against stock PP=2 on 2x H200; "
+            "stock TP=2, not measured at this load, is predicted at") in out
+    [command] = bench_commands_in(out)
+    assert command[-1] == "plugin:full_and_piecewise,tp:full_and_piecewise"
+
+
 @pytest.fixture
 def on_vllm_033(monkeypatch):
     """Stock PP calibrated as on vLLM 0.33, whichever release runs the tests."""
@@ -128,7 +143,7 @@ def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measur
     all: the prediction (the plugin 26% ahead of stock PP) is not the recommendation."""
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
                       "--max-num-seqs", "1024", *H200)
-    assert out.count("\nmeasured on ") == 4  # 2x H200 twice, and 2x H100 twice
+    assert out.count("\nmeasured on ") == 5  # 2x H200 three times, and 2x H100 twice
     assert ("recommended: too close to call (plugin PP=2 and stock PP=2 measured level on "
             "2x H100; stock TP=2 not measured at this load)") in out
     assert "recommended: plugin PP=2" not in out

@@ -164,13 +164,16 @@ def recommendation(rows: list[Row], work: Workload, model: str,
         return ["recommended: none (no layout fits: more GPUs, GPUs with more memory or a "
                 "higher --gpu-memory-utilization)"]
     predicted = best.prediction.layout
-    if won := [cell for cell in measured if cell.winner]:
-        note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
-        return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
     choices = sorted((r.prediction for r in _choices(rows, work)),
                      key=lambda p: p.req_per_s, reverse=True)
-    why, contenders = (_measured_level(choices, measured) if measured
-                       else _predicted_close(choices, work.kind))
+    if won := [cell for cell in measured if cell.winner]:
+        why, contenders = _unmeasured_rival(won[0], choices, work.kind)
+        if not contenders:
+            note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
+            return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
+    else:
+        why, contenders = (_measured_level(choices, measured) if measured
+                           else _predicted_close(choices, work.kind))
     if len(contenders) < 2:
         return [f"recommended: {predicted}"]
     return [f"recommended: too close to call ({why}); measure on your GPUs:",
@@ -198,6 +201,23 @@ def _error(prediction: Prediction, workload: str) -> float:
     """The model's median error on measured cells of ``prediction``'s kind of layout (the
     plugin's PP, stock PP or TP: the runner ``bench`` measures it with) and ``workload``."""
     return row_error(bench_runner(prediction)[0], workload)
+
+
+def _unmeasured_rival(cell: MeasuredCell, choices: list[Prediction],
+                      workload: str) -> tuple[str, list[Prediction]]:
+    """Where a layout the winning ``cell`` did not measure is predicted within the model's
+    error of its winner, or faster: why that leaves the choice open, and the winner and
+    that rival to measure; else no contenders."""
+    winner = next((p for p in choices if p.layout == cell.winner), None)
+    rivals = [p for p in choices if p.layout not in cell.req_per_s and winner is not None
+              and p.req_per_s * (1 + max(_error(p, workload), _error(winner, workload)))
+              > winner.req_per_s]
+    if not rivals:
+        return "", []
+    rival, beaten = rivals[0], [layout for layout in cell.req_per_s if layout != cell.winner]
+    return (f"{cell.winner} won against {' and '.join(beaten)} on {cell.gpu}; {rival.layout}, "
+            f"not measured at this load, is predicted at {rival.req_per_s / winner.req_per_s:.2f}x "
+            f"it"), [winner, rival]
 
 
 def _measured_level(choices: list[Prediction],
