@@ -74,7 +74,8 @@
 #                once, 512 out, three passes of two such waves (KIT_DEADLINE_BURST_S;
 #                one slot is about 7 minutes, as is one of lanes-0.6b)
 #   lanes-0.6b   4 GPUs: the same pairs on the launch-bound 0.6B shape at the lanes-32b
-#                cell's load (KIT_DEADLINE_SMALL_S)
+#                cell's load (KIT_DEADLINE_SMALL_S; KIT_SMALL_LANE_A / KIT_SMALL_LANE_B:
+#                other runners, as KIT_LANE_A / KIT_LANE_B for lanes-32b)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
@@ -409,7 +410,8 @@ step_lanes-burst-32b() {
     --points 2:128 --deadline "${KIT_DEADLINE_BURST_S:-900}"
 }
 step_lanes-0.6b() {
-  lanes lanes-0.6b "plugin:$FAP,stock:$FAP" "stock:$FAP,plugin:$FAP" --model qwen3-0.6b \
+  lanes lanes-0.6b "${KIT_SMALL_LANE_A:-plugin:$FAP,stock:$FAP}" \
+    "${KIT_SMALL_LANE_B:-stock:$FAP,plugin:$FAP}" --model qwen3-0.6b \
     --weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
     --timeout 600 --workload serve --num-requests 2048 --output-len 256 --repeat 2 \
     --points 64:1024 --deadline "${KIT_DEADLINE_SMALL_S:-900}"
