@@ -88,6 +88,10 @@
 #   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
 #   soak-preemption-32b  4 GPUs: soak-32b's servers with a KV cache of 512 blocks, so
 #                requests are preempted and resumed; 2,000 requests each
+#   faults       4 GPUs: a stage raising inside a step and a stage's worker killed, first
+#                and last stage, under load: the plugin on GPUs 0,1 beside stock on 2,3
+#                (faults/: a report per fault with the seconds to a clean stop and the
+#                error lines a user sees; KIT_FAULT_EXECUTORS="mp ray" adds Ray)
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -166,7 +170,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -516,6 +520,36 @@ step_soak-30b-a3b() { gpu_soak soak-30b-a3b 2 0,1 2,3 --shape qwen3-30b-a3b; }
 step_soak-32b-pp4() { gpu_soak soak-32b-pp4 4 0,1,2,3 --shape qwen3-32b; }
 step_soak-preemption-32b() {
   KIT_SOAK_REQUESTS=2000 gpu_soak soak-preemption-32b 2 0,1 2,3 --shape qwen3-32b --preemption
+}
+
+# faults-STEP: a stage that raises inside a step and a stage's worker killed (SIGKILL),
+# first and last stage, under load, with a GPU per stage: the plugin on GPUs 0,1 beside
+# stock on 2,3 (../tools/serve_checks.py fault; KIT_FAULT_EXECUTORS="mp ray" adds Ray
+# where it is installed). Each report has the seconds to a clean stop and the log's
+# error lines.
+fault_lane() {
+  local runner=$1 gpus=$2 port=$3 rc=0 executor stage how
+  for executor in ${KIT_FAULT_EXECUTORS:-mp}; do
+    for stage in first last; do
+      for how in raise kill; do
+        python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --runner "$runner" \
+          --gpus "$gpus" --port "$port" --stage "$stage" --how "$how" \
+          $([ "$executor" = ray ] && echo --ray) || rc=1
+      done
+    done
+  done
+  return $rc
+}
+step_faults() {
+  install_test_plugins
+  local rc=0
+  (set -o pipefail; fault_lane plugin 0,1 8400 2>&1 | sed -u 's/$/  (plugin)/') &
+  local plugin=$!
+  (set -o pipefail; export VLLM_PORT=29800
+   fault_lane stock 2,3 8500 2>&1 | sed -u 's/$/  (stock)/') &
+  wait $plugin || rc=1
+  wait $! || rc=1
+  return $rc
 }
 
 step_shared-soak-lora() {

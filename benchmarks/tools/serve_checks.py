@@ -9,15 +9,18 @@ so its grammar can spell JSON.
 ``fault``: a model whose first (or, with ``--stage last``, last) stage raises
 inside a serving step on request (the test-only ``pp_e2e_models`` plugin,
 ``tests/e2e/soak_plugins``), under vLLM's multiprocess executor or, with
-``--ray``, Ray's. The server must exit within ``--exit-within`` seconds of the
-fault, with the stage's error in its log and no process of its group left (its
-exit status is recorded: vLLM's API server exits 0 once its engine has died).
-Stock vLLM is run under the same fault beside it, and what it did is recorded.
+``--ray``, Ray's; with ``--how kill``, that stage's worker process is killed
+(SIGKILL) mid-serving instead. The server must exit within ``--exit-within``
+seconds of the fault, with the stage's error in its log (for a raise) and no
+process of its group left (its exit status is recorded: vLLM's API server exits 0
+once its engine has died); the report keeps the log's error lines after the fault,
+what a user sees. Stock vLLM is run under the same fault beside it, and what it
+did is recorded.
 
     python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
         [--shape qwen3-32b ...]
     python -m benchmarks.tools.serve_checks fault --out DIR [--runner plugin|stock]
-        [--stage first|last] [--ray]
+        [--stage first|last] [--ray] [--how raise|kill]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import tempfile
@@ -54,6 +58,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     RunSpec,
     engine_env,
     record_findings,
+    records_dir,
     records_dir_of,
     stop_process_group,
 )
@@ -192,8 +197,29 @@ def fault_env(flag: Path, stage: str) -> dict[str, str]:
 
 
 def fault_name(args: argparse.Namespace) -> str:
-    """The fault report's and log's name: runner, failing stage, executor."""
-    return f"fault-{args.runner}-{args.stage}-{'ray' if args.ray else 'mp'}"
+    """The fault report's and log's name: runner, failing stage, executor (and ``-kill``
+    where the stage's worker is killed rather than raising)."""
+    name = f"fault-{args.runner}-{args.stage}-{'ray' if args.ray else 'mp'}"
+    return name + ("-kill" if args.how == "kill" else "")
+
+
+def stage_worker_pid(records: Path, log_text: str, stage: int) -> int | None:
+    """The process of ``stage``'s first TP rank: from the plugin's plan record where the
+    plugin's runner runs it (any executor), else from vLLM's own log prefix for its
+    multiprocess workers (``(Worker_PP1 pid=...)``, ``(Worker_PP1_TP0 pid=...)``)."""
+    record = records / f"plan-{stage}-0.json"
+    if record.exists():
+        pid = json.loads(record.read_text()).get("pid")
+        if pid:
+            return int(pid)
+    found = re.search(rf"\(Worker(?:_DP0)?_PP{stage}(?:_TP0)? pid=(\d+)\)", log_text)
+    return int(found.group(1)) if found else None
+
+
+def error_lines(log_text: str, limit: int = 8) -> list[str]:
+    """The log's first ERROR and CRITICAL lines: what a user watching it sees of a fault."""
+    return [line.strip()[:300] for line in log_text.splitlines()
+            if " ERROR " in line or " CRITICAL " in line][:limit]
 
 
 def check_fault(args: argparse.Namespace) -> dict[str, Any]:
@@ -204,6 +230,8 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
     config["architectures"] = ["StageFaultQwen3ForCausalLM"]
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
     flag = Path(tempfile.mkdtemp(prefix="fault-flag-")) / "now"
+    # When the fault happened: the model's flag for a raise; a kill leaves the model be.
+    fault_marker = flag if args.how == "raise" else flag.with_name("killed")
     spec = RunSpec(args.runner, "eager", pp=2, max_num_seqs=64, weights="dummy",
                    attention_backend="TRITON_ATTN", gpu_memory_utilization=0.4,
                    extra_env={**fault_env(flag, args.stage),
@@ -211,9 +239,11 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
     env = engine_env(spec)
     env["VLLM_PLUGINS"] = ",".join(p for p in (env.get("VLLM_PLUGINS"), "pp_e2e_models") if p)
     log_path = out / f"{fault_name(args)}.log"
+    records = env["VLLM_PP_CUDAGRAPH_METRICS_DIR"] = str(records_dir(log_path))
+    stage_index = 0 if args.stage == "first" else spec.pp - 1
     base_url = f"http://127.0.0.1:{args.port}"
     report: dict[str, Any] = {"runner": args.runner, "stage": args.stage,
-                              "executor": "ray" if args.ray else "mp",
+                              "executor": "ray" if args.ray else "mp", "how": args.how,
                               "exit_within_s": args.exit_within}
     executor = ["--distributed-executor-backend", "ray"] if args.ray else []
     with open(log_path, "w") as log_file:
@@ -239,7 +269,10 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                             return False
                     tasks = [asyncio.create_task(one()) for _ in range(32)]
                     await asyncio.sleep(2.0)  # mid-serving
-                    flag.touch()
+                    if args.how == "kill":
+                        report["killed_pid"] = kill_stage_worker(
+                            Path(records), log_path, stage_index)
+                    fault_marker.touch()
                     results = await asyncio.gather(*tasks)
                 return sum(results)
 
@@ -251,7 +284,7 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
 
             thread = threading.Thread(target=run_load_thread, daemon=True)
             thread.start()
-            while not flag.exists() and time.monotonic() - started < 30:
+            while not fault_marker.exists() and time.monotonic() - started < 30:
                 time.sleep(0.05)
             fault_at = time.monotonic()
             try:
@@ -273,16 +306,28 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                 except (subprocess.TimeoutExpired, ProcessLookupError):
                     stop_process_group(proc)
     log = log_path.read_text(errors="replace")
-    report["fault_in_log"] = f"injected fault on the {args.stage} stage" in log
-    stage_index = 0 if args.stage == "first" else spec.pp - 1
-    report["stage_stop_in_log"] = f"Pipeline stage {stage_index} failed in execute_model" in log
+    report["error_lines"] = error_lines(log)
     # vLLM's API server exits 0 once its engine is dead (EngineDeadError), whatever
     # killed it; what counts is that it exits, promptly, leaving nothing behind.
-    report["passed"] = bool(
-        report.get("exit_s") is not None and not report["left_running"]
-        and report["fault_in_log"]
-    )
+    stopped = report.get("exit_s") is not None and not report["left_running"]
+    if args.how == "kill":
+        report["passed"] = bool(stopped and report.get("killed_pid"))
+        return report
+    report["fault_in_log"] = f"injected fault on the {args.stage} stage" in log
+    report["stage_stop_in_log"] = f"Pipeline stage {stage_index} failed in execute_model" in log
+    report["passed"] = bool(stopped and report["fault_in_log"])
     return report
+
+
+def kill_stage_worker(records: Path, log_path: Path, stage: int) -> int | None:
+    """SIGKILL ``stage``'s worker; its pid, or None where it was not found."""
+    pid = stage_worker_pid(records, log_path.read_text(errors="replace"), stage)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+    return pid
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the stage that fails (fault)")
     parser.add_argument("--ray", action="store_true",
                         help="serve with --distributed-executor-backend ray (fault)")
+    parser.add_argument("--how", choices=("raise", "kill"), default="raise",
+                        help="the stage raises inside a step, or its worker is killed (fault)")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = (check_structured if args.check == "structured" else check_fault)(args)

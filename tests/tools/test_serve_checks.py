@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 
 from _local_server import local_server
@@ -12,8 +13,11 @@ from aiohttp import web
 from benchmarks.tools.sampling_mix import SCHEMA, schema_problems
 from benchmarks.tools.serve_checks import (
     byte_vocab_model_dir,
+    error_lines,
     fault_env,
+    kill_stage_worker,
     send_structured,
+    stage_worker_pid,
     structured_requests,
 )
 from benchmarks.tools.serve_checks import main as serve_checks_main
@@ -93,3 +97,48 @@ def test_any_shape_gets_the_byte_vocabulary_so_its_grammar_can_spell_json(tmp_pa
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     ids = tokenizer.encode('{"ok":true}', add_special_tokens=False)
     assert max(ids) < 256 and tokenizer.decode(ids) == '{"ok":true}'
+
+
+def test_a_stage_is_killed_through_the_pid_its_plan_record_names(tmp_path, monkeypatch):
+    """The plugin's runner writes its process into each rank's plan record, so the kill
+    check finds a stage's worker under any executor, and kills that process."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from vllm_pp_cudagraph.metrics import snapshots
+    from vllm_pp_cudagraph.worker import model_runner
+
+    monkeypatch.setenv(snapshots.METRICS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(model_runner, "get_tp_group", lambda: SimpleNamespace(rank_in_group=0))
+    monkeypatch.setattr(model_runner, "get_pp_group", lambda: SimpleNamespace(rank_in_group=1))
+    model_runner.write_plan_record({"plugin_runner": True})
+    assert stage_worker_pid(tmp_path, "", stage=1) == os.getpid()
+    assert stage_worker_pid(tmp_path, "", stage=0) is None
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    record = tmp_path / "plan-1-0.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "pid": worker.pid}))
+    log = tmp_path / "server.log"
+    log.write_text("")
+    assert kill_stage_worker(tmp_path, log, stage=1) == worker.pid
+    assert worker.wait(timeout=10) == -9
+
+
+def test_stocks_stage_worker_is_found_by_vllms_log_prefix(tmp_path):
+    """Without the plugin's records, vLLM's decoration of its multiprocess workers' lines
+    names the stage (with a TP rank where TP > 1); a line of another stage does not count."""
+    log = ("(Worker pid=11) INFO loading\n(Worker_PP0 pid=11) INFO ready\n"
+           "(Worker_PP1_TP1 pid=14) INFO ready\n(Worker_PP1_TP0 pid=13) INFO ready\n")
+    assert stage_worker_pid(tmp_path, log, stage=1) == 13
+    assert stage_worker_pid(tmp_path, log, stage=0) == 11
+    assert stage_worker_pid(tmp_path, log, stage=2) is None
+
+
+def test_the_report_keeps_the_error_lines_a_user_sees():
+    log = ("(APIServer pid=1) INFO 11-27 04:00:00 [api_server.py:1] ok\n"
+           "(EngineCore pid=2) ERROR 11-27 04:00:01 [core.py:9] Worker proc VllmWorker-1 died\n"
+           "(APIServer pid=1) ERROR 11-27 04:00:01 [async_llm.py:5] EngineDeadError\n")
+    assert error_lines(log) == [
+        "(EngineCore pid=2) ERROR 11-27 04:00:01 [core.py:9] Worker proc VllmWorker-1 died",
+        "(APIServer pid=1) ERROR 11-27 04:00:01 [async_llm.py:5] EngineDeadError"]

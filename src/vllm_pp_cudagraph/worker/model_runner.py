@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
@@ -111,10 +112,11 @@ def check_refusal(plan: EnginePlan) -> EnginePlan:
 
 def write_plan_record(record: dict) -> None:
     """Leave this rank's plan where ``bench`` and ``check`` read it (metrics/snapshots.py),
-    with the per-stage metrics on or off: the record is what ran, not a metric."""
+    with the per-stage metrics on or off: the record is what ran, not a metric, and which
+    process runs the rank."""
     stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
     write_snapshot(PlanRecord(f"{stage}-{tp_rank}", {**record, "stage": stage,
-                                                     "tp_rank": tp_rank}))
+                                                     "tp_rank": tp_rank, "pid": os.getpid()}))
 
 
 def check_manager_holders(runner: object) -> None:
