@@ -109,6 +109,19 @@ def test_a_measured_winner_does_not_settle_a_layout_its_cell_did_not_measure(
     assert command[-1] == "plugin:full_and_piecewise,tp:full_and_piecewise"
 
 
+def test_a_served_prediction_above_what_a_host_bound_server_put_out_says_so(clean_env, capsys):
+    """The 0.6B shape served at concurrency 1,024 put out 13.6k tokens/s, bound by its API
+    server and client; the model, which has only the GPUs, predicts 3-4x that. Plan says
+    so under the table; where its predictions stay below (the 32B shape), it says nothing."""
+    _, out = run_plan(capsys, "--model", "qwen3-0.6b", "--gpus", "2", "--concurrency", "1024",
+                      "--max-num-seqs", "1024", "--gpu", "h200")
+    assert ("plugin PP=2, stock PP=2, stock TP=2: predicted above the 13,647 output tokens/s "
+            "a server put out where its API server and client, not its GPUs, set the pace") in out
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
+                      "--max-num-seqs", "1024", "--gpu", "h200")
+    assert "API server" not in out
+
+
 @pytest.fixture
 def on_vllm_033(monkeypatch):
     """Stock PP calibrated as on vLLM 0.33, whichever release runs the tests."""

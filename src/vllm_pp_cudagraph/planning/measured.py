@@ -35,6 +35,8 @@ class MeasuredCell:
     winner: str | None
     how: str
     source: str
+    host_bound: bool = False
+    """Whether the API server and the client, not the GPUs, set the cell's pace."""
 
     def line(self) -> str:
         figures = ", ".join(f"{layout} {value:.2f}" for layout, value in self.req_per_s.items())
@@ -62,6 +64,14 @@ def row_error(kind: str, workload: str) -> float:
 
 def cells() -> list[MeasuredCell]:
     return [MeasuredCell(**cell) for cell in _table()["cells"]]
+
+
+def host_bound_output() -> tuple[float, MeasuredCell] | None:
+    """The most output tokens/s a server put out in a cell its host bound (the model has
+    no term for the API server or the client), and that cell; None where none was."""
+    found = [(max(cell.req_per_s.values()) * cell.output_len, cell)
+             for cell in cells() if cell.workload == "serve" and cell.host_bound]
+    return max(found, key=lambda f: f[0], default=None)
 
 
 def matching(shape: ModelShape, gpus: int, work: Workload, interconnect: str,

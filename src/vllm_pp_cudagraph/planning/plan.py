@@ -8,7 +8,12 @@ from typing import Any
 from vllm_pp_cudagraph.planning.gpus import FITTED_ON, by_device_name
 from vllm_pp_cudagraph.planning.gpus import rates as gpu_rates
 from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide, vllm_split
-from vllm_pp_cudagraph.planning.measured import MeasuredCell, row_error, stock_calibration
+from vllm_pp_cudagraph.planning.measured import (
+    MeasuredCell,
+    host_bound_output,
+    row_error,
+    stock_calibration,
+)
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
     STOCK_PP_GPU_FACTOR,
@@ -250,6 +255,7 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
                      f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f} {row.kv_tokens:>10,}  "
                      f"{busy}")
     lines += [cell.line() for cell in measured]
+    lines += _host_bound_note(rows, work)
     lines += recommendation(rows, work, model, list(measured))
     best = recommended(rows, work)
     need = work.running * (work.input_len + work.output_len)
@@ -263,6 +269,21 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
                  "How far such predictions were off on measured cells: docs/performance.md, "
                  "'Predicting PP against TP'")
     return lines
+
+
+def _host_bound_note(rows: list[Row], work: Workload) -> list[str]:
+    """Where a served layout is predicted above what a host-bound server put out, say that
+    the model does not see that bound."""
+    bound = host_bound_output()
+    fast = [r.prediction.layout for r in rows if r.fits and bound
+            and r.prediction.output_tok_per_s > bound[0]]
+    if work.kind != "serve" or not fast:
+        return []
+    tokens, cell = bound
+    return [f"  {', '.join(fast)}: predicted above the {tokens:,.0f} output tokens/s a server "
+            f"put out where its API server and client, not its GPUs, set the pace "
+            f"({cell.shape}, {cell.gpu}, {cell.source}); the model has no term for them: "
+            "expect less"]
 
 
 #: The cadence each bench runner stands for, as ``bench`` sets it (``runner_cadence``);
