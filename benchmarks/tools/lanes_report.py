@@ -3,7 +3,8 @@
 Lane a ran its runners on one GPU set while lane b ran its own on another, meeting before
 each point (``bench --lane-sync``): the k-th run of each lane shared the same minutes. For
 every runner that ran beside another, the ratio of their req/s in each slot, then the
-median over the slots (both lane orders) per pair of runners:
+median over the slots (both lane orders) per pair of runners; and the same pass by pass
+(the k-th timed pass of each server), where the passes themselves ran in the same minutes:
 
     python benchmarks/tools/lanes_report.py DIR     # DIR/lane-a/bench.json, DIR/lane-b/...
 
@@ -70,19 +71,27 @@ def slots(directory: Path) -> list[dict[str, Any]]:
 
 
 def ratios(paired: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per point and pair of runners (X over Y): each slot's ratio, and their median."""
-    table: dict[tuple, list[tuple[str, float]]] = {}
+    """Per point and pair of runners (X over Y): each slot's ratio and their median, and
+    each pass pair's ratio and theirs."""
+    table: dict[tuple, list[float]] = {}
+    by_pass: dict[tuple, list[float]] = {}
     for slot in paired:
         if slot["a_over_b"] is None:
             continue
         point = (slot["input_len"], slot["concurrency"])
         x, y, r = slot["a"]["runner"], slot["b"]["runner"], slot["a_over_b"]
+        passes = [pa / pb for pa, pb in zip(slot["a"]["pass_req_per_s"] or [],
+                                            slot["b"]["pass_req_per_s"] or []) if pa and pb]
         if x > y:
-            x, y, r = y, x, 1 / r
-        table.setdefault((*point, x, y), []).append((f"slot {slot['slot']}", r))
+            x, y, r, passes = y, x, 1 / r, [1 / q for q in passes]
+        table.setdefault((*point, x, y), []).append(r)
+        by_pass.setdefault((*point, x, y), []).extend(passes)
     return [{"input_len": i, "concurrency": c, "runner": x, "over": y,
-             "ratios": [round(r, 3) for _, r in found],
-             "median": round(statistics.median(r for _, r in found), 3)}
+             "ratios": [round(r, 3) for r in found],
+             "median": round(statistics.median(found), 3),
+             "pass_ratios": [round(q, 3) for q in by_pass[i, c, x, y]],
+             "pass_median": (round(statistics.median(by_pass[i, c, x, y]), 3)
+                             if by_pass[i, c, x, y] else None)}
             for (i, c, x, y), found in sorted(table.items())]
 
 
@@ -99,11 +108,13 @@ def markdown(paired: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
         ratio = f"{slot['a_over_b']:.3f}" if slot["a_over_b"] else "-"
         lines.append(f"| {slot['slot']} | {slot['input_len']} in x c{slot['concurrency']} | "
                      + " | ".join(cells) + f" | {ratio} |")
-    lines += ["", "| point | runner | over | per slot | median |", "|---|---|---|---|---|"]
+    lines += ["", "| point | runner | over | per slot | median | by pass | median of passes |",
+              "|---|---|---|---|---|---|---|"]
     for pair in pairs:
         lines.append(f"| {pair['input_len']} in x c{pair['concurrency']} | {pair['runner']} | "
                      f"{pair['over']} | {', '.join(map(str, pair['ratios']))} | "
-                     f"{pair['median']} |")
+                     f"{pair['median']} | {', '.join(map(str, pair['pass_ratios'])) or '-'} | "
+                     f"{_num(pair['pass_median'], 3)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -37,5 +37,9 @@ def test_each_runner_is_compared_with_the_one_beside_it_in_both_lane_orders(tmp_
     assert (pair["runner"], pair["over"]) == ("plugin", "stock")
     assert pair["ratios"] == [0.9, 0.95]
     assert pair["median"] == pytest.approx(0.925)
+    # Pass by pass: 35.5/39.5, 36.5/40.5 in slot 1; stock over plugin inverted in slot 2.
+    assert pair["pass_ratios"] == [round(35.5 / 39.5, 3), round(36.5 / 40.5, 3),
+                                   round(37.5 / 39.5, 3), round(38.5 / 40.5, 3)]
+    assert pair["pass_median"] == pytest.approx((36.5 / 40.5 + 37.5 / 39.5) / 2, abs=1e-3)
     assert paired[0]["a"]["graph_share"] == 0.96
     assert "| 1 | 64 in x c1024 | plugin (vllm) | 35.50, 36.50 |" in markdown(paired, [pair])
