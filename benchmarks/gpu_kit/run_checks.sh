@@ -81,8 +81,8 @@
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
 #                (dummy weights), PP=2: the plugin's defaults on GPUs 0,1 beside stock on
 #                2,3, then a second stock server; 10,000 requests each (KIT_SOAK_REQUESTS)
-#                of the sampling mix with a quarter structured and a tenth cancelled, the
-#                token check; each server watched under load (GPU memory at the start and
+#                of the sampling mix with a quarter structured, a tenth cancelled and
+#                some sent to a LoRA adapter, the token check; each server watched under load (GPU memory at the start and
 #                the end, every stage's snapshots, requests left: ../tools/soak_watch.py)
 #   soak-30b-a3b 4 GPUs: the same with Qwen3-30B-A3B
 #   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
@@ -515,7 +515,7 @@ gpu_soak() {
     --requests "${KIT_SOAK_REQUESTS:-10000}" --gpu-memory-utilization 0.9 --port 9800 \
     --resume "$@"
 }
-step_soak-32b() { gpu_soak soak-32b 2 0,1 2,3 --shape qwen3-32b; }
+step_soak-32b() { gpu_soak soak-32b 2 0,1 2,3 --shape qwen3-32b --lora 1; }
 step_soak-30b-a3b() { gpu_soak soak-30b-a3b 2 0,1 2,3 --shape qwen3-30b-a3b; }
 step_soak-32b-pp4() { gpu_soak soak-32b-pp4 4 0,1,2,3 --shape qwen3-32b; }
 step_soak-preemption-32b() {
