@@ -84,7 +84,7 @@
 #                of the sampling mix with a quarter structured, a tenth cancelled and
 #                some sent to a LoRA adapter, the token check; each server watched under load (GPU memory at the start and
 #                the end, every stage's snapshots, requests left: ../tools/soak_watch.py)
-#   soak-30b-a3b 4 GPUs: the same with Qwen3-30B-A3B
+#   soak-30b-a3b 4 GPUs: the same with Qwen3-30B-A3B, without the adapter
 #   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
 #   soak-preemption-32b  4 GPUs: soak-32b's servers with a KV cache of 512 blocks, so
 #                requests are preempted and resumed; 2,000 requests each
