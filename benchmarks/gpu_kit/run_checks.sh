@@ -88,6 +88,9 @@
 #   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
 #   soak-preemption-32b  4 GPUs: soak-32b's servers with a KV cache of 512 blocks, so
 #                requests are preempted and resumed; 2,000 requests each
+#   storm        4 GPUs: aborted and bad requests beside good traffic for a minute; every
+#                bad one must get a 4xx, nothing be left running (storm/: a report per
+#                server): PP=2 plugin beside stock, then PP=4 plugin and stock
 #   faults       4 GPUs: a stage raising inside a step and a stage's worker killed, first
 #                and last stage, under load: the plugin on GPUs 0,1 beside stock on 2,3
 #                (faults/: a report per fault with the seconds to a clean stop and the
@@ -170,7 +173,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -549,6 +552,23 @@ step_faults() {
    fault_lane stock 2,3 8500 2>&1 | sed -u 's/$/  (stock)/') &
   wait $plugin || rc=1
   wait $! || rc=1
+  return $rc
+}
+
+# storm: aborted and bad requests beside good traffic (../tools/serve_storm.py), a GPU per
+# stage: PP=2, the plugin on GPUs 0,1 beside stock on 2,3; then PP=4 on GPUs 0-3, the
+# plugin then stock.
+step_storm() {
+  local rc=0 storm="python3 -m benchmarks.tools.serve_storm --out $RES/storm"
+  (set -o pipefail; $storm --runner plugin --pp 2 --gpus 0,1 \
+     --port 8600 2>&1 | sed -u 's/$/  (plugin)/') &
+  local plugin=$!
+  (set -o pipefail; export VLLM_PORT=29800
+   $storm --runner stock --pp 2 --gpus 2,3 --port 8700 2>&1 | sed -u 's/$/  (stock)/') &
+  wait $plugin || rc=1
+  wait $! || rc=1
+  $storm --runner plugin --pp 4 --gpus 0,1,2,3 --port 8600 || rc=1
+  $storm --runner stock --pp 4 --gpus 0,1,2,3 --port 8700 || rc=1
   return $rc
 }
 
