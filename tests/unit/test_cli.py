@@ -332,6 +332,19 @@ def test_a_wrong_argument_is_one_line_and_status_2(clean_env, capsys):
         "(see 'vllm-pp-cudagraph --help')"]
 
 
+@pytest.mark.parametrize("argv, help_", [
+    (["check", "--pp", "2"], "vllm-pp-cudagraph check"),
+    (["plan", "--model", "qwen3-32b", "--gpus", "0", "--gpu", "h200"], "vllm-pp-cudagraph plan"),
+])
+def test_a_commands_bad_setting_points_at_that_commands_help(clean_env, capsys, argv, help_):
+    """The error names the command it came from and its own --help, where the flags are."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == cli.EXIT_MISCONFIGURED
+    assert err.startswith(f"{help_}: error: --") and err.endswith(f"(see '{help_} --help')")
+
+
 def test_check_takes_the_built_in_shapes_bench_takes(gpus, capsys):
     code = cli.main(["check", "--model", "qwen3-0.6b", "--pp", "2"])
     assert code == cli.EXIT_OK

@@ -401,19 +401,20 @@ def main(argv: list[str] | None = None) -> int:
     check_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
                               metavar="F", help="the engine's gpu_memory_utilization, with "
                               "--model (default 0.92, vLLM's)")
-    _add_plan_parser(sub)
+    plan_parser = _add_plan_parser(sub)
     sub.add_parser(
         "bench",
         help="Throughput and latency per CUDA-graph mode at PP, plugin vs stock "
         "(see 'bench --help').",
     )
     args = parser.parse_args(argv)
+    # Each command's errors name its own --help.
     if args.command == "plan":
-        return plan(parser, args)
-    return check(engine=_engine_shape(parser, args), full=args.full)
+        return plan(plan_parser, args)
+    return check(engine=_engine_shape(check_parser, args), full=args.full)
 
 
-def _add_plan_parser(sub) -> None:
+def _add_plan_parser(sub) -> ArgumentParser:
     from vllm_pp_cudagraph.planning.gpus import GPUS
     from vllm_pp_cudagraph.planning.pipeline_model import LINKS
 
@@ -446,6 +447,7 @@ def _add_plan_parser(sub) -> None:
                              help="each GPU's total memory (default: the first visible GPU's)")
     plan_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
                              metavar="F", help="default 0.92, vLLM's")
+    return plan_parser
 
 
 def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
@@ -461,9 +463,9 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
                         ("--prompts", args.prompts or 1), ("--input-len", args.input_len),
                         ("--output-len", args.output_len), ("--max-num-seqs", args.max_num_seqs)):
         if value < 1:
-            parser.error(f"plan: {flag} must be at least 1")
+            parser.error(f"{flag} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
-        parser.error("plan: --gpu-memory-utilization must be in (0, 1]")
+        parser.error("--gpu-memory-utilization must be in (0, 1]")
     gpu, gpu_said = _plan_gpu(args.gpu)
     if args.gpu_memory_gib is not None:
         gpu_bytes = int(args.gpu_memory_gib * 2**30)
@@ -472,7 +474,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     else:
         gpu_bytes = _gpu_memory_bytes()
     if not gpu_bytes or gpu_bytes <= 0:
-        parser.error("plan: no GPU is visible to read its memory from; pass --gpu (e.g. "
+        parser.error("no GPU is visible to read its memory from; pass --gpu (e.g. "
                      "h100) or --gpu-memory-gib (e.g. 141 for an H200, 80 for an H100)")
     try:
         config = read_model_config(args.model)
@@ -485,7 +487,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
         rows, decision = make_plan(config, args.gpus, work, memory, args.interconnect,
                                    settings.layer_partition, gpu_rates, stock.factor)
     except (ValueError, PlanError, SettingsError) as exc:
-        parser.error(f"plan: {exc}")
+        parser.error(str(exc))
     out = out or sys.stdout
     shape = ModelShape.from_config(config)
     source = stage_costs(shape, work.running, rates=gpu_rates).source
@@ -509,19 +511,19 @@ def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineSha
     if args.model is None and args.pp is None:
         return None
     if args.model is None or args.pp is None:
-        parser.error("check: --model and --pp go together")
+        parser.error("--model and --pp go together")
     if args.pp < 1 or args.max_num_seqs < 1:
-        parser.error("check: --pp and --max-num-seqs must be at least 1")
+        parser.error("--pp and --max-num-seqs must be at least 1")
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < args.max_num_seqs:
-        parser.error("check: --max-num-batched-tokens must be at least --max-num-seqs")
+        parser.error("--max-num-batched-tokens must be at least --max-num-seqs")
     if not 0 < args.gpu_memory_utilization <= 1:
-        parser.error("check: --gpu-memory-utilization must be in (0, 1]")
+        parser.error("--gpu-memory-utilization must be in (0, 1]")
     if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
-        parser.error("check: --gpu-memory-gib must be positive")
+        parser.error("--gpu-memory-gib must be positive")
     gpu_bytes = (_gpu_memory_bytes() if args.gpu_memory_gib is None
                  else int(args.gpu_memory_gib * 2**30))
     try:
         return EngineShape(read_model_config(args.model), args.pp, args.max_num_seqs,
                            args.max_num_batched_tokens, gpu_bytes, args.gpu_memory_utilization)
     except ValueError as exc:
-        parser.error(f"check: {exc}")
+        parser.error(str(exc))
