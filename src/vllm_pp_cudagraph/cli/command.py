@@ -38,7 +38,7 @@ from vllm_pp_cudagraph.settings import (
 
 #: The fast report's note on what only --full does.
 FULL_ONLY = ("vLLM's import and the patch list: not tried (check --full imports vLLM's "
-             "model-runner stack and lists the patches; about a minute on 2 cores)")
+             "model-runner stack and lists the patches; 10-20 s on 2 cores)")
 
 
 def _near_misses(value: str) -> list[str]:
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     check_parser.add_argument("--full", action="store_true",
                               help="also import vLLM's model-runner stack and list which "
-                              "patches apply or stand aside (about a minute on 2 cores)")
+                              "patches apply or stand aside (10-20 s on 2 cores)")
     check_parser.add_argument("--model", metavar="DIR",
                               help="a model directory (its config.json) or a built-in shape "
                               "(as for bench --model): also say which layer partition an "
