@@ -82,8 +82,9 @@
 #                (dummy weights), PP=2: the plugin's defaults on GPUs 0,1 beside stock on
 #                2,3, then a second stock server; 10,000 requests each (KIT_SOAK_REQUESTS)
 #                of the sampling mix with a quarter structured, a tenth cancelled and
-#                some sent to a LoRA adapter, the token check; each server watched under load (GPU memory at the start and
-#                the end, every stage's snapshots, requests left: ../tools/soak_watch.py)
+#                some sent to a LoRA adapter, the token check; each server watched under
+#                load (GPU memory at the start and the end, every stage's snapshots,
+#                requests left: ../tools/soak_watch.py)
 #   soak-30b-a3b 4 GPUs: the same with Qwen3-30B-A3B, without the adapter
 #   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
 #   soak-preemption-32b  4 GPUs: soak-32b's servers with a KV cache of 512 blocks, so
@@ -409,7 +410,8 @@ step_lanes-32b() {
 
 # Where stock leaves room, side by side in both lane orders (plugin | stock, stock |
 # plugin): the seed's burst on the 32B shape (128 requests of 2 tokens at once, 512 out,
-# one prefill cohort; a pass sends twice the concurrency, so two such waves), and the launch-bound 0.6B shape at the never-slower cell's load.
+# one prefill cohort; a pass sends twice the concurrency, so two such waves), and the
+# launch-bound 0.6B shape at the never-slower cell's load.
 step_lanes-burst-32b() {
   lanes lanes-burst-32b "plugin:$FAP,stock:$FAP" "stock:$FAP,plugin:$FAP" --model qwen3-32b \
     --weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
@@ -525,7 +527,7 @@ step_soak-preemption-32b() {
   KIT_SOAK_REQUESTS=2000 gpu_soak soak-preemption-32b 2 0,1 2,3 --shape qwen3-32b --preemption
 }
 
-# faults-STEP: a stage that raises inside a step and a stage's worker killed (SIGKILL),
+# faults: a stage that raises inside a step and a stage's worker killed (SIGKILL),
 # first and last stage, under load, with a GPU per stage: the plugin on GPUs 0,1 beside
 # stock on 2,3 (../tools/serve_checks.py fault; KIT_FAULT_EXECUTORS="mp ray" adds Ray
 # where it is installed). Each report has the seconds to a clean stop and the log's
