@@ -727,6 +727,11 @@ case "${1:-}" in
   ""|-h|--help) usage ;;
   start)
     [ $# -ge 2 ] || usage
+    if grep -qs 'CHECKS DONE' "$2/steps.txt"; then
+      # A host kept from an earlier lease still holds that run: set it aside, so this
+      # run's pack holds only its own files.
+      mv "$2" "$2.before-$(date +%s)" && echo "an earlier run's $2 set aside"
+    fi
     mkdir -p "$2"
     setsid bash "$self" "${@:2}" >"$2/console.txt" 2>&1 </dev/null &
     sleep 2; echo "started: $2/console.txt" ;;
