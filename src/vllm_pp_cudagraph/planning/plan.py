@@ -190,16 +190,20 @@ def _predicted_close(choices: list[Prediction], workload: str) -> tuple[str, lis
     fastest (for each pair, the larger of the two kinds' median errors under
     ``workload``), and why they are too close to call."""
     best = choices[0]
-    errors = {p.layout: _error(p, workload) for p in choices}
-    contenders = [p for p in choices
-                  if p.req_per_s * (1 + max(errors[p.layout], errors[best.layout]))
-                  > best.req_per_s]
+    contenders = [p for p in choices if _within_error(p, best, workload)]
     gap = contenders[0].req_per_s / max(contenders[-1].req_per_s, 1e-9) - 1
-    error = max(errors[p.layout] for p in contenders)
+    error = max(_error(p, workload) for p in contenders)
     names = [p.layout for p in contenders]
     return (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
             f"each other, inside the {error:.0%} the model was off at the median on "
             f"measured {workload} cells of these layouts", contenders)
+
+
+def _within_error(prediction: Prediction, reference: Prediction, workload: str) -> bool:
+    """Whether ``prediction`` is faster than ``reference`` or short of it by less than the
+    larger of the two kinds' median errors under ``workload``: too close to tell apart."""
+    error = max(_error(prediction, workload), _error(reference, workload))
+    return prediction.req_per_s * (1 + error) > reference.req_per_s
 
 
 def _error(prediction: Prediction, workload: str) -> float:
@@ -215,8 +219,7 @@ def _unmeasured_rival(cell: MeasuredCell, choices: list[Prediction],
     that rival to measure; else no contenders."""
     winner = next((p for p in choices if p.layout == cell.winner), None)
     rivals = [p for p in choices if p.layout not in cell.req_per_s and winner is not None
-              and p.req_per_s * (1 + max(_error(p, workload), _error(winner, workload)))
-              > winner.req_per_s]
+              and _within_error(p, winner, workload)]
     if not rivals:
         return "", []
     rival, beaten = rivals[0], [layout for layout in cell.req_per_s if layout != cell.winner]
