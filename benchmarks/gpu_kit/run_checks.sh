@@ -382,15 +382,23 @@ step_links() {
 # host, lane a on GPUs 0,1 and lane b on 2,3, each with its own port, VLLM_PORT base and
 # output, meeting before each serve point (bench --lane-sync), so the k-th runner of each
 # lane is measured in the same minutes; ../tools/lanes_report.py pairs them (lanes.md).
+# tagged TAG COMMAND...: COMMAND's output, each line ending "  (TAG)"; COMMAND's status.
+# Two of them in the background, one per GPU pair, serve side by side.
+tagged() {
+  local tag=$1
+  shift
+  (set -o pipefail; "$@" 2>&1 | sed -u "s/\$/  ($tag)/")
+}
+
 lanes() {
   local name=$1 modes_a=$2 modes_b=$3 dir=$RES/$1 rc=0
   shift 3
   mkdir -p "$dir"
-  (set -o pipefail; CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=29500 $BENCH --port 8000 --out "$dir/lane-a" \
-     --modes "$modes_a" --lane-sync "$dir/sync" --lane a "$@" 2>&1 | sed -u 's/$/  (lane a)/') &
+  CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=29500 tagged "lane a" $BENCH --port 8000 \
+    --out "$dir/lane-a" --modes "$modes_a" --lane-sync "$dir/sync" --lane a "$@" &
   local lane_a=$!
-  (set -o pipefail; CUDA_VISIBLE_DEVICES=2,3 VLLM_PORT=29700 $BENCH --port 8100 --out "$dir/lane-b" \
-     --modes "$modes_b" --lane-sync "$dir/sync" --lane b "$@" 2>&1 | sed -u 's/$/  (lane b)/') &
+  CUDA_VISIBLE_DEVICES=2,3 VLLM_PORT=29700 tagged "lane b" $BENCH --port 8100 \
+    --out "$dir/lane-b" --modes "$modes_b" --lane-sync "$dir/sync" --lane b "$@" &
   wait $lane_a || rc=1
   wait $! || rc=1
   python3 benchmarks/tools/lanes_report.py "$dir" || rc=1
@@ -548,10 +556,9 @@ fault_lane() {
 step_faults() {
   install_test_plugins
   local rc=0
-  (set -o pipefail; fault_lane plugin 0,1 8400 2>&1 | sed -u 's/$/  (plugin)/') &
+  tagged plugin fault_lane plugin 0,1 8400 &
   local plugin=$!
-  (set -o pipefail; export VLLM_PORT=29800
-   fault_lane stock 2,3 8500 2>&1 | sed -u 's/$/  (stock)/') &
+  VLLM_PORT=29800 tagged stock fault_lane stock 2,3 8500 &
   wait $plugin || rc=1
   wait $! || rc=1
   return $rc
@@ -562,11 +569,9 @@ step_faults() {
 # plugin then stock.
 step_storm() {
   local rc=0 storm="python3 -m benchmarks.tools.serve_storm --out $RES/storm"
-  (set -o pipefail; $storm --runner plugin --pp 2 --gpus 0,1 \
-     --port 8600 2>&1 | sed -u 's/$/  (plugin)/') &
+  tagged plugin $storm --runner plugin --pp 2 --gpus 0,1 --port 8600 &
   local plugin=$!
-  (set -o pipefail; export VLLM_PORT=29800
-   $storm --runner stock --pp 2 --gpus 2,3 --port 8700 2>&1 | sed -u 's/$/  (stock)/') &
+  VLLM_PORT=29800 tagged stock $storm --runner stock --pp 2 --gpus 2,3 --port 8700 &
   wait $plugin || rc=1
   wait $! || rc=1
   $storm --runner plugin --pp 4 --gpus 0,1,2,3 --port 8600 || rc=1
