@@ -239,7 +239,8 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
     env = engine_env(spec)
     env["VLLM_PLUGINS"] = ",".join(p for p in (env.get("VLLM_PLUGINS"), "pp_e2e_models") if p)
     log_path = out / f"{fault_name(args)}.log"
-    records = env["VLLM_PP_CUDAGRAPH_METRICS_DIR"] = str(records_dir(log_path))
+    records = records_dir(log_path)
+    env["VLLM_PP_CUDAGRAPH_METRICS_DIR"] = str(records)
     stage_index = 0 if args.stage == "first" else spec.pp - 1
     base_url = f"http://127.0.0.1:{args.port}"
     report: dict[str, Any] = {"runner": args.runner, "stage": args.stage,
@@ -270,8 +271,7 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                     tasks = [asyncio.create_task(one()) for _ in range(32)]
                     await asyncio.sleep(2.0)  # mid-serving
                     if args.how == "kill":
-                        report["killed_pid"] = kill_stage_worker(
-                            Path(records), log_path, stage_index)
+                        report["killed_pid"] = kill_stage_worker(records, log_path, stage_index)
                     fault_marker.touch()
                     results = await asyncio.gather(*tasks)
                 return sum(results)

@@ -314,7 +314,8 @@ class PipelineStatLogger(StatLoggerBase):
         """Re-read the snapshots now."""
         with self._lock:
             self._next_refresh = time.monotonic() + REFRESH_INTERVAL_S
-            stages = {stage: idle_marked(snap, time.time()) for stage, snap in
+            now = time.time()
+            stages = {stage: idle_marked(snap, now) for stage, snap in
                       read_stage_snapshots(self.engine_index, self.directory,
                                            self.max_age_s).items()}
             snap = read_engine_snapshot(self.engine_index, self.directory, self.max_age_s)
