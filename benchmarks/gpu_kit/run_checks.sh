@@ -76,6 +76,9 @@
 #   lanes-0.6b   4 GPUs: the same pairs on the launch-bound 0.6B shape at the lanes-32b
 #                cell's load (KIT_DEADLINE_SMALL_S; KIT_SMALL_LANE_A / KIT_SMALL_LANE_B:
 #                other runners, as KIT_LANE_A / KIT_LANE_B for lanes-32b)
+#   lanes-0.6b-api  4 GPUs: lanes-0.6b with KIT_API_SERVERS (4) API servers in front of
+#                each engine (vllm serve --api-server-count), plugin | stock, stock |
+#                plugin (KIT_API_LANE_A / KIT_API_LANE_B, KIT_DEADLINE_API_S)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
@@ -174,7 +177,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -427,11 +430,20 @@ step_lanes-burst-32b() {
     --points 2:128 --deadline "${KIT_DEADLINE_BURST_S:-900}"
 }
 step_lanes-0.6b() {
-  lanes lanes-0.6b "${KIT_SMALL_LANE_A:-plugin:$FAP,stock:$FAP}" \
-    "${KIT_SMALL_LANE_B:-stock:$FAP,plugin:$FAP}" --model qwen3-0.6b \
-    --weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
-    --timeout 600 --workload serve --num-requests 2048 --output-len 256 --repeat 2 \
-    --points 64:1024 --deadline "${KIT_DEADLINE_SMALL_S:-900}"
+  small_lanes lanes-0.6b "${KIT_SMALL_LANE_A:-plugin:$FAP,stock:$FAP}" \
+    "${KIT_SMALL_LANE_B:-stock:$FAP,plugin:$FAP}" --deadline "${KIT_DEADLINE_SMALL_S:-900}"
+}
+# The same with several API servers in front of each engine, so that one API server's
+# process does not bound what the engine shows.
+step_lanes-0.6b-api() {
+  small_lanes lanes-0.6b-api "${KIT_API_LANE_A:-plugin:$FAP,stock:$FAP}" \
+    "${KIT_API_LANE_B:-stock:$FAP,plugin:$FAP}" --api-server-count "${KIT_API_SERVERS:-4}" \
+    --deadline "${KIT_DEADLINE_API_S:-900}"
+}
+small_lanes() {
+  lanes "$1" "$2" "$3" --model qwen3-0.6b --weights dummy --max-num-seqs 1024 \
+    --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
+    --num-requests 2048 --output-len 256 --repeat 2 --points 64:1024 "${@:4}"
 }
 
 # The same cell on 2 GPUs, one server at a time: the plugin's defaults, stock, the plugin

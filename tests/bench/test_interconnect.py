@@ -97,3 +97,21 @@ def test_lanes_are_for_the_serve_workload():
         argument_problems(args)
     args = bench.build_parser().parse_args(["--lane-sync", "sync", "--workload", "serve"])
     assert not any("--lane-sync" in p for p in argument_problems(args))
+
+
+def test_api_servers_reach_the_server_and_only_serve_takes_them(tmp_path):
+    """More API servers lift the one-process bound a small model's server hits; vLLM's
+    flag reaches ``vllm serve``, a value no server can use is refused, naming the flag."""
+    parser = bench.build_parser()
+    args = parser.parse_args(["--api-server-count", "4", "--workload", "serve",
+                              "--out", str(tmp_path)])
+    assert not argument_problems(args)
+    cmd = serve_command(run_spec(args, "plugin", "eager", None, "qwen3-0.6b", None, "x"),
+                        str(tmp_path), 8000)
+    assert cmd[cmd.index("--api-server-count") + 1] == "4"
+    default = run_spec(parser.parse_args(["--out", str(tmp_path)]),
+                       "plugin", "eager", None, "qwen3-0.6b", None, "x")
+    assert "--api-server-count" not in serve_command(default, str(tmp_path), 8000)
+    for argv in (["--api-server-count", "0", "--workload", "serve"],
+                 ["--api-server-count", "2", "--workload", "engine"]):
+        assert any("--api-server-count" in p for p in argument_problems(parser.parse_args(argv)))

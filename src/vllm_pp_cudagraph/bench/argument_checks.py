@@ -51,6 +51,11 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
                         f"started needs at least {MIN_ENGINE_S} s")
     if args.lane_sync is not None and args.workload != "serve":
         problems.append("--lane-sync is for --workload serve (lanes meet before each point)")
+    if args.api_server_count < 1:
+        problems.append(f"--api-server-count {args.api_server_count} must be at least 1")
+    elif args.api_server_count > 1 and args.workload != "serve" and not args.serve:
+        problems.append("--api-server-count is for --workload serve (API servers in front "
+                        "of vllm serve's engine)")
     if not 0 < args.port < 65536:
         problems.append(f"--port {args.port} must be in 1..65535")
     for problem in (model_problem(args.model, args.weights), partition_problem(args)):

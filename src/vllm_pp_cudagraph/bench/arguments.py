@@ -254,6 +254,11 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
                        "sends at least two per request in flight")
     group.add_argument("--port", type=int, default=8000, help="port of the server")
     group.add_argument(
+        "--api-server-count", type=int, default=1,
+        help="--workload serve: vLLM's API-server processes in front of each engine "
+        "(vllm serve --api-server-count); where one API server bounds a small model's "
+        "throughput, more let the engine's own speed show")
+    group.add_argument(
         "--lane-sync", type=Path, default=None,
         help="--workload serve beside another bench invocation on other GPUs of this host "
         "(a lane each): a directory both name; before each point's warm-up the lanes wait "

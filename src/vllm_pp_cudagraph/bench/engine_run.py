@@ -181,6 +181,8 @@ class RunSpec:
     """The link between GPUs simulated (:mod:`~vllm_pp_cudagraph.bench.interconnect`)."""
     executor: str | None = None
     """vLLM's ``distributed_executor_backend`` ("mp", "ray"); None: vLLM's choice."""
+    api_servers: int = 1
+    """``vllm serve --api-server-count``: API-server processes in front of the engine."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -126,6 +126,7 @@ def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: floa
         profile_dir=str((args.out / "traces" / log_name).resolve()) if args.profile else None,
         interconnect=args.interconnect,
         executor=args.executor,
+        api_servers=args.api_server_count,
         **token_record_options(args, log_name),
     )
 

@@ -89,6 +89,8 @@ def serve_command(
         cmd += ["--max-model-len", str(spec.max_model_len)]
     if spec.executor is not None:
         cmd += ["--distributed-executor-backend", spec.executor]
+    if spec.api_servers != 1:
+        cmd += ["--api-server-count", str(spec.api_servers)]
     return cmd + mode_cli_args(spec) + list(extra_args)
 
 
