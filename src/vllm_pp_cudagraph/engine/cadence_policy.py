@@ -6,6 +6,7 @@ docs/architecture.md and docs/performance.md say why."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import Counter, deque
@@ -87,6 +88,17 @@ class _Window:
         return statistics.median(per_token) if per_token else None
 
 
+@dataclass
+class _BackOff:
+    """A candidate held off at about ``load`` decoding requests: tried there again after
+    ``left`` more windows of the incumbent at that load; its next loss there backs it off
+    ``growth`` times ``gap``."""
+
+    load: float
+    gap: int
+    left: int
+
+
 class CadenceChooser:
     """Picks vLLM's cadence, ``balance`` or ``merge`` for one scheduler: feed
     :meth:`record_step` once per ``schedule()``; :attr:`cadence` is the cadence for the
@@ -101,9 +113,13 @@ class CadenceChooser:
     about how vLLM's own groups would do: it needs the margin too.) A candidate that held
     no better is tried again
     ``growth`` times later each time (at most ``longest_gap`` windows); one that lost by
-    :data:`WIDE_LOSS` or more is backed off up to ``longest_backoff`` windows, and stays
-    backed off while the load is the one it lost at. When the load moves (a drain between
-    bursts, say), the cadence adopted last at the new load is resumed at once.
+    :data:`WIDE_LOSS` or more is backed off up to ``longest_backoff`` windows. Each
+    back-off belongs to the load it was earned at and counts only windows measured there:
+    when the load moves (a drain between bursts, each wave of a closed-loop benchmark),
+    the cadence adopted last at the new load is resumed at once, a candidate that lost
+    there waits out what is left of its back-off, and one never tried there is tried
+    soon. So however the load moves, trials take about the same share of the steps at
+    each load as at a steady one.
     """
 
     def __init__(
@@ -136,10 +152,8 @@ class CadenceChooser:
         #: Per other candidate: windows of the incumbent between its trials, and left now.
         self._gap = {c: first_gap for c in CANDIDATES}
         self._windows_left = {c: 1 for c in CANDIDATES}
-        #: Per candidate, the loads (decoding requests) at which it lost widely, and its
-        #: back-off (windows) there.
-        self._wide_backoffs: dict[DecodeCadence, list[tuple[float, int]]] = {
-            c: [] for c in CANDIDATES}
+        #: Per candidate, its back-off at each load it lost at.
+        self._back_offs: dict[DecodeCadence, list[_BackOff]] = {c: [] for c in CANDIDATES}
         #: The loads (decoding requests) at which a cadence was adopted, and that cadence.
         self._winners: list[tuple[float, DecodeCadence]] = []
         self._settle = 0
@@ -246,6 +260,8 @@ class CadenceChooser:
             return
         for cadence in CANDIDATES:
             self._windows_left[cadence] -= 1
+            if held := self._back_off_at(cadence, decoders):
+                held.left -= 1
         self._start_due_trial()
 
     def _start_due_trial(self) -> None:
@@ -286,17 +302,31 @@ class CadenceChooser:
         if interval is not None and interval >= WIDE_LOSS * reference[0]:
             self.wide_losses[trial.value] += 1
             self._back_off(trial, self.longest_backoff)
-            self._wide_backoffs[trial] = [
-                *(b for b in self._wide_backoffs[trial] if not _similar_load(reference[1], b[0])),
-                (reference[1], self._gap[trial])]
         else:
             self._back_off(trial, self.longest_gap)
 
     def _back_off(self, trial: DecodeCadence, longest: int) -> None:
-        """The incumbent held against ``trial``: try it again ``growth`` times later."""
-        self._gap[trial] = min(self.growth * self._gap[trial], longest)
-        self._windows_left[trial] = self._gap[trial]
-        self._decided_decoders = self._recent[-1][1]
+        """The incumbent held against ``trial`` at the latest load: try it again there
+        ``growth`` times later than last time (at most ``longest`` windows)."""
+        load = self._recent[-1][1]
+        earlier = self._back_off_at(trial, load)
+        gap = min(self.growth * (earlier.gap if earlier else self._gap[trial]), longest)
+        self._gap[trial] = gap
+        self._windows_left[trial] = gap
+        self._back_offs[trial] = [*self._back_offs_but_at(trial, load), _BackOff(load, gap, gap)]
+        self._decided_decoders = load
+
+    def _back_off_at(self, cadence: DecodeCadence, decoders: float) -> _BackOff | None:
+        """``cadence``'s back-off nearest ``decoders`` decoding requests, where one is within
+        the share of a load move (a load that moved less is the same load)."""
+        near = [b for b in self._back_offs[cadence]
+                if _similar_load(decoders, b.load, share=self.regroup)]
+        return min(near, key=lambda b: abs(math.log(max(decoders, 1.0) / max(b.load, 1.0))),
+                   default=None)
+
+    def _back_offs_but_at(self, cadence: DecodeCadence, decoders: float) -> list[_BackOff]:
+        """``cadence``'s back-offs but those at about ``decoders`` decoding requests."""
+        return [b for b in self._back_offs[cadence] if not _similar_load(decoders, b.load)]
 
     def _adopt(self, cadence: DecodeCadence, interval: float, decoders: float,
                beaten: float) -> None:
@@ -314,6 +344,7 @@ class CadenceChooser:
         self._decided_decoders = decoders
         self._winners = [*(w for w in self._winners if not _similar_load(decoders, w[0])),
                          (decoders, cadence)]
+        self._back_offs[cadence] = self._back_offs_but_at(cadence, decoders)
         self._recent.clear()
         self._recent.append((interval, decoders))
         self._reset_gaps(decoders, first_trial_in=self.first_gap)
@@ -325,12 +356,11 @@ class CadenceChooser:
 
     def _reset_gaps(self, decoders: float, first_trial_in: int) -> None:
         """A new load or incumbent: every candidate is due again soon, except one that
-        lost widely at about this load, which keeps its back-off."""
+        lost at about this load, which waits out what is left of its back-off there."""
         for cadence in CANDIDATES:
-            backoffs = [gap for load, gap in self._wide_backoffs[cadence]
-                        if _similar_load(decoders, load)]
-            self._gap[cadence] = backoffs[-1] if backoffs else self.first_gap
-            self._windows_left[cadence] = backoffs[-1] if backoffs else first_trial_in
+            held = self._back_off_at(cadence, decoders)
+            self._gap[cadence] = held.gap if held else self.first_gap
+            self._windows_left[cadence] = max(held.left if held else 0, first_trial_in)
 
     def _use(self, cadence: DecodeCadence) -> None:
         if cadence is not self.cadence:
