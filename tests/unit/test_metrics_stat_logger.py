@@ -308,6 +308,20 @@ def test_several_api_servers_keep_the_log_line(monkeypatch, tmp_path: Path) -> N
     assert format_log_line(logger.view).startswith("Pipeline: stage 0 busy")
 
 
+def test_of_several_api_servers_only_the_first_logs_the_line(env, monkeypatch) -> None:
+    """Under ``vllm serve --api-server-count 4`` each API server makes a logger; the line
+    is the engine's, so it is logged once every 10 s, not four times."""
+    lines = []
+    monkeypatch.setattr(stat_logger.logger, "info", lambda msg, *args: lines.append(msg % args))
+    write_snapshot(stage(0), env.dir)
+    for rank in range(4):
+        vllm_config = config()
+        vllm_config.parallel_config._api_process_count = 4
+        vllm_config.parallel_config._api_process_rank = rank
+        env.make(vllm_config=vllm_config).log()
+    assert len(lines) == 1 and lines[0].startswith("Pipeline: stage 0 busy")
+
+
 def test_inert_unless_the_plugin_is_enabled(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("VLLM_PLUGINS", "something_else")
     monkeypatch.delenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", raising=False)

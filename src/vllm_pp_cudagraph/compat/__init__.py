@@ -132,7 +132,9 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.config", "ModelConfig",
            members=("get_total_num_hidden_layers", "get_layers_start_end_indices"),
            instance_attrs=("hf_text_config", "dtype", "quantization")),
-    Needed("vllm.config", "ParallelConfig", instance_attrs=("pipeline_parallel_size",)),
+    # Which of `vllm serve --api-server-count N`'s API servers a stat logger runs in.
+    Needed("vllm.config", "ParallelConfig",
+           instance_attrs=("pipeline_parallel_size", "_api_process_rank")),
     # The layer partition's KV-capacity rule: batch sizes and the KV cache's memory.
     Needed("vllm.config", "SchedulerConfig",
            instance_attrs=("max_num_seqs", "max_num_batched_tokens")),
@@ -311,6 +313,12 @@ def async_preemption_keeps_stale_placeholders(async_scheduler_cls: type) -> bool
     """Whether preempting a request leaves its in-flight output placeholders behind: up
     to 0.26, where ``_update_request_with_output`` takes no ``is_stale``."""
     return "is_stale" not in _params(async_scheduler_cls._update_request_with_output)
+
+
+def api_server_rank(vllm_config: VllmConfig) -> int:
+    """This process's rank among ``vllm serve --api-server-count N``'s API servers (0 where
+    there is one; vLLM gives engine cores -1 under that scale-out)."""
+    return getattr(vllm_config.parallel_config, "_api_process_rank", 0)
 
 
 def worker_builds_runner_by_factory() -> bool:

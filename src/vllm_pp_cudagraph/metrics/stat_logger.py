@@ -21,6 +21,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.metrics.snapshots import (
     DEFAULT_MAX_AGE_S,
     EngineSnapshot,
@@ -289,6 +290,8 @@ class PipelineStatLogger(StatLoggerBase):
         self._cadences: dict[tuple[str, str], None] = {}
         self._lock = threading.Lock()
         self._next_refresh = 0.0
+        #: Each of ``--api-server-count N``'s API servers has one: the first logs the line.
+        self._logs_line = compat.api_server_rank(vllm_config) == 0
         self.active = is_enabled() and PPCudaGraphSettings.current().metrics
         if not self.active:
             return
@@ -343,6 +346,8 @@ class PipelineStatLogger(StatLoggerBase):
                             switches_total=switches, cadences=tuple(self._cadences))
 
     def log(self) -> None:
+        if not self._logs_line:
+            return
         self.maybe_refresh()
         line = format_log_line(self.view)
         if line is not None:
