@@ -75,10 +75,10 @@
 #                one slot is about 7 minutes, as is one of lanes-0.6b)
 #   lanes-0.6b   4 GPUs: the same pairs on the launch-bound 0.6B shape at the lanes-32b
 #                cell's load (KIT_DEADLINE_SMALL_S; KIT_SMALL_LANE_A / KIT_SMALL_LANE_B:
-#                other runners, as KIT_LANE_A / KIT_LANE_B for lanes-32b)
+#                other runners, as KIT_LANE_A / KIT_LANE_B for lanes-32b; KIT_SMALL_POINTS)
 #   lanes-0.6b-api  4 GPUs: lanes-0.6b with KIT_API_SERVERS (4) API servers in front of
 #                each engine (vllm serve --api-server-count), plugin | stock, stock |
-#                plugin (KIT_API_LANE_A / KIT_API_LANE_B, KIT_DEADLINE_API_S)
+#                plugin (KIT_API_LANE_A / KIT_API_LANE_B, KIT_API_POINTS, KIT_DEADLINE_API_S)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
@@ -431,19 +431,20 @@ step_lanes-burst-32b() {
 }
 step_lanes-0.6b() {
   small_lanes lanes-0.6b "${KIT_SMALL_LANE_A:-plugin:$FAP,stock:$FAP}" \
-    "${KIT_SMALL_LANE_B:-stock:$FAP,plugin:$FAP}" --deadline "${KIT_DEADLINE_SMALL_S:-900}"
+    "${KIT_SMALL_LANE_B:-stock:$FAP,plugin:$FAP}" --points "${KIT_SMALL_POINTS:-64:1024}" \
+    --deadline "${KIT_DEADLINE_SMALL_S:-900}"
 }
 # The same with several API servers in front of each engine, so that one API server's
 # process does not bound what the engine shows.
 step_lanes-0.6b-api() {
   small_lanes lanes-0.6b-api "${KIT_API_LANE_A:-plugin:$FAP,stock:$FAP}" \
     "${KIT_API_LANE_B:-stock:$FAP,plugin:$FAP}" --api-server-count "${KIT_API_SERVERS:-4}" \
-    --deadline "${KIT_DEADLINE_API_S:-900}"
+    --points "${KIT_API_POINTS:-64:1024}" --deadline "${KIT_DEADLINE_API_S:-900}"
 }
 small_lanes() {
   lanes "$1" "$2" "$3" --model qwen3-0.6b --weights dummy --max-num-seqs 1024 \
     --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
-    --num-requests 2048 --output-len 256 --repeat 2 --points 64:1024 "${@:4}"
+    --num-requests 2048 --output-len 256 --repeat 2 "${@:4}"
 }
 
 # The same cell on 2 GPUs, one server at a time: the plugin's defaults, stock, the plugin
