@@ -56,8 +56,10 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _load(run: dict[str, Any]) -> str:
+    servers = run.get("api_servers") or 1
     return (f"c={run['concurrency']}" if run["workload"] == "serve" else
-            f"{run['prompts']} x") + f" {run['input_len']}/{run['output_len']}"
+            f"{run['prompts']} x") + f" {run['input_len']}/{run['output_len']}" + (
+            f", {servers} API servers" if servers > 1 else "")
 
 
 def _cells(table: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -51,6 +51,7 @@ def test_a_layout_the_heads_do_not_divide_into_is_named(clean_env, capsys):
     (["--gpus", "1"], "a plan compares layouts of at least 2 GPUs"),
     (["--gpus", "40"], "the model has 28 decoder layers, fewer than the stages of PP=40"),
     (["--gpus", "2", "--concurrency", "0"], "--concurrency must be at least 1"),
+    (["--gpus", "2", "--api-server-count", "0"], "--api-server-count must be at least 1"),
     (["--gpus", "2", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
 ])
 def test_bad_layouts_are_refused_naming_the_flag(clean_env, capsys, argv, message):
@@ -109,17 +110,53 @@ def test_a_measured_winner_does_not_settle_a_layout_its_cell_did_not_measure(
     assert command[-1] == "plugin:full_and_piecewise,tp:full_and_piecewise"
 
 
-def test_a_served_prediction_above_what_a_host_bound_server_put_out_says_so(clean_env, capsys):
-    """The 0.6B shape served at concurrency 1,024 put out 13.6k tokens/s, bound by its API
-    server and client; the model, which has only the GPUs, predicts 3-4x that. Plan says
-    so under the table; where its predictions stay below (the 32B shape), it says nothing."""
+def test_a_served_prediction_is_held_to_what_its_api_servers_put_out(clean_env, capsys):
+    """The 0.6B shape served at concurrency 1,024 put out at most 17.8k tokens/s through one
+    API server, bound by it and the client; the GPUs alone would give 3x that. Plan holds
+    each served row to that bound, marks it and says how to lift it; offline batches, and
+    rows below the bound (the 32B shape), are as the model predicts them."""
     _, out = run_plan(capsys, "--model", "qwen3-0.6b", "--gpus", "2", "--concurrency", "1024",
                       "--max-num-seqs", "1024", "--gpu", "h200")
-    assert ("plugin PP=2, stock PP=2, stock TP=2: predicted above the 13,647 output tokens/s "
-            "a server put out where its API server and client, not its GPUs, set the pace") in out
+    rows = [line for line in out.splitlines() if line.startswith(("plugin PP=", "stock TP=",
+                                                                   "stock PP="))]
+    assert [row.split()[5] for row in rows] == ["17782"] * 3, rows
+    assert all(row.endswith("(held by the API servers)") for row in rows)
+    assert ("plugin PP=2, stock PP=2, stock TP=2: held to the 17,782 output tokens/s 1 API "
+            "server put out") in out
+    assert "plan --api-server-count" in out
+    _, out = run_plan(capsys, "--model", "qwen3-0.6b", "--gpus", "2", "--prompts", "1024",
+                      "--max-num-seqs", "1024", "--gpu", "h200")
+    assert "API server" not in out
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
                       "--max-num-seqs", "1024", "--gpu", "h200")
     assert "API server" not in out
+
+
+def test_more_api_servers_are_their_own_question(clean_env, capsys):
+    """With four API servers no committed cell was bound by them: the rows are the GPUs'
+    prediction, the cell served with four is the one printed beside them, and the bench
+    command that would decide serves with four too."""
+    _, out = run_plan(capsys, "--model", "qwen3-0.6b", "--gpus", "2", "--concurrency", "1024",
+                      "--max-num-seqs", "1024", "--gpu", "h200", "--api-server-count", "4")
+    assert "held" not in out
+    assert "--api-server-count 4, two servers side by side" in out
+    assert "mean of four passes each; pass pairs 0.93" not in out  # the one-server cell
+    commands = bench_commands_in(out)
+    assert commands and all(" ".join(c).count("--api-server-count 4") == 1 for c in commands)
+
+
+def test_a_served_run_is_predicted_with_its_api_servers():
+    """The plan check judges a served run as plan would predict it: held to its API
+    servers' measured bound, by the count the run served with."""
+    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+    from vllm_pp_cudagraph.planning.plan import predict_run
+
+    run = {**_served_run("stock", vllm_version="0.33.0", gpu="NVIDIA H200"),
+           "input_len": 64, "output_len": 256, "max_num_seqs": 1024, "concurrency": 1024}
+    one = predict_run(SHAPES["qwen3-0.6b"], run)
+    four = predict_run(SHAPES["qwen3-0.6b"], {**run, "api_servers": 4})
+    assert one.api_ceiling == pytest.approx(one.output_tok_per_s)
+    assert four.api_ceiling is None and four.req_per_s > 2 * one.req_per_s
 
 
 @pytest.fixture

@@ -438,6 +438,10 @@ def _add_plan_parser(sub) -> ArgumentParser:
     plan_parser.add_argument("--output-len", type=int, default=256, metavar="O")
     plan_parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
                              metavar="N", help=f"default {DEFAULT_MAX_NUM_SEQS}")
+    plan_parser.add_argument(
+        "--api-server-count", type=int, default=1, metavar="N",
+        help="vllm serve --api-server-count (default 1): serving predictions are held to "
+        "what that many API servers put out in the committed cells they bound")
     plan_parser.add_argument("--interconnect", choices=sorted(LINKS), default="nvlink")
     plan_parser.add_argument(
         "--gpu", choices=sorted(GPUS), default=None,
@@ -461,7 +465,8 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
 
     for flag, value in (("--gpus", args.gpus), ("--concurrency", args.concurrency),
                         ("--prompts", args.prompts or 1), ("--input-len", args.input_len),
-                        ("--output-len", args.output_len), ("--max-num-seqs", args.max_num_seqs)):
+                        ("--output-len", args.output_len), ("--max-num-seqs", args.max_num_seqs),
+                        ("--api-server-count", args.api_server_count)):
         if value < 1:
             parser.error(f"{flag} must be at least 1")
     if not 0 < args.gpu_memory_utilization <= 1:
@@ -480,7 +485,7 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
         config = read_model_config(args.model)
         settings = PPCudaGraphSettings.current()
         work = Workload(args.concurrency, args.input_len, args.output_len, args.max_num_seqs,
-                        args.prompts)
+                        args.prompts, args.api_server_count)
         memory = Memory(gpu_bytes, args.gpu_memory_utilization)
         stock = stock_calibration(compat.installed_versions().vllm, work.kind)
         gpu_rates = rates(gpu)

@@ -37,6 +37,8 @@ class MeasuredCell:
     source: str
     host_bound: bool = False
     """Whether the API server and the client, not the GPUs, set the cell's pace."""
+    api_servers: int = 1
+    """``vllm serve --api-server-count`` of the cell's servers."""
 
     def line(self) -> str:
         figures = ", ".join(f"{layout} {value:.2f}" for layout, value in self.req_per_s.items())
@@ -66,11 +68,13 @@ def cells() -> list[MeasuredCell]:
     return [MeasuredCell(**cell) for cell in _table()["cells"]]
 
 
-def host_bound_output() -> tuple[float, MeasuredCell] | None:
-    """The most output tokens/s a server put out in a cell its host bound (the model has
-    no term for the API server or the client), and that cell; None where none was."""
+def host_bound_output(api_servers: int = 1) -> tuple[float, MeasuredCell] | None:
+    """The most output tokens/s a server with ``api_servers`` API servers put out in a cell
+    its host bound (the model has no term for the API server or the client), and that cell;
+    None where none was."""
     found = [(max(cell.req_per_s.values()) * cell.output_len, cell)
-             for cell in cells() if cell.workload == "serve" and cell.host_bound]
+             for cell in cells() if cell.workload == "serve" and cell.host_bound
+             and cell.api_servers == api_servers]
     return max(found, key=lambda f: f[0], default=None)
 
 
@@ -81,9 +85,9 @@ def matching(shape: ModelShape, gpus: int, work: Workload, interconnect: str,
     load = work.prompts or work.concurrency
     return [cell for cell in cells()
             if (cell.gpus, cell.interconnect, cell.workload, cell.load, cell.input_len,
-                cell.output_len, cell.max_num_seqs)
+                cell.output_len, cell.max_num_seqs, cell.api_servers)
             == (gpus, interconnect, work.kind, load, work.input_len, work.output_len,
-                work.max_num_seqs)
+                work.max_num_seqs, work.api_servers)
             and shape_of(cell.shape) == shape]
 
 

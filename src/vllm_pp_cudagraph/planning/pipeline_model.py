@@ -76,6 +76,8 @@ class Workload:
     output_len: int
     max_num_seqs: int = 256
     prompts: int | None = None
+    api_servers: int = 1
+    """``vllm serve --api-server-count``: the processes that stream the outputs."""
 
     @property
     def running(self) -> int:
@@ -107,6 +109,8 @@ class Prediction:
     """Each GPU's busy fraction (each stage's under PP)."""
     split: tuple[int, ...] | None = None
     cadence: str | None = None
+    api_ceiling: float | None = None
+    """Output tokens/s the API servers held it to (:func:`~.plan.at_api_ceiling`), if any."""
 
 
 def kv_read_s(shape: ModelShape, batch: float, context: float, rates: Rates = FITTED) -> float:

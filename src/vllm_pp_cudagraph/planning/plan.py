@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_pp_cudagraph.planning.gpus import FITTED_ON, by_device_name
@@ -113,8 +113,22 @@ def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
             predictions = [plugin_auto(shape, split, work, link, tp=tp, rates=rates),
                            pipeline(shape, split, work, "stock", link, tp=tp, rates=rates,
                                     stock_factor=stock_factor)]
-        rows += [Row(p, kv, not why, why) for p in predictions]
+        rows += [Row(at_api_ceiling(p, work), kv, not why, why) for p in predictions]
     return rows, decision
+
+
+def at_api_ceiling(prediction: Prediction, work: Workload) -> Prediction:
+    """``prediction`` held to the most output tokens/s a server with ``work.api_servers``
+    API servers put out where they, not the GPUs, set the pace (a committed cell); as it
+    is where no cell measured that bound or the GPUs are slower."""
+    bound = host_bound_output(work.api_servers) if work.kind == "serve" else None
+    if bound is None or prediction.output_tok_per_s <= bound[0]:
+        return prediction
+    share = bound[0] / prediction.output_tok_per_s
+    # TPOT stays the GPUs': the requests the API servers cannot take yet wait before their
+    # first token (TTFT p50 4-6 s there, against 0.6-0.7 s with four API servers).
+    return replace(prediction, req_per_s=prediction.req_per_s * share,
+                   output_tok_per_s=bound[0], api_ceiling=bound[0])
 
 
 def _choices(rows: list[Row], work: Workload) -> list[Row]:
@@ -146,6 +160,8 @@ def bench_commands(model: str, work: Workload, layouts: list[Prediction]) -> lis
         load = f"--workload engine --prompts {work.prompts} --input-len {work.input_len}"
     else:
         load = f"--workload serve --points {work.input_len}:{work.concurrency}"
+        if work.api_servers > 1:
+            load += f" --api-server-count {work.api_servers}"
     runners = [bench_runner(p) for p in layouts]
     bases = {base for runner, base in runners if runner != "tp"} or {runners[0][1]}
     commands = []
@@ -253,12 +269,14 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
             lines.append(f"{p.layout:<22} {row.why_not}")
             continue
         busy = "/".join(f"{b:.0%}" for b in p.busy[:8])
+        if p.api_ceiling:
+            busy += " (held by the API servers)"
         off = f"±{_error(p, work.kind):.0%}"
         lines.append(f"{p.layout:<22} {p.cadence or '-':<8} {p.req_per_s:>7.2f} {off:>6} "
                      f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f} {row.kv_tokens:>10,}  "
                      f"{busy}")
     lines += [cell.line() for cell in measured]
-    lines += _host_bound_note(rows, work)
+    lines += _api_ceiling_note(rows, work)
     lines += recommendation(rows, work, model, list(measured))
     best = recommended(rows, work)
     need = work.running * (work.input_len + work.output_len)
@@ -274,19 +292,17 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
     return lines
 
 
-def _host_bound_note(rows: list[Row], work: Workload) -> list[str]:
-    """Where a served layout is predicted above what a host-bound server put out, say that
-    the model does not see that bound."""
-    bound = host_bound_output()
-    fast = [r.prediction.layout for r in rows if r.fits and bound
-            and r.prediction.output_tok_per_s > bound[0]]
-    if work.kind != "serve" or not fast:
+def _api_ceiling_note(rows: list[Row], work: Workload) -> list[str]:
+    """Which served layouts the API servers' measured pace held, and how to lift it."""
+    held = [r.prediction.layout for r in rows if r.fits and r.prediction.api_ceiling]
+    if not held:
         return []
-    tokens, cell = bound
-    return [f"  {', '.join(fast)}: predicted above the {tokens:,.0f} output tokens/s a server "
-            f"put out where its API server and client, not its GPUs, set the pace "
-            f"({cell.shape}, {cell.gpu}, {cell.source}); the model has no term for them: "
-            "expect less"]
+    tokens, cell = host_bound_output(work.api_servers)
+    servers = f"{work.api_servers} API server{'s' if work.api_servers > 1 else ''}"
+    return [f"  {', '.join(held)}: held to the {tokens:,.0f} output tokens/s {servers} put "
+            f"out where they and the client, not the GPUs, set the pace ({cell.shape}, "
+            f"{cell.gpu}, {cell.source}); more API servers (vllm serve --api-server-count, "
+            "plan --api-server-count) lift that bound"]
 
 
 #: The cadence each bench runner stands for, as ``bench`` sets it (``runner_cadence``);
@@ -306,7 +322,14 @@ def predict_run(config: Any, run: dict[str, Any]) -> Prediction | None:
     shape = ModelShape.from_config(config)
     serve = run["workload"] == "serve"
     work = Workload(run.get("concurrency") or run["prompts"], run["input_len"],
-                    run["output_len"], run["max_num_seqs"], None if serve else run["prompts"])
+                    run["output_len"], run["max_num_seqs"], None if serve else run["prompts"],
+                    run.get("api_servers") or 1)
+    prediction = _run_prediction(shape, work, run, rates)
+    return None if prediction is None else at_api_ceiling(prediction, work)
+
+
+def _run_prediction(shape: ModelShape, work: Workload, run: dict[str, Any],
+                    rates: Rates) -> Prediction | None:
     link = LINKS[run.get("interconnect") or "nvlink"]
     if run["runner"] == "tp":
         return tensor_parallel(shape, run["tp"] * run["pp"], work, link, rates=rates)
