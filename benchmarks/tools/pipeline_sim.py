@@ -39,6 +39,7 @@ from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 #: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock,
 #: FULL_AND_PIECEWISE): decode step GPU and host time by batch, at 64- and 1,024-token
 #: contexts.
+REPOSITORY = Path(__file__).resolve().parents[2]
 STAGE_COSTS = (Path(__file__).parents[1] / "results"
                / "2026-11-24-vllm033-one-gpu-stage-costs" / "stage-cost" / "stage_cost.json")
 
@@ -261,9 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "pipeline_sim.json").write_text(json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items() if k != "out"}, "runs": rows},
-            indent=1))
+            {"args": {k: _recorded(v) for k, v in vars(args).items() if k != "out"},
+             "runs": rows}, indent=1))
     return 0
+
+
+def _recorded(value: object) -> str:
+    """An argument as the results record it: a path inside the repository relative to it."""
+    if isinstance(value, Path) and value.resolve().is_relative_to(REPOSITORY):
+        return str(value.resolve().relative_to(REPOSITORY))
+    return str(value)
 
 
 if __name__ == "__main__":
