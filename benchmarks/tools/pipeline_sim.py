@@ -36,11 +36,11 @@ from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
+REPOSITORY = Path(__file__).resolve().parents[2]
 #: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock,
 #: FULL_AND_PIECEWISE): decode step GPU and host time by batch, at 64- and 1,024-token
 #: contexts.
-REPOSITORY = Path(__file__).resolve().parents[2]
-STAGE_COSTS = (Path(__file__).parents[1] / "results"
+STAGE_COSTS = (REPOSITORY / "benchmarks" / "results"
                / "2026-11-24-vllm033-one-gpu-stage-costs" / "stage-cost" / "stage_cost.json")
 
 CADENCES = ("vllm", "auto", "balance", "merge")
