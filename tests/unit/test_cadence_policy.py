@@ -174,6 +174,22 @@ def test_a_cadence_that_lost_widely_is_backed_off_at_that_load():
     assert chooser.trial_steps["merge"] <= chooser.trials["merge"] * (1 + 2 * 2)
 
 
+def test_each_trial_leaves_its_verdict_with_what_it_measured():
+    """Why ``auto`` kept or left a cadence is kept per trial: the one adopted at the
+    switch's step with the switch's figures, each wide loss with its 1.25x or more."""
+    chooser = drive({VLLM: 67.0, BALANCE: 60.0, MERGE: 110.0}, 6_000)
+    step, adopted, interval, beaten, decoders = chooser.switches[0]
+    assert adopted is BALANCE
+    won = [v for v in chooser.verdicts if v.outcome == "adopted"]
+    assert [(v.step, v.cadence, v.interval, v.against, v.decoders) for v in won][:1] == [
+        (step, BALANCE, interval, beaten, decoders)]
+    lost = [v for v in chooser.verdicts if v.cadence is MERGE]
+    assert lost and all(v.outcome == "lost widely" and v.interval >= 1.25 * v.against
+                        for v in lost)
+    # Every trial started has one verdict, but the one still running.
+    assert sum(chooser.trials.values()) - len(chooser.verdicts) in (0, 1)
+
+
 def test_the_back_off_holds_when_the_load_comes_back_and_lifts_at_another_load():
     """The load drains and refills between passes of a benchmark: back at the load where
     ``merge`` lost widely it stays backed off; at a load it never lost at, it is tried

@@ -63,6 +63,14 @@ def test_the_engine_snapshot_counts_autos_trials(tmp_path, monkeypatch):
     assert snap.cadence_wide_losses_total == sum(state.chooser.wide_losses.values())
     # And the cadences it adopted, in order: what bench reports as cadence_choices.
     assert snap.cadences_adopted == tuple(str(s[1]) for s in state.chooser.switches)
+    # And how each trial ended, with what it measured.
+    verdicts = state.chooser.verdicts
+    assert verdicts and len(snap.recent_trials) == len(verdicts)
+    for kept, verdict in zip(snap.recent_trials, verdicts):
+        assert (kept["step"], kept["cadence"], kept["outcome"]) == (
+            verdict.step, verdict.cadence.value, verdict.outcome)
+        assert kept["against_ms"] is None or kept["against_ms"] == pytest.approx(
+            1e3 * verdict.against, abs=0.01)
 
 
 def test_without_metrics_the_hook_writes_nothing(tmp_path, monkeypatch):

@@ -513,7 +513,7 @@ STAGE_METRIC_KEYS = ("window_s", "steps", "busy_fraction", "wait_fraction", "ste
 #: What bench.json keeps of the engine core's last cadence snapshot.
 ENGINE_METRIC_KEYS = ("cadence", "cadence_switches_total", "cadence_trials_total",
                       "cadence_trial_steps_total", "cadence_wide_losses_total", "group_sizes",
-                      "running_reqs")
+                      "running_reqs", "recent_trials")
 
 
 #: What a run without any plan record ran: vLLM alone (stock, V1), or a plugin run that

@@ -36,6 +36,25 @@ MARGIN = 0.05
 WIDE_LOSS = 1.25
 
 
+#: How many of the latest trials' verdicts the chooser keeps for the engine's record.
+KEPT_VERDICTS = 32
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one trial of another cadence ended, at ``decoders`` decoding requests."""
+
+    step: int
+    cadence: DecodeCadence
+    #: Seconds per token the trial measured (None before a round), and the incumbent's.
+    interval: float | None
+    against: float | None
+    decoders: float
+    #: ``adopted``; ``not confirmed`` (the incumbent's next window caught up); ``held``;
+    #: ``lost widely``; ``not comparable`` (the load moved during the trial).
+    outcome: str
+
+
 def _similar_load(decoders: float, reference: float, share: float = SIMILAR_LOAD) -> bool:
     """Whether ``decoders`` is within ``share`` of ``reference`` (at least one request)."""
     return abs(decoders - reference) <= share * max(reference, 1.0)
@@ -171,6 +190,8 @@ class CadenceChooser:
         self.trial_steps: Counter[str] = Counter()
         #: Trials that lost by :data:`WIDE_LOSS` or more, per cadence.
         self.wide_losses: Counter[str] = Counter()
+        #: How the latest trials ended, oldest first.
+        self.verdicts: deque[Verdict] = deque(maxlen=KEPT_VERDICTS)
         self._steps = 0
 
     def record_step(self, tokens: int, decoders: int) -> DecodeCadence:
@@ -230,7 +251,10 @@ class CadenceChooser:
         self._candidate = None
         self._recent.append((interval, decoders))
         beaten = min(interval, self._reference()[0])
-        if self._wins(trial_interval, beaten):
+        won = self._wins(trial_interval, beaten)
+        self._verdict(trial, trial_interval, beaten, trial_decoders,
+                      "adopted" if won else "not confirmed")
+        if won:
             self._adopt(trial, trial_interval, trial_decoders, beaten)
         else:
             self._back_off(trial, self.longest_gap)
@@ -297,13 +321,20 @@ class CadenceChooser:
         self._trial = None
         self._use(self.incumbent)
         if reference is None or not _similar_load(decoders, reference[1]):
-            self._windows_left[trial] = self._gap[trial]  # not comparable: no verdict
+            self._windows_left[trial] = self._gap[trial]  # no back-off
+            self._verdict(trial, interval, None, decoders, "not comparable")
             return
-        if interval is not None and interval >= WIDE_LOSS * reference[0]:
+        wide = interval is not None and interval >= WIDE_LOSS * reference[0]
+        self._verdict(trial, interval, reference[0], decoders, "lost widely" if wide else "held")
+        if wide:
             self.wide_losses[trial.value] += 1
             self._back_off(trial, self.longest_backoff)
         else:
             self._back_off(trial, self.longest_gap)
+
+    def _verdict(self, trial: DecodeCadence, interval: float | None, against: float | None,
+                 decoders: float, outcome: str) -> None:
+        self.verdicts.append(Verdict(self._steps, trial, interval, against, decoders, outcome))
 
     def _back_off(self, trial: DecodeCadence, longest: int) -> None:
         """The incumbent held against ``trial`` at the latest load: try it again there

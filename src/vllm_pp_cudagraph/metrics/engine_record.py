@@ -13,7 +13,7 @@ from vllm_pp_cudagraph.metrics.snapshots import KEPT_SWITCHES, EngineSnapshot, w
 from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
 
 if TYPE_CHECKING:
-    from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
+    from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser, Verdict
 
 
 def group_sizes(running: Iterable[Any], pp_size: int) -> tuple[int, ...]:
@@ -52,8 +52,19 @@ class EngineRecord:
             cadence_trial_steps_total=sum(chooser.trial_steps.values()) if chooser else 0,
             cadence_wide_losses_total=sum(chooser.wide_losses.values()) if chooser else 0,
             cadences_adopted=tuple(str(s[1]) for s in switches[-KEPT_SWITCHES:]),
+            recent_trials=tuple(map(trial_record, chooser.verdicts)) if chooser else (),
             group_sizes=group_sizes(running, self.pp_size), running_reqs=len(running),
             layer_split=self.layer_split, split_reason=self.split_reason))
+
+
+def trial_record(verdict: Verdict) -> dict[str, Any]:
+    """One trial's verdict as the engine's record keeps it (times in ms per token)."""
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(1e3 * seconds, 2)
+
+    return {"step": verdict.step, "cadence": str(verdict.cadence),
+            "ms_per_token": ms(verdict.interval), "against_ms": ms(verdict.against),
+            "decoding": round(verdict.decoders), "outcome": verdict.outcome}
 
 
 def _reason(switch: tuple) -> str:

@@ -91,6 +91,12 @@ def _ints(value: Any) -> tuple[int, ...]:
     return tuple(_int(item) for item in value)
 
 
+def _records(value: Any) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, dict) for v in value):
+        raise ValueError(f"expected a list of objects, got {value!r}")
+    return tuple(value)
+
+
 def _strs(value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"expected a list of strings, got {value!r}")
@@ -105,6 +111,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "str | None": _optional_str,
     "tuple[int, ...]": _ints,
     "tuple[str, ...]": _strs,
+    "tuple[dict[str, Any], ...]": _records,
 }
 
 S = TypeVar("S", bound="_Snapshot")
@@ -184,6 +191,8 @@ class EngineSnapshot(_Snapshot):
     cadence_wide_losses_total: int = 0
     #: The cadences ``auto`` adopted, in order (at most the last :data:`KEPT_SWITCHES`).
     cadences_adopted: tuple[str, ...] = ()
+    #: How ``auto``'s latest trials ended (``engine_record.trial_record``), oldest first.
+    recent_trials: tuple[dict[str, Any], ...] = ()
     group_sizes: tuple[int, ...]
     running_reqs: int
     layer_split: tuple[int, ...]
@@ -193,6 +202,7 @@ class EngineSnapshot(_Snapshot):
         # Callers pass lists; keep the frozen snapshot immutable (and hashable).
         object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
         object.__setattr__(self, "cadences_adopted", tuple(self.cadences_adopted))
+        object.__setattr__(self, "recent_trials", tuple(self.recent_trials))
         object.__setattr__(self, "layer_split", tuple(self.layer_split))
 
     @property
