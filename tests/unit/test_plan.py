@@ -193,7 +193,7 @@ def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measur
     all: the prediction (the plugin 26% ahead of stock PP) is not the recommendation."""
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "1024",
                       "--max-num-seqs", "1024", *H200)
-    assert out.count("\nmeasured on ") == 5  # 2x H200 three times, and 2x H100 twice
+    assert out.count("\nmeasured on ") == 6  # 2x H200 four times, and 2x H100 twice
     assert ("recommended: too close to call (plugin PP=2 and stock PP=2 measured level on "
             "2x H100; stock TP=2 not measured at this load)") in out
     assert "recommended: plugin PP=2" not in out
