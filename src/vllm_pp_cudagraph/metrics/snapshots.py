@@ -199,7 +199,7 @@ class EngineSnapshot(_Snapshot):
     split_reason: str
 
     def __post_init__(self) -> None:
-        # Callers pass lists; keep the frozen snapshot immutable (and hashable).
+        # Callers pass lists; the frozen snapshot keeps tuples.
         object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
         object.__setattr__(self, "cadences_adopted", tuple(self.cadences_adopted))
         object.__setattr__(self, "recent_trials", tuple(self.recent_trials))
