@@ -604,6 +604,35 @@ def test_deterministic_compile_and_max_model_len_reach_the_engine_and_the_server
         "compilation_config")
 
 
+@pytest.mark.parametrize("mode", ["full_and_piecewise", "eager"])
+def test_a_larger_capture_size_reaches_the_engine_and_the_server(mode, monkeypatch):
+    """``--max-cudagraph-capture-size`` is vLLM's, for every runner alike and beside the
+    mode's graph settings; eager captures nothing, and a size no engine takes is refused."""
+    import vllm.platforms
+    from _serve_parser import parse_serve_args
+
+    from vllm_pp_cudagraph.bench.engine_run import MODES, engine_kwargs
+    from vllm_pp_cudagraph.bench.serve_run import serve_command
+
+    monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
+    parser = bench.build_parser()
+    args = parser.parse_args(["--max-cudagraph-capture-size", "1024", "--max-num-seqs",
+                              "1024", "--modes", f"plugin:{mode}"])
+    assert argument_problems(args) == []
+    for runner in ("plugin", "stock"):
+        spec = run_spec(args, runner, mode, None, "qwen3-0.6b", None, "x")
+        kwargs = engine_kwargs(spec, "/m")
+        served = parse_serve_args(serve_command(spec, "/m", 8000)[4:])
+        if MODES[mode][0].get("enforce_eager"):
+            assert "compilation_config" not in kwargs and served.enforce_eager
+            continue
+        assert kwargs["compilation_config"] == {
+            **MODES[mode][0]["compilation_config"], "max_cudagraph_capture_size": 1024}
+        assert served.compilation_config.max_cudagraph_capture_size == 1024
+    assert any("--max-cudagraph-capture-size 0 must be at least 1" in problem for problem in
+               argument_problems(parser.parse_args(["--max-cudagraph-capture-size", "0"])))
+
+
 def test_speculative_acceptance_is_summed_over_engines_from_vllms_counters():
     from vllm.v1.metrics.reader import Counter, Gauge, Vector
 

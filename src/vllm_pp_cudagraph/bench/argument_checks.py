@@ -51,6 +51,9 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
                         f"started needs at least {MIN_ENGINE_S} s")
     if args.lane_sync is not None and args.workload != "serve":
         problems.append("--lane-sync is for --workload serve (lanes meet before each point)")
+    if args.max_cudagraph_capture_size is not None and args.max_cudagraph_capture_size < 1:
+        problems.append(f"--max-cudagraph-capture-size {args.max_cudagraph_capture_size} "
+                        "must be at least 1")
     if args.api_server_count < 1:
         problems.append(f"--api-server-count {args.api_server_count} must be at least 1")
     elif args.api_server_count > 1 and args.workload != "serve" and not args.serve:

@@ -254,6 +254,11 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
                        "sends at least two per request in flight")
     group.add_argument("--port", type=int, default=8000, help="port of the server")
     group.add_argument(
+        "--max-cudagraph-capture-size", type=int, default=None, metavar="N",
+        help="capture CUDA graphs up to batches of N tokens, every runner alike "
+        "(compilation_config.max_cudagraph_capture_size; default: vLLM's, 2 x "
+        "--max-num-seqs and at most 512); larger decode steps run eagerly")
+    group.add_argument(
         "--api-server-count", type=int, default=1,
         help="--workload serve: vLLM's API-server processes in front of each engine "
         "(vllm serve --api-server-count); where one API server bounds a small model's "

@@ -183,6 +183,9 @@ class RunSpec:
     """vLLM's ``distributed_executor_backend`` ("mp", "ray"); None: vLLM's choice."""
     api_servers: int = 1
     """``vllm serve --api-server-count``: API-server processes in front of the engine."""
+    max_capture_size: int | None = None
+    """``compilation_config.max_cudagraph_capture_size``: the largest batch captured as a
+    CUDA graph; None: vLLM's (2 x ``max_num_seqs``, at most 512)."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -369,7 +372,7 @@ def engine_kwargs(spec: RunSpec, model: str) -> dict[str, Any]:
 
 def mode_options(spec: RunSpec) -> dict[str, Any]:
     """The engine options of ``spec``'s graph mode, with Inductor's deterministic mode
-    where ``spec.deterministic_compile`` asks for it.
+    where ``spec.deterministic_compile`` asks for it and ``spec.max_capture_size``.
 
     Inductor otherwise picks some compiled kernels (reduction block sizes, vLLM's
     combined kernels) by timing candidates on the GPU as the engine starts. Candidates
@@ -378,9 +381,12 @@ def mode_options(spec: RunSpec) -> dict[str, Any]:
     (eager) is unchanged.
     """
     options = dict(MODES[spec.mode][0])
-    if spec.deterministic_compile and not options.get("enforce_eager"):
-        compilation = dict(options.get("compilation_config", {}))
+    compilation = dict(options.get("compilation_config", {}))
+    if spec.deterministic_compile:
         compilation["inductor_compile_config"] = {"deterministic": True}
+    if spec.max_capture_size is not None:
+        compilation["max_cudagraph_capture_size"] = spec.max_capture_size
+    if compilation and not options.get("enforce_eager"):
         options["compilation_config"] = compilation
     return merge_options(options, spec.interconnect)
 
