@@ -34,6 +34,7 @@ from vllm.v1.request import Request
 from benchmarks.tools.scheduler_hook_cost import empty_scheduler
 from vllm_pp_cudagraph.compat import patches
 from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
+from vllm_pp_cudagraph.engine import decode_cadence
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -118,8 +119,6 @@ def recorded_profile(path: Path, shape: str, context: int, requests_each: int = 
 def cadence_on_clock(cadence: str, clock: PipelineClock) -> Iterator[None]:
     """The plugin's cadence hook applied (none for ``vllm``: stock's scheduler), with
     ``auto``'s chooser measuring on ``clock``."""
-    from vllm_pp_cudagraph.engine import decode_cadence
-
     undo = None
     if cadence != "vllm":
         undo = patches.apply_patch("decode-cadence",
@@ -226,7 +225,7 @@ def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str
         warmup, *passes = serve_passes(
             scheduler, clock, [args.concurrency] + [args.pass_requests] * args.passes,
             args.concurrency, args.input_len, args.output_len)
-    state = getattr(scheduler, "_pp_cudagraph", None)
+    state = decode_cadence.scheduler_state(scheduler)
     chooser = state.chooser if state is not None else None
     return {"cadence": cadence, "warmup_req_per_s": round(warmup.req_per_s, 2),
             "pass_req_per_s": [round(p.req_per_s, 2) for p in passes],

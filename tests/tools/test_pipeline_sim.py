@@ -16,6 +16,7 @@ from _scheduler import make_requests, make_scheduler
 
 from benchmarks.tools import pipeline_sim
 from benchmarks.tools.pipeline_sim import PipelineClock, cadence_on_clock, serve_passes
+from vllm_pp_cudagraph.engine.decode_cadence import scheduler_state
 from benchmarks.tools.scheduler_hook_cost import empty_scheduler
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 
@@ -97,7 +98,7 @@ def timed(model_dir: str, cadence: str, profile: dict, pp: int = 2) -> tuple[Run
     requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(240, 240))
     with cadence_on_clock(cadence, clock):
         run = serve(scheduler, requests, [0] * 8, clock=clock)
-    state = getattr(scheduler, "_pp_cudagraph", None)
+    state = scheduler_state(scheduler)
     return run, clock, state.chooser if state is not None else None
 
 

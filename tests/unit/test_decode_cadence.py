@@ -25,7 +25,11 @@ from vllm.v1.worker.gpu import pp_utils
 
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.engine.decode_cadence import lift_idle_cadence, merge_decode_groups
+from vllm_pp_cudagraph.engine.decode_cadence import (
+    lift_idle_cadence,
+    merge_decode_groups,
+    scheduler_state,
+)
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
     consume_entries_needed_by,
@@ -302,7 +306,9 @@ def test_the_scheduler_runs_its_engines_planned_cadence(model_dir):
         for pp, expected in ((2, DecodeCadence.MERGE), (1, DecodeCadence.VLLM)):
             scheduler = make_scheduler(model_dir, pp=pp)
             scheduler.schedule()
-            assert scheduler._pp_cudagraph.cadence is expected
+            assert scheduler_state(scheduler).cadence is expected
+            # Kept beside vLLM's scheduler, not planted on it.
+            assert not [name for name in vars(scheduler) if "pp_cudagraph" in name]
     finally:
         undo()
 

@@ -10,6 +10,7 @@ from _scheduler import make_scheduler
 
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.compat import patches
+from vllm_pp_cudagraph.engine.decode_cadence import scheduler_state
 from vllm_pp_cudagraph.metrics import snapshots
 from vllm_pp_cudagraph.metrics.engine_record import group_sizes
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock
@@ -54,7 +55,7 @@ def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, c
 def test_the_engine_snapshot_counts_autos_trials(tmp_path, monkeypatch):
     """What ``auto``'s probes of other cadences cost is in the engine's snapshot."""
     scheduler = served(tmp_path, monkeypatch, "auto", output=60)
-    state = scheduler._pp_cudagraph
+    state = scheduler_state(scheduler)
     state.record._last = None  # written at most every few seconds: write the last step now
     state.record.step(scheduler.running, str(state.chooser.cadence), state.chooser)
     snap = snapshots.read_engine_snapshot(0)

@@ -9,6 +9,7 @@ docs/architecture.md says why both are safe."""
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,15 @@ from vllm_pp_cudagraph.metrics.engine_record import EngineRecord
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
 ScheduleFn = Callable[..., Any]
+
+#: What the hook keeps per scheduler (:class:`_SchedulerState`), beside vLLM's object
+#: rather than on it.
+_STATES: weakref.WeakKeyDictionary[Any, _SchedulerState] = weakref.WeakKeyDictionary()
+
+
+def scheduler_state(scheduler: Any) -> _SchedulerState | None:
+    """What the hook keeps for ``scheduler``; None before its first step under the hook."""
+    return _STATES.get(scheduler)
 
 
 def may_lift(request: Any) -> bool:
@@ -126,9 +136,9 @@ def wrap_schedule(original: ScheduleFn, settings: PPCudaGraphSettings) -> Schedu
     under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed every step."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = self.__dict__.get("_pp_cudagraph")
+        state = _STATES.get(self)
         if state is None:
-            state = self._pp_cudagraph = _SchedulerState.of(self, settings)
+            state = _STATES[self] = _SchedulerState.of(self, settings)
         if state.cadence is DecodeCadence.VLLM:
             return original(self, *args, **kwargs)
         chooser = state.chooser
