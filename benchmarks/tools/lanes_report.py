@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,13 @@ def run_row(run: dict[str, Any]) -> dict[str, Any]:
         "stage_busy": [round(s["busy_fraction"], 3) for s in stages.values()] or None,
         "stage_step_ms": [round(s["step_ms"], 2) for s in stages.values()] or None,
         "graph_share": _graph_share(stages),
+        "trial_outcomes": _trial_outcomes(engine.get("recent_trials") or []),
     }
+
+
+def _trial_outcomes(trials: list[dict[str, Any]]) -> dict[str, int]:
+    """How ``auto``'s last trials ended, counted by cadence and outcome."""
+    return dict(sorted(Counter(f"{t['cadence']} {t['outcome']}" for t in trials).items()))
 
 
 def _graph_share(stages: dict[str, dict[str, Any]]) -> float | None:
@@ -115,6 +122,17 @@ def markdown(paired: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
                      f"{pair['over']} | {', '.join(map(str, pair['ratios']))} | "
                      f"{pair['median']} | {', '.join(map(str, pair['pass_ratios'])) or '-'} | "
                      f"{_num(pair['pass_median'], 3)} |")
+    lines += ["", "| slot | lane | runner | cadence at the end | switches | trials (steps) | "
+              "how the last trials ended |", "|---|---|---|---|---|---|---|"]
+    for slot in paired:
+        for lane in ("a", "b"):
+            row = slot[lane]
+            if row["cadence"] is None:
+                continue
+            ended = ", ".join(f"{what} {n}" for what, n in row["trial_outcomes"].items())
+            lines.append(f"| {slot['slot']} | {lane} | {row['runner']} | {row['cadence']} | "
+                         f"{row['cadence_switches']} | {row['cadence_trials']} "
+                         f"({row['cadence_trial_steps']}) | {ended or '-'} |")
     return "\n".join(lines) + "\n"
 
 

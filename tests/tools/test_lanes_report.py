@@ -17,9 +17,17 @@ def run(runner: str, req_per_s: float, concurrency: int = 1024) -> dict:
             "tpot_p50_ms": 90.0, "ttft_p50_ms": 2000.0, "plugin_stages": 2,
             "engine_metrics": {"cadence": "vllm", "cadence_trials_total": 4,
                                "cadence_trial_steps_total": 20,
-                               "cadence_switches_total": 0, "group_sizes": [512, 512]},
+                               "cadence_switches_total": 0, "group_sizes": [512, 512],
+                               "recent_trials": [trial("balance", "held"),
+                                                 trial("merge", "lost widely"),
+                                                 trial("balance", "held")]},
             "stage_metrics": {"0": {"busy_fraction": 0.99, "step_ms": 40.0,
                                     "graph_steps_total": 96, "eager_steps_total": 4}}}
+
+
+def trial(cadence: str, outcome: str) -> dict:
+    return {"step": 100, "cadence": cadence, "ms_per_token": 80.0, "against_ms": 70.0,
+            "decoding": 1024, "outcome": outcome}
 
 
 def write_lane(directory: Path, lane: str, runs: list[dict]) -> None:
@@ -42,4 +50,7 @@ def test_each_runner_is_compared_with_the_one_beside_it_in_both_lane_orders(tmp_
                                    round(37.5 / 39.5, 3), round(38.5 / 40.5, 3)]
     assert pair["pass_median"] == pytest.approx((36.5 / 40.5 + 37.5 / 39.5) / 2, abs=1e-3)
     assert paired[0]["a"]["graph_share"] == 0.96
-    assert "| 1 | 64 in x c1024 | plugin (vllm) | 35.50, 36.50 |" in markdown(paired, [pair])
+    table = markdown(paired, [pair])
+    assert "| 1 | 64 in x c1024 | plugin (vllm) | 35.50, 36.50 |" in table
+    # What auto did on each server: why it kept vLLM's cadence, from its trials' verdicts.
+    assert "| 1 | a | plugin | vllm | 0 | 4 (20) | balance held 2, merge lost widely 1 |" in table
