@@ -47,6 +47,7 @@ def run_row(run: dict[str, Any]) -> dict[str, Any]:
         "stage_step_ms": [round(s["step_ms"], 2) for s in stages.values()] or None,
         "graph_share": _graph_share(stages),
         "trial_outcomes": _trial_outcomes(engine.get("recent_trials") or []),
+        "pass_stage_step_ms": run.get("pass_stage_step_ms"),
     }
 
 
@@ -122,15 +123,19 @@ def markdown(paired: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
                      f"{pair['over']} | {', '.join(map(str, pair['ratios']))} | "
                      f"{pair['median']} | {', '.join(map(str, pair['pass_ratios'])) or '-'} | "
                      f"{_num(pair['pass_median'], 3)} |")
-    lines += ["", "| slot | lane | runner | cadence at the end | switches | trials (steps) | "
-              "how the last trials ended |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| slot | lane | runner | step ms per stage, by pass | cadence at the end | "
+              "switches | trials (steps) | how the last trials ended |",
+              "|---|---|---|---|---|---|---|---|"]
     for slot in paired:
         for lane in ("a", "b"):
             row = slot[lane]
             if row["cadence"] is None:
                 continue
             ended = ", ".join(f"{what} {n}" for what, n in row["trial_outcomes"].items())
-            lines.append(f"| {slot['slot']} | {lane} | {row['runner']} | {row['cadence']} | "
+            steps = ", ".join("/".join(map(str, p)) if p else "-"
+                              for p in row["pass_stage_step_ms"] or []) or "-"
+            lines.append(f"| {slot['slot']} | {lane} | {row['runner']} | {steps} | "
+                         f"{row['cadence']} | "
                          f"{row['cadence_switches']} | {row['cadence_trials']} "
                          f"({row['cadence_trial_steps']}) | {ended or '-'} |")
     return "\n".join(lines) + "\n"

@@ -633,6 +633,29 @@ def test_a_larger_capture_size_reaches_the_engine_and_the_server(mode, monkeypat
                argument_problems(parser.parse_args(["--max-cudagraph-capture-size", "0"])))
 
 
+def test_each_pass_gets_its_stages_step_time_from_the_snapshots_around_it():
+    """A pass's step time per stage is the mean over the steps timed between the readings
+    before and after it, not the last window (which a run's drain closes)."""
+    from vllm_pp_cudagraph.bench.serve_run import stages_over
+    from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot
+
+    def snap(stage: int, steps: int, busy_ms: float, idle_ms: float) -> StageSnapshot:
+        return StageSnapshot(stage=stage, pp_size=2, tp_size=1, time=0.0, window_s=5.0,
+                             steps=10, busy_fraction=1.0, wait_fraction=0.0, step_ms=20.0,
+                             handoff_bytes_total=0, graph_steps_total=steps,
+                             eager_steps_total=0, timed_steps_total=steps,
+                             busy_ms_total=busy_ms, idle_ms_total=idle_ms, layers=32)
+
+    before = {0: snap(0, 100, 2_000.0, 0.0), 1: snap(1, 100, 2_500.0, 100.0)}
+    after = {0: snap(0, 1_100, 44_000.0, 0.0), 1: snap(1, 1_100, 42_500.0, 4_100.0)}
+    assert stages_over(before, after) == {"stage_step_ms": [42.0, 40.0],
+                                          "stage_busy": [1.0, 0.909]}
+    # From a server's start; and nothing where a stage timed no step (stock writes none).
+    assert stages_over({}, after)["stage_step_ms"] == [40.0, round(42_500 / 1_100, 2)]
+    assert stages_over(after, after) == {"stage_step_ms": None, "stage_busy": None}
+    assert stages_over({}, {}) == {"stage_step_ms": None, "stage_busy": None}
+
+
 def test_speculative_acceptance_is_summed_over_engines_from_vllms_counters():
     from vllm.v1.metrics.reader import Counter, Gauge, Vector
 

@@ -156,6 +156,52 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
     assert [r["requests_per_pass"] for r in reports] == [512, 2048, 512]
 
 
+def test_each_timed_pass_reports_its_stages_step_time(tmp_path, monkeypatch):
+    """The stages' snapshots read around each pass give that pass's mean step time and
+    busy share per stage (what the last window, a run's drain, cannot say)."""
+    import asyncio
+    import json
+    import sys
+
+    from vllm_pp_cudagraph.bench import serve_run
+    from vllm_pp_cudagraph.bench.engine_run import records_dir_of
+    from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot
+
+    records = records_dir_of(tmp_path / "serve.log")
+    totals = {"steps": 0, "busy": 0.0}
+
+    def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
+                            extra_args=()):
+        log_path.write_text("")
+        records.mkdir(exist_ok=True)
+        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
+
+    def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
+                    result_dir, result_name):
+        # Each pass: 100 steps on each stage, at 40 ms, 41 ms, ... pass by pass.
+        totals["busy"] += 100 * (40.0 + totals["steps"] // 100)
+        totals["steps"] += 100
+        files = {f"stage-{stage}.json": StageSnapshot(
+            stage=stage, pp_size=2, tp_size=1, time=1.0, window_s=5.0, steps=5,
+            busy_fraction=1.0, wait_fraction=0.0, step_ms=1.0, handoff_bytes_total=0,
+            graph_steps_total=0, eager_steps_total=0, timed_steps_total=totals["steps"],
+            busy_ms_total=totals["busy"], idle_ms_total=0.0, layers=14).to_json()
+            for stage in (0, 1)}
+        files[result_name] = json.dumps({"request_throughput": 10.0})
+        writes = "; ".join(f"open({str((records if n.startswith('stage') else result_dir) / n)!r},"
+                           f" 'w').write({text!r})" for n, text in files.items())
+        return [sys.executable, "-c", writes]
+
+    monkeypatch.setattr(serve_run, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
+    spec = RunSpec("plugin", "full_and_piecewise", pp=2, repeat=2, workload="serve")
+    [report] = serve_run.run_vllm_bench_sweep(spec, str(tmp_path), tmp_path / "serve.log",
+                                              [64], 128)
+    # The warm-up ran at 40 ms a step, then the two timed passes at 41 and 42.
+    assert report["pass_stage_step_ms"] == [[41.0, 41.0], [42.0, 42.0]]
+    assert report["pass_stage_busy"] == [[1.0, 1.0], [1.0, 1.0]]
+
+
 def test_lanes_meet_before_each_point_and_a_lane_left_alone_goes_on(tmp_path):
     """Two bench invocations side by side: the earlier lane waits for the later one at
     each point of the same run; where the other never comes, it goes on after its timeout."""

@@ -15,6 +15,7 @@ def run(runner: str, req_per_s: float, concurrency: int = 1024) -> dict:
     return {"spec": {"runner": runner}, "input_len": 64, "concurrency": concurrency,
             "req_per_s": req_per_s, "pass_req_per_s": [req_per_s - 0.5, req_per_s + 0.5],
             "tpot_p50_ms": 90.0, "ttft_p50_ms": 2000.0, "plugin_stages": 2,
+            "pass_stage_step_ms": [[42.0, 41.5], [43.0, 42.5]],
             "engine_metrics": {"cadence": "vllm", "cadence_trials_total": 4,
                                "cadence_trial_steps_total": 20,
                                "cadence_switches_total": 0, "group_sizes": [512, 512],
@@ -53,4 +54,5 @@ def test_each_runner_is_compared_with_the_one_beside_it_in_both_lane_orders(tmp_
     table = markdown(paired, [pair])
     assert "| 1 | 64 in x c1024 | plugin (vllm) | 35.50, 36.50 |" in table
     # What auto did on each server: why it kept vLLM's cadence, from its trials' verdicts.
-    assert "| 1 | a | plugin | vllm | 0 | 4 (20) | balance held 2, merge lost widely 1 |" in table
+    assert ("| 1 | a | plugin | 42.0/41.5, 43.0/42.5 | vllm | 0 | 4 (20) | balance held 2, "
+            "merge lost widely 1 |") in table

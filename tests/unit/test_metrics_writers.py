@@ -135,6 +135,10 @@ def test_a_stage_clock_reads_its_events_only_once_done_and_reports_busy_and_bubb
     assert ended >= snap.steps and snap.eager_steps_total == 1
     assert snap.handoff_bytes_total == ended * 1024
     assert (clock.graph_steps_total, clock.eager_steps_total) == (9, 1)
+    # Running totals, so that a reader takes the mean over any span of snapshots.
+    assert snap.timed_steps_total == snap.steps
+    assert snap.busy_ms_total == pytest.approx(3.0 * snap.steps)
+    assert snap.idle_ms_total == pytest.approx(1.0 * (snap.steps - 1))
 
 
 def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):

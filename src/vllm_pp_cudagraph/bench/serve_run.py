@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,7 @@ from vllm_pp_cudagraph.bench.serve_load import (
 )
 from vllm_pp_cudagraph.bench.stats import median_run, output_digest
 from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
+from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot, read_stage_snapshots
 
 
 def mode_cli_args(mode: str | RunSpec) -> list[str]:
@@ -259,6 +261,24 @@ async def _post(url: str, timeout_s: float = 900) -> int:
 SweepPoint = int | tuple[int, int]
 
 
+def stages_over(before: dict[int, StageSnapshot],
+                after: dict[int, StageSnapshot]) -> dict[str, list[float] | None]:
+    """Each stage's mean step time (ms) and busy share between two readings of its
+    snapshots, by stage; None where a stage timed no step in between. The snapshots are
+    written every few seconds, so the span is a pass's to within that."""
+    step_ms, busy = [], []
+    for stage, end in sorted(after.items()):
+        start = before.get(stage)
+        steps = end.timed_steps_total - (start.timed_steps_total if start else 0)
+        if steps <= 0:
+            return {"stage_step_ms": None, "stage_busy": None}
+        busy_ms = end.busy_ms_total - (start.busy_ms_total if start else 0.0)
+        idle_ms = end.idle_ms_total - (start.idle_ms_total if start else 0.0)
+        step_ms.append(round(busy_ms / steps, 2))
+        busy.append(round(busy_ms / (busy_ms + idle_ms), 3) if busy_ms + idle_ms else 1.0)
+    return {"stage_step_ms": step_ms or None, "stage_busy": busy or None}
+
+
 def point_shape(point: SweepPoint, input_len: int) -> tuple[int, int]:
     """``point`` as (input length, concurrency)."""
     return (input_len, point) if isinstance(point, int) else point
@@ -275,6 +295,13 @@ class BenchServeClient:
     result_dir: Path
     num_prompts: int
     profile_dir: Path | None = None
+    #: Where the server's stages write their snapshots (each pass's step times come from them).
+    records: Path | None = None
+
+    def stage_snapshots(self) -> dict[int, StageSnapshot]:
+        if self.records is None:
+            return {}
+        return read_stage_snapshots(0, self.records, max_age_s=math.inf)
 
     async def one_pass(self, base_url: str, concurrency: int, prompts: int,
                        name: str, input_len: int | None = None) -> dict[str, Any]:
@@ -284,14 +311,15 @@ class BenchServeClient:
         cmd = vllm_bench_serve_command(base_url, self.model_dir, concurrency, prompts,
                                        input_len, self.spec.output_len,
                                        self.result_dir, result.name)
-        started = time.time()
+        started, stages_before = time.time(), self.stage_snapshots()
         with open(self.result_dir / f"{name}.log", "w") as client_log:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdout=client_log, stderr=subprocess.STDOUT)
             rc = await proc.wait()
         point: dict[str, Any] = {"concurrency": concurrency, "input_len": input_len,
                                  "client_rc": rc, "started": round(started, 1),
-                                 "ended": round(time.time(), 1)}
+                                 "ended": round(time.time(), 1),
+                                 **stages_over(stages_before, self.stage_snapshots())}
         if rc == 0 and result.exists():
             point.update(vllm_bench_summary(json.loads(result.read_text())))
         return point
@@ -331,7 +359,7 @@ class BenchServeClient:
         done = [p for p in passes if p.get("req_per_s")]
         result = dict(median_run(done, key="req_per_s")) if done else passes[-1]
         for key in ("req_per_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "started",
-                    "ended"):
+                    "ended", "stage_step_ms", "stage_busy"):
             result[f"pass_{key}"] = [p.get(key) for p in passes]
         result["requests_per_pass"] = prompts
         result.update(waited)
@@ -387,7 +415,8 @@ def run_vllm_bench_sweep(
     if lanes.current is not None:
         lanes.current.next_run()
     profile_dir, extra_args = profiler_args(spec)
-    client = BenchServeClient(spec, model_dir, result_dir, num_prompts, profile_dir)
+    client = BenchServeClient(spec, model_dir, result_dir, num_prompts, profile_dir,
+                              records=records_dir_of(log_path))
     report = serve_and_call(spec, model_dir, log_path,
                             lambda base_url: client.sweep(base_url, points), port,
                             startup_timeout_s, extra_args=extra_args)

@@ -164,6 +164,11 @@ class StageSnapshot(_Snapshot):
     handoff_bytes_total: int
     graph_steps_total: int
     eager_steps_total: int
+    #: Since the stage started: steps timed, and their GPU time busy and waiting (ms), so
+    #: that a reader takes the mean over the span between two snapshots.
+    timed_steps_total: int = 0
+    busy_ms_total: float = 0.0
+    idle_ms_total: float = 0.0
     layers: int
     predicted_step_ms: float | None = None
 

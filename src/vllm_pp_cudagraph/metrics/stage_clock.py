@@ -46,6 +46,10 @@ class StageClock:
     handoff_bytes_total: int = 0
     graph_steps_total: int = 0
     eager_steps_total: int = 0
+    #: Since the stage started: steps timed, and their GPU time busy and waiting (ms).
+    timed_steps_total: int = 0
+    busy_ms_total: float = 0.0
+    idle_ms_total: float = 0.0
 
     def step_started(self) -> None:
         if self._open is None:
@@ -68,10 +72,14 @@ class StageClock:
         window = self._window = self._window or _Window(start=now)
         while self._pending and self._pending[0][1].query():
             start, end = self._pending.popleft()
+            busy = start.elapsed_time(end)
+            idle = 0.0 if self._last_end is None else max(0.0, self._last_end.elapsed_time(start))
             window.steps += 1
-            window.busy_ms += start.elapsed_time(end)
-            if self._last_end is not None:
-                window.idle_ms += max(0.0, self._last_end.elapsed_time(start))
+            window.busy_ms += busy
+            window.idle_ms += idle
+            self.timed_steps_total += 1
+            self.busy_ms_total += busy
+            self.idle_ms_total += idle
             self._last_end = end
         if now - window.start >= self.interval_s and window.steps:
             self.write(self._snapshot(window, now))
@@ -87,6 +95,8 @@ class StageClock:
             step_ms=window.busy_ms / window.steps, handoff_ms=None,
             handoff_bytes_total=self.handoff_bytes_total,
             graph_steps_total=self.graph_steps_total, eager_steps_total=self.eager_steps_total,
+            timed_steps_total=self.timed_steps_total, busy_ms_total=self.busy_ms_total,
+            idle_ms_total=self.idle_ms_total,
             layers=self.layers, predicted_step_ms=self.predicted_step_ms)
 
 
