@@ -100,7 +100,8 @@
 #   faults       4 GPUs: a stage raising inside a step and a stage's worker killed, first
 #                and last stage, under load: the plugin on GPUs 0,1 beside stock on 2,3
 #                (faults/: a report per fault with the seconds to a clean stop and the
-#                error lines a user sees; KIT_FAULT_EXECUTORS="mp ray" adds Ray)
+#                error lines a user sees; KIT_FAULT_EXECUTORS="mp ray" adds Ray,
+#                KIT_FAULT_STAGES="last first" runs the last stage's faults first)
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -559,7 +560,7 @@ step_soak-preemption-32b() {
 fault_lane() {
   local runner=$1 gpus=$2 port=$3 rc=0 executor stage how
   for executor in ${KIT_FAULT_EXECUTORS:-mp}; do
-    for stage in first last; do
+    for stage in ${KIT_FAULT_STAGES:-first last}; do
       for how in raise kill; do
         python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --runner "$runner" \
           --gpus "$gpus" --port "$port" --stage "$stage" --how "$how" \
