@@ -266,14 +266,15 @@ def stages_over(before: dict[int, StageSnapshot],
     """Each stage's mean step time (ms) and busy share between two readings of its
     snapshots, by stage; None where a stage timed no step in between. The snapshots are
     written every few seconds, so the span is a pass's to within that."""
+    def totals(snap: StageSnapshot | None) -> tuple[float, float, float]:
+        return (snap.timed_steps_total, snap.busy_ms_total, snap.idle_ms_total) if snap \
+            else (0, 0.0, 0.0)
+
     step_ms, busy = [], []
     for stage, end in sorted(after.items()):
-        start = before.get(stage)
-        steps = end.timed_steps_total - (start.timed_steps_total if start else 0)
+        steps, busy_ms, idle_ms = (e - s for e, s in zip(totals(end), totals(before.get(stage))))
         if steps <= 0:
             return {"stage_step_ms": None, "stage_busy": None}
-        busy_ms = end.busy_ms_total - (start.busy_ms_total if start else 0.0)
-        idle_ms = end.idle_ms_total - (start.idle_ms_total if start else 0.0)
         step_ms.append(round(busy_ms / steps, 2))
         busy.append(round(busy_ms / (busy_ms + idle_ms), 3) if busy_ms + idle_ms else 1.0)
     return {"stage_step_ms": step_ms or None, "stage_busy": busy or None}
