@@ -181,6 +181,21 @@ def check_structured(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+#: How long after the server's exit the check waits for the processes it started to end.
+LINGER_LIMIT_S = 30.0
+
+
+def seconds_until_gone(pgid: int, waited: float, limit: float) -> float | None:
+    """Seconds after the server's exit until its process group ``pgid`` has ended (the
+    ``waited`` already spent counted), or None where it outlived ``limit``."""
+    started = time.monotonic() - waited
+    while _group_alive(pgid):
+        if time.monotonic() - started >= limit:
+            return None
+        time.sleep(0.5)
+    return round(time.monotonic() - started, 1)
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -296,6 +311,7 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                 report["rc"] = None
             time.sleep(3)
             report["left_running"] = _group_alive(proc.pid)
+            report["group_ended_s"] = seconds_until_gone(proc.pid, 3, LINGER_LIMIT_S)
             thread.join(timeout=5)
             report["requests_ok"] = loop_result.get("ok")
         finally:

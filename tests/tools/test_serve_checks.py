@@ -6,6 +6,8 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import threading
 
 from _local_server import local_server
 from aiohttp import web
@@ -16,6 +18,7 @@ from benchmarks.tools.serve_checks import (
     error_lines,
     fault_env,
     kill_stage_worker,
+    seconds_until_gone,
     send_structured,
     stage_worker_pid,
     structured_requests,
@@ -142,3 +145,18 @@ def test_the_report_keeps_the_error_lines_a_user_sees():
     assert error_lines(log) == [
         "(EngineCore pid=2) ERROR 11-27 04:00:01 [core.py:9] Worker proc VllmWorker-1 died",
         "(APIServer pid=1) ERROR 11-27 04:00:01 [async_llm.py:5] EngineDeadError"]
+
+
+def test_a_fault_report_says_how_long_the_servers_processes_outlived_it():
+    lingering = subprocess.Popen(["sleep", "1.5"], start_new_session=True)
+    reaper = threading.Thread(target=lingering.wait)  # reaped as it ends, as init would
+    reaper.start()
+    gone = seconds_until_gone(lingering.pid, 0, 10)
+    reaper.join()
+    assert gone is not None and 1.0 <= gone < 10
+    stuck = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert seconds_until_gone(stuck.pid, 0, 1.0) is None
+    finally:
+        stuck.kill()
+        stuck.wait()

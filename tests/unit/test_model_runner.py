@@ -170,6 +170,15 @@ def test_a_failing_step_under_pp_stops_the_worker(exits, failing_step):
     assert exits == [EXIT_CODE, EXIT_CODE]
 
 
+def test_a_failing_step_on_the_rank_vllm_reads_raises_to_the_engine(exits, failing_step):
+    runner = bare_runner(use_pp=True, replies_to_engine=True)
+    with pytest.raises(RuntimeError, match="step failed"):
+        runner.execute_model("scheduler_output")
+    with pytest.raises(RuntimeError, match="step failed"):
+        runner.sample_tokens(None)
+    assert exits == []
+
+
 def test_start_up_dummy_runs_and_single_stage_runs_raise_as_vllm_does(exits, failing_step):
     with pytest.raises(RuntimeError, match="step failed"):
         bare_runner(use_pp=True).execute_model("scheduler_output", None, True)

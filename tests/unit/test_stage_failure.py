@@ -6,10 +6,16 @@ import logging
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
-from vllm_pp_cudagraph.worker.pipeline.stage_failure import EXIT_CODE, stopping_worker_on_error
+from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
+    EXIT_CODE,
+    RAY_LOG_GRACE_S,
+    replies_to_engine,
+    stopping_worker_on_error,
+)
 
 
 def test_a_failing_step_logs_the_stage_and_exits_the_process(caplog):
@@ -22,6 +28,37 @@ def test_a_failing_step_logs_the_stage_and_exits_the_process(caplog):
     record = caplog.records[-1]
     assert "Pipeline stage 1 failed in execute_model" in record.getMessage()
     assert record.exc_info[0] is ValueError
+
+
+def test_on_the_rank_vllm_reads_a_failing_step_raises_as_without_the_plugin(caplog):
+    exits = []
+    with (caplog.at_level(logging.CRITICAL, logger="vllm.pp_cudagraph"),
+          pytest.raises(ValueError, match="boom"),
+          stopping_worker_on_error(1, "execute_model", replies_to_engine=True,
+                                   exit_process=exits.append)):
+        raise ValueError("boom")
+    assert exits == []  # vLLM's executor gets the error and stops the server itself
+    assert "Pipeline stage 1 failed in execute_model" in caplog.records[-1].getMessage()
+
+
+def test_a_ray_worker_waits_for_its_log_line_to_be_forwarded_before_it_ends(monkeypatch):
+    events = []
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: True))
+    with pytest.raises(ValueError), stopping_worker_on_error(
+            0, "execute_model", exit_process=events.append,
+            sleep=lambda s: events.append(("sleep", s))):
+        raise ValueError("boom")
+    assert events == [("sleep", RAY_LOG_GRACE_S), EXIT_CODE]
+
+
+def test_outside_ray_the_worker_ends_at_once(monkeypatch):
+    events = []
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: False))
+    with pytest.raises(ValueError), stopping_worker_on_error(
+            0, "execute_model", exit_process=events.append,
+            sleep=lambda s: events.append(("sleep", s))):
+        raise ValueError("boom")
+    assert events == [EXIT_CODE]
 
 
 def test_a_successful_step_changes_nothing():
@@ -49,3 +86,16 @@ def test_the_process_really_ends_with_the_error_in_its_log():
     assert "still running" not in output
     assert "injected stage fault" in output
     assert "Pipeline stage 0 failed in execute_model" in output
+
+
+@pytest.mark.parametrize("pp,pcp,tp", [(2, 1, 1), (4, 1, 1), (2, 1, 2), (3, 2, 2), (2, 2, 4)])
+def test_the_rank_that_replies_is_the_one_vllms_executor_reads(pp, pcp, tp):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    executor = SimpleNamespace(world_size=pp * pcp * tp, parallel_config=SimpleNamespace(
+        tensor_parallel_size=tp, prefill_context_parallel_size=pcp))
+    read = MultiprocExecutor._get_output_rank(executor)
+    # vLLM orders ranks (pipeline, prefill context, tensor), tensor fastest.
+    replying = [rank for rank in range(pp * pcp * tp)
+                if replies_to_engine(rank // (pcp * tp) == pp - 1, rank % tp, rank // tp % pcp)]
+    assert replying == [read]

@@ -169,6 +169,7 @@ SURFACE: tuple[Needed, ...] = (
            members=("num_tokens_after_padding",)),
     Needed("vllm.distributed.parallel_state", "get_pp_group"),
     Needed("vllm.distributed.parallel_state", "get_tp_group"),
+    Needed("vllm.distributed.parallel_state", "get_pcp_group"),
     Needed("vllm.distributed.parallel_state", "graph_capture"),
     Needed("vllm.forward_context", "set_forward_context"),
     Needed("vllm.utils.torch_utils", "_USE_LAYERNAME"),

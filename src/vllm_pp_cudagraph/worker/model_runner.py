@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.config.compilation import CUDAGraphMode
-from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+from vllm.distributed.parallel_state import get_pcp_group, get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
@@ -35,7 +35,10 @@ from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
     exchange_peers,
     gather_from_stages,
 )
-from vllm_pp_cudagraph.worker.pipeline.stage_failure import stopping_worker_on_error
+from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
+    replies_to_engine,
+    stopping_worker_on_error,
+)
 from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
     DECLARED,
     PRODUCED,
@@ -158,6 +161,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     _pending_input: stage_handoff.PendingStageInput | None = None
     direct_handoff: bool = False
     """Whether this stage passes intermediate tensors without per-step metadata."""
+    replies_to_engine: bool = False
+    """Whether vLLM's executor reads this rank's step results (a failed step raises)."""
     stage_clock: StageClock | None = None
     """Times this stage's serving steps for the metrics (TP rank 0 of each stage)."""
 
@@ -174,6 +179,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         super().__init__(vllm_config, device)
         self.pp_stage = get_pp_group().rank_in_group
         self.tp_size = get_tp_group().world_size
+        self.replies_to_engine = replies_to_engine(
+            self.is_last_pp_rank, get_tp_group().rank_in_group, get_pcp_group().rank_in_group)
         logger.info(
             "PPCudaGraphModelRunner on pipeline stage %d of %d (first=%s, last=%s, "
             "breakable=%s)",
@@ -389,9 +396,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         return output
 
     def _serving_step(self, what: str, serving: bool = True) -> AbstractContextManager:
-        """Under PP, a serving step that raises stops this worker (stage_failure.py)."""
+        """Under PP, a serving step that raises stops this worker, or reaches the engine
+        from the rank it reads (stage_failure.py)."""
         if serving and self.use_pp:
-            return stopping_worker_on_error(self.pp_stage, what)
+            return stopping_worker_on_error(self.pp_stage, what, self.replies_to_engine)
         return nullcontext()
 
     def update_pp_decode_requests(self) -> None:

@@ -1,10 +1,15 @@
-"""A pipeline stage that fails while serving stops its worker, so vLLM stops the server."""
+"""A pipeline stage that fails while serving stops its worker, so vLLM stops the server.
+
+vLLM's executors read a step's result from one rank only, the first of the last stage.
+An error there reaches the engine as it does without the plugin; an error on any other
+rank would leave every stage waiting for this one, so that worker ends instead."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -14,6 +19,11 @@ logger = init_logger("vllm.pp_cudagraph.stage_failure")
 
 #: Exit status of a worker stopped by a failed step (EX_SOFTWARE).
 EXIT_CODE = 70
+
+#: Seconds a Ray worker waits before it ends: Ray forwards a worker's log lines to the
+#: server's log from a separate process, and a line written just before the worker ends
+#: is lost when its peers' errors stop the engine first.
+RAY_LOG_GRACE_S = 2.0
 
 
 def _flush_logs() -> None:
@@ -26,14 +36,34 @@ def _flush_logs() -> None:
     sys.stderr.flush()
 
 
+def replies_to_engine(last_stage: bool, tp_rank: int, pcp_rank: int) -> bool:
+    """Whether vLLM's executors read this rank's step results: the first rank of the
+    last stage (``MultiprocExecutor._get_output_rank``)."""
+    return last_stage and tp_rank == 0 and pcp_rank == 0
+
+
+def _in_ray_worker() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 @contextmanager
 def stopping_worker_on_error(
-    stage: int, what: str, exit_process: Callable[[int], None] = os._exit
+    stage: int,
+    what: str,
+    replies_to_engine: bool = False,
+    exit_process: Callable[[int], None] = os._exit,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[None]:
-    """Run a serving step; on an exception log it and end this worker process."""
+    """Run a serving step; on an exception log it and end this worker process, or, on
+    the rank whose result vLLM's executor reads (``replies_to_engine``), raise it."""
     try:
         yield
     except Exception:
+        if replies_to_engine:
+            logger.critical("Pipeline stage %d failed in %s; vLLM's executor receives the "
+                            "error from this rank and shuts the server down.", stage, what)
+            raise
         logger.critical(
             "Pipeline stage %d failed in %s. Stopping this worker (exit %d) so vLLM "
             "shuts the server down; under pipeline parallelism it would otherwise "
@@ -44,5 +74,7 @@ def stopping_worker_on_error(
             exc_info=True,
         )
         _flush_logs()
+        if _in_ray_worker():
+            sleep(RAY_LOG_GRACE_S)
         exit_process(EXIT_CODE)
         raise
