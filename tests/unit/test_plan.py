@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from vllm_pp_cudagraph.cli import command as cli
+from vllm_pp_cudagraph.planning.measured import MeasuredCell
+from vllm_pp_cudagraph.planning.pipeline_model import Prediction, Workload
+from vllm_pp_cudagraph.planning.plan import Row, recommendation
 
 H200 = ["--gpu-memory-gib", "141"]
 
@@ -19,7 +22,9 @@ def test_two_gpus_compare_plugin_pp_stock_pp_and_tp(clean_env, capsys):
     assert code == cli.EXIT_OK
     rows = {line.split("  ")[0].strip() for line in out.splitlines()}
     assert {"plugin PP=2", "stock PP=2", "stock TP=2"} <= rows
-    assert "recommended: " in out and "rests on: the bytes/FLOPs model" in out
+    assert "recommended: " in out
+    assert "rests on: the cost table qwen3-h5120-l64-a64kv8d128-i25600-v151936-b2.json " \
+           "(measured)" in out
 
 
 def test_four_gpus_add_tp_times_pp(clean_env, capsys):
@@ -84,15 +89,29 @@ def bench_commands_in(out: str) -> list[list[str]]:
             if line.startswith("  vllm-pp-cudagraph bench ")]
 
 
-def test_a_measured_cell_decides_over_the_prediction(clean_env, capsys):
+def test_a_measured_cell_is_printed_and_its_winner_recommended(clean_env, capsys):
     """The 32B offline cell on two GPUs was measured (TP=2 won by 15%, passes within 4%):
-    plan prints it beside the prediction, which had the plugin ahead, and recommends what
-    was measured."""
+    plan prints it beside the prediction and recommends what was measured."""
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--prompts", "256",
                       "--max-num-seqs", "256", *H200)
     assert "measured on 2x H200, vLLM 0.33.0, engine: plugin PP=2 37.83, stock PP=2 33.01, " \
            "stock TP=2 43.50 req/s; stock TP=2 won" in out
-    assert "recommended: stock TP=2 (measured on 2x H200; the model predicted plugin PP=2)" in out
+    assert "recommended: stock TP=2 (measured on 2x H200)" in out
+
+
+def test_a_measured_winner_overrides_the_prediction_and_says_so():
+    def row(layout, pp, tp, req_per_s):
+        return Row(Prediction(layout, pp, tp, 0.02, req_per_s, req_per_s * 256, (1.0,)),
+                   kv_tokens=10**6, fits=True)
+
+    rows = [row("plugin PP=2", 2, 1, 45.0), row("stock PP=2", 2, 1, 40.0),
+            row("stock TP=2", 1, 2, 41.0)]
+    cell = MeasuredCell("qwen3-32b", 2, "nvlink", "engine", 256, 64, 256, 256, "2x H200",
+                        "0.33.0", {"plugin PP=2": 37.8, "stock PP=2": 33.0, "stock TP=2": 43.5},
+                        "stock TP=2", "two passes", "results/x")
+    work = Workload(concurrency=256, input_len=64, output_len=256, prompts=256)
+    assert recommendation(rows, work, "qwen3-32b", [cell]) == [
+        "recommended: stock TP=2 (measured on 2x H200; the model predicted plugin PP=2)"]
 
 
 def test_a_measured_winner_does_not_settle_a_layout_its_cell_did_not_measure(
@@ -178,8 +197,9 @@ def test_layouts_predicted_within_the_models_error_are_too_close_to_call(
 
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "256",
                       "--max-num-seqs", "256", *H200)
-    assert ("recommended: too close to call (plugin PP=2, stock PP=2 and stock TP=2 are "
-            "predicted within") in out
+    [line] = [line for line in out.splitlines() if line.startswith("recommended: ")]
+    assert line.startswith("recommended: too close to call (") and "are predicted within" in line
+    assert all(layout in line for layout in ("plugin PP=2", "stock PP=2", "stock TP=2"))
     [command] = bench_commands_in(out)
     args = build_parser().parse_args(command)
     assert argument_problems(args) == []
