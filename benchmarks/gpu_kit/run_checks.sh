@@ -81,6 +81,8 @@
 #                plugin (KIT_API_LANE_A / KIT_API_LANE_B, KIT_API_POINTS, KIT_DEADLINE_API_S)
 #                Every lanes step takes KIT_MAX_CAPTURE: both lanes capture CUDA graphs up
 #                to that many tokens (--max-cudagraph-capture-size; vLLM's is 512 here)
+#                and KIT_REQUEST_RATE: requests arrive as a Poisson process at that many
+#                per second, each point's concurrency the most in flight (--request-rate)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
@@ -401,7 +403,8 @@ lanes() {
   local name=$1 modes_a=$2 modes_b=$3 dir=$RES/$1 rc=0
   shift 3
   mkdir -p "$dir"
-  set -- "$@" ${KIT_MAX_CAPTURE:+--max-cudagraph-capture-size "$KIT_MAX_CAPTURE"}
+  set -- "$@" ${KIT_MAX_CAPTURE:+--max-cudagraph-capture-size "$KIT_MAX_CAPTURE"} \
+    ${KIT_REQUEST_RATE:+--request-rate "$KIT_REQUEST_RATE"}
   CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=29500 tagged "lane a" $BENCH --port 8000 \
     --out "$dir/lane-a" --modes "$modes_a" --lane-sync "$dir/sync" --lane a "$@" &
   local lane_a=$!

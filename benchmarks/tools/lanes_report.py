@@ -26,8 +26,15 @@ def load_lane(directory: Path, lane: str) -> list[dict[str, Any]]:
     return json.loads(path.read_text())["runs"] if path.exists() else []
 
 
-def point_of(run: dict[str, Any]) -> tuple[Any, Any]:
-    return run.get("input_len"), run.get("concurrency")
+def point_of(run: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Input length, concurrency and arrival rate (None: a closed loop) of a served run."""
+    return run.get("input_len"), run.get("concurrency"), run["spec"].get("request_rate")
+
+
+def point_label(input_len: Any, concurrency: Any, rate: Any) -> str:
+    if rate is None:
+        return f"{input_len} in x c{concurrency}"
+    return f"{input_len} in at {rate:g}/s (c{concurrency} at most)"
 
 
 def run_row(run: dict[str, Any]) -> dict[str, Any]:
@@ -72,9 +79,9 @@ def slots(directory: Path) -> list[dict[str, Any]]:
         row_a, row_b = run_row(run_a), run_row(run_b)
         ratio = (row_a["req_per_s"] / row_b["req_per_s"]
                  if row_a["req_per_s"] and row_b["req_per_s"] else None)
-        paired.append({"slot": k, "input_len": point_of(run_a)[0],
-                       "concurrency": point_of(run_a)[1], "a": row_a, "b": row_b,
-                       "a_over_b": ratio})
+        input_len, concurrency, rate = point_of(run_a)
+        paired.append({"slot": k, "input_len": input_len, "concurrency": concurrency,
+                       "request_rate": rate, "a": row_a, "b": row_b, "a_over_b": ratio})
     return paired
 
 
@@ -86,7 +93,7 @@ def ratios(paired: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for slot in paired:
         if slot["a_over_b"] is None:
             continue
-        point = (slot["input_len"], slot["concurrency"])
+        point = (slot["input_len"], slot["concurrency"], slot.get("request_rate"))
         x, y, r = slot["a"]["runner"], slot["b"]["runner"], slot["a_over_b"]
         passes = [pa / pb for pa, pb in zip(slot["a"]["pass_req_per_s"] or [],
                                             slot["b"]["pass_req_per_s"] or []) if pa and pb]
@@ -94,13 +101,18 @@ def ratios(paired: list[dict[str, Any]]) -> list[dict[str, Any]]:
             x, y, r, passes = y, x, 1 / r, [1 / q for q in passes]
         table.setdefault((*point, x, y), []).append(r)
         by_pass.setdefault((*point, x, y), []).extend(passes)
-    return [{"input_len": i, "concurrency": c, "runner": x, "over": y,
+    return [{"input_len": i, "concurrency": c, "request_rate": q, "runner": x, "over": y,
              "ratios": [round(r, 3) for r in found],
              "median": round(statistics.median(found), 3),
-             "pass_ratios": [round(q, 3) for q in by_pass[i, c, x, y]],
-             "pass_median": (round(statistics.median(by_pass[i, c, x, y]), 3)
-                             if by_pass[i, c, x, y] else None)}
-            for (i, c, x, y), found in sorted(table.items())]
+             "pass_ratios": [round(p, 3) for p in by_pass[i, c, q, x, y]],
+             "pass_median": (round(statistics.median(by_pass[i, c, q, x, y]), 3)
+                             if by_pass[i, c, q, x, y] else None)}
+            for (i, c, q, x, y), found in sorted(table.items(), key=_point_order)]
+
+
+def _point_order(item: tuple[tuple, list[float]]) -> tuple:
+    input_len, concurrency, rate, x, y = item[0]
+    return input_len, concurrency, rate or 0.0, x, y
 
 
 def markdown(paired: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
@@ -114,12 +126,14 @@ def markdown(paired: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
             cells += [f"{row['runner']} ({row['cadence'] or '-'})", passes,
                       f"{_num(row['tpot_p50_ms'])} / {_num(row['ttft_p50_ms'], 0)}"]
         ratio = f"{slot['a_over_b']:.3f}" if slot["a_over_b"] else "-"
-        lines.append(f"| {slot['slot']} | {slot['input_len']} in x c{slot['concurrency']} | "
+        label = point_label(slot["input_len"], slot["concurrency"], slot.get("request_rate"))
+        lines.append(f"| {slot['slot']} | {label} | "
                      + " | ".join(cells) + f" | {ratio} |")
     lines += ["", "| point | runner | over | per slot | median | by pass | median of passes |",
               "|---|---|---|---|---|---|---|"]
     for pair in pairs:
-        lines.append(f"| {pair['input_len']} in x c{pair['concurrency']} | {pair['runner']} | "
+        label = point_label(pair["input_len"], pair["concurrency"], pair.get("request_rate"))
+        lines.append(f"| {label} | {pair['runner']} | "
                      f"{pair['over']} | {', '.join(map(str, pair['ratios']))} | "
                      f"{pair['median']} | {', '.join(map(str, pair['pass_ratios'])) or '-'} | "
                      f"{_num(pair['pass_median'], 3)} |")

@@ -425,6 +425,8 @@ def test_workload_and_concurrency_sweep_are_parsed():
     (["--speculative-config", '{"num_speculative_tokens": 3}'], 'with a "method"'),
     (["--kv-transfer-config", '{"kv_role": "kv_both"}'], 'with a "kv_connector"'),
     (["--near-tie-nats", "-1"], "--near-tie-nats -1.0 must be at least 0"),
+    (["--workload", "serve", "--request-rate", "0"], "--request-rate 0.0 must be above 0"),
+    (["--request-rate", "10"], "--request-rate applies to --workload serve only"),
 ])
 def test_impossible_arguments_are_refused_before_anything_starts(flags, message, tmp_path,
                                                                  capsys, monkeypatch):

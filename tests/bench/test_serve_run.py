@@ -87,7 +87,7 @@ def test_a_profiled_serve_sweep_gives_each_concurrency_its_own_per_stage_profile
         return {**asyncio.run(run()), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name):
+                    result_dir, result_name, request_rate=None):
         calls.append(f"pass c{concurrency} n{num_prompts}")
         result = {"request_throughput": 10.0 + concurrency, "completed": num_prompts}
         return [sys.executable, "-c",
@@ -134,7 +134,7 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
         return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name):
+                    result_dir, result_name, request_rate=None):
         passes.append((input_len, concurrency, num_prompts))
         result = {"request_throughput": float(input_len + concurrency)}
         return [sys.executable, "-c",
@@ -177,7 +177,7 @@ def test_each_timed_pass_reports_its_stages_step_time(tmp_path, monkeypatch):
         return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name):
+                    result_dir, result_name, request_rate=None):
         # Each pass: 100 steps on each stage, at 40 ms, 41 ms, ... pass by pass.
         totals["busy"] += 100 * (40.0 + totals["steps"] // 100)
         totals["steps"] += 100
@@ -244,7 +244,7 @@ def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkey
         return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name):
+                    result_dir, result_name, request_rate=None):
         return [sys.executable, "-c", f"import json; json.dump({{'request_throughput': 1.0}}, "
                 f"open({str(result_dir / result_name)!r}, 'w'))"]
 
@@ -260,3 +260,37 @@ def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkey
         assert report["pass_started"][0] <= report["pass_ended"][0] <= report["pass_started"][1]
     assert sorted(p.name for p in (tmp_path / "sync").iterdir()) == [
         "run1-in64-c8.a", "run2-in64-c8.a"]
+
+
+def test_open_loop_arrivals_go_to_vllms_client_with_the_concurrency_as_a_cap(tmp_path):
+    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
+
+    def flags(cmd):
+        return {k: v for k, v in zip(cmd, cmd[1:]) if k.startswith("--")}
+
+    closed = vllm_bench_serve_command("http://h", "m", 256, 512, 64, 256, tmp_path, "r.json")
+    assert "--request-rate" not in closed and flags(closed)["--max-concurrency"] == "256"
+    opened = flags(vllm_bench_serve_command("http://h", "m", 1024, 2048, 64, 256, tmp_path,
+                                            "r.json", request_rate=34.0))
+    assert (opened["--request-rate"], opened["--max-concurrency"]) == ("34.0", "1024")
+
+
+def test_a_runs_arrival_rate_reaches_each_pass(tmp_path, monkeypatch):
+    import asyncio
+    import sys
+
+    from vllm_pp_cudagraph.bench import serve_run
+
+    rates = []
+
+    def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
+                    result_dir, result_name, request_rate=None):
+        rates.append(request_rate)
+        return [sys.executable, "-c", "pass"]
+
+    monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
+    spec = RunSpec("plugin", "full_and_piecewise", pp=2, repeat=2, workload="serve",
+                   request_rate=30.0)
+    client = serve_run.BenchServeClient(spec, str(tmp_path), tmp_path, 64)
+    asyncio.run(client.point("http://unused", 64))
+    assert rates == [30.0, 30.0, 30.0]  # the warm-up and both timed passes

@@ -56,3 +56,18 @@ def test_each_runner_is_compared_with_the_one_beside_it_in_both_lane_orders(tmp_
     # What auto did on each server: why it kept vLLM's cadence, from its trials' verdicts.
     assert ("| 1 | a | plugin | 42.0/41.5, 43.0/42.5 | vllm | 0 | 4 (20) | balance held 2, "
             "merge lost widely 1 |") in table
+
+
+def test_open_loop_runs_pair_only_at_the_same_rate_and_say_it(tmp_path):
+    def at(runner, rate):
+        served = run(runner, 30.0)
+        served["spec"]["request_rate"] = rate
+        return served
+
+    write_lane(tmp_path, "a", [at("plugin", 34.0), at("stock", 20.0)])
+    write_lane(tmp_path, "b", [at("stock", 34.0), at("plugin", 34.0)])
+    paired = slots(tmp_path)
+    assert [s["slot"] for s in paired] == [1]  # slot 2's rates differ: not the same load
+    [pair] = ratios(paired)
+    assert pair["request_rate"] == 34.0
+    assert "| 1 | 64 in at 34/s (c1024 at most) | plugin (vllm) |" in markdown(paired, [pair])

@@ -40,6 +40,11 @@ def argument_problems(args: argparse.Namespace) -> list[str]:
         problems.append("--points is for --workload serve (a sweep on one server)")
     if args.num_requests is not None and args.num_requests < 1:
         problems.append(f"--num-requests {args.num_requests} must be at least 1")
+    if args.request_rate is not None and not args.request_rate > 0:
+        problems.append(f"--request-rate {args.request_rate} must be above 0 (requests per "
+                        "second)")
+    if args.request_rate is not None and args.workload != "serve":
+        problems.append("--request-rate applies to --workload serve only")
     if not 0 < args.gpu_memory_utilization <= 1:
         problems.append(f"--gpu-memory-utilization {args.gpu_memory_utilization} must be in (0, 1]")
     if args.near_tie_nats < 0:

@@ -252,6 +252,11 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-requests", type=int, default=None,
                        help="requests per timed run (None: --prompts); --workload serve "
                        "sends at least two per request in flight")
+    group.add_argument(
+        "--request-rate", type=float, default=None, metavar="R",
+        help="--workload serve: requests arrive as a Poisson process at R per second "
+        "(vllm bench serve --request-rate), each point's concurrency the most in flight; "
+        "default: a closed loop at that concurrency")
     group.add_argument("--port", type=int, default=8000, help="port of the server")
     group.add_argument(
         "--max-cudagraph-capture-size", type=int, default=None, metavar="N",

@@ -186,6 +186,9 @@ class RunSpec:
     max_capture_size: int | None = None
     """``compilation_config.max_cudagraph_capture_size``: the largest batch captured as a
     CUDA graph; None: vLLM's (2 x ``max_num_seqs``, at most 512)."""
+    request_rate: float | None = None
+    """``vllm bench serve --request-rate``: requests arrive as a Poisson process at this
+    rate per second, at most the point's concurrency in flight; None: a closed loop."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property

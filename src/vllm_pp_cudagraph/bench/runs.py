@@ -128,6 +128,7 @@ def run_spec(args: argparse.Namespace, runner: str, mode: str, utilization: floa
         executor=args.executor,
         api_servers=args.api_server_count,
         max_capture_size=args.max_cudagraph_capture_size,
+        request_rate=args.request_rate,
         **token_record_options(args, log_name),
     )
 

@@ -205,14 +205,17 @@ VLLM_BENCH_KEYS = {
 
 def vllm_bench_serve_command(base_url: str, model_dir: str, concurrency: int, num_prompts: int,
                              input_len: int, output_len: int, result_dir: Path,
-                             result_name: str) -> list[str]:
-    """vLLM's own serving client: random dataset, fixed concurrency, p50/p99 metrics."""
+                             result_name: str, request_rate: float | None = None) -> list[str]:
+    """vLLM's own serving client: random dataset, p50/p99 metrics; a closed loop of
+    ``concurrency`` requests, or Poisson arrivals at ``request_rate`` with at most
+    ``concurrency`` in flight."""
+    arrivals = [] if request_rate is None else ["--request-rate", str(request_rate)]
     return [
         sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
         "--backend", "openai", "--base-url", base_url, "--model", "dummy",
         "--tokenizer", model_dir, "--dataset-name", "random",
         "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), *arrivals,
         "--ignore-eos", "--seed", "0",
         "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
         "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name,
@@ -311,7 +314,7 @@ class BenchServeClient:
         result = self.result_dir / f"{name}.json"
         cmd = vllm_bench_serve_command(base_url, self.model_dir, concurrency, prompts,
                                        input_len, self.spec.output_len,
-                                       self.result_dir, result.name)
+                                       self.result_dir, result.name, self.spec.request_rate)
         started, stages_before = time.time(), self.stage_snapshots()
         with open(self.result_dir / f"{name}.log", "w") as client_log:
             proc = await asyncio.create_subprocess_exec(
