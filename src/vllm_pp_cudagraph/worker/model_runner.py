@@ -51,7 +51,8 @@ from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
@@ -388,9 +389,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self._produced_schema = schema_of(output.tensors)
         return output
 
-    def sample_tokens(self, *args, **kwargs):
+    def sample_tokens(self, grammar_output: GrammarOutput | None
+                      ) -> AsyncModelRunnerOutput | ModelRunnerOutput | None:
         with self._serving_step("sample_tokens"):
-            output = super().sample_tokens(*args, **kwargs)
+            output = super().sample_tokens(grammar_output)
         if self.stage_clock is not None and self.is_last_pp_rank:
             self.stage_clock.step_ended(self._replayed())
         return output
