@@ -104,6 +104,10 @@
 #                (faults/: a report per fault with the seconds to a clean stop and the
 #                error lines a user sees; KIT_FAULT_EXECUTORS="mp ray" adds Ray,
 #                KIT_FAULT_STAGES="last first" runs the last stage's faults first)
+#   faults-two-nodes  2 GPUs: PP=2 over two Ray nodes on this host (ray_nodes.sh), the
+#                plugin's server under load; the second node's stage raises, then (a new
+#                server) its worker is killed (faults-two-nodes/: the same reports, and
+#                what is left on the GPUs after each)
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -183,7 +187,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -582,6 +586,26 @@ step_faults() {
   VLLM_PORT=29800 tagged stock fault_lane stock 2,3 8500 &
   wait $plugin || rc=1
   wait $! || rc=1
+  return $rc
+}
+
+# A stage on the second of two Ray nodes fails under load (ray_nodes.sh: the head owns
+# GPU 0, the second node GPU 1; RAY_ADDRESS makes vLLM's Ray executor use them).
+step_faults-two-nodes() {
+  install_test_plugins
+  local rc=0 how
+  for how in raise kill; do
+    if ! bash "$here/ray_nodes.sh" start >> "$RES/ray-nodes.txt" 2>&1; then
+      tail -20 "$RES/ray-nodes.txt"
+      return 1
+    fi
+    RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} python3 -m benchmarks.tools.serve_checks fault \
+      --out "$RES/faults-two-nodes" --runner plugin --gpus 0,1 --port 8400 --stage last \
+      --how "$how" --ray || rc=1
+    echo "left on the GPUs after $how:"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+    bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
+  done
   return $rc
 }
 
