@@ -5,7 +5,8 @@ applied as in an engine core; :class:`PipelineClock` times each step on ``pp_siz
 simulated stages whose forward costs come from a recorded stage profile
 (``benchmarks/tools/stage_cost.py``'s ``stage_cost.json``). ``auto``'s chooser measures
 on that clock. :func:`serve_passes` drives it as ``vllm bench serve`` drives a server:
-closed-loop passes at a fixed concurrency, each drained before the next. No GPU runs; the
+closed-loop passes at a fixed concurrency, or Poisson arrivals at ``--request-rate``
+with the concurrency as a cap, each pass drained before the next. No GPU runs; the
 figures are the model's, for comparing cadences on the same steps, not speed claims.
 
     python -m benchmarks.tools.pipeline_sim --shape qwen3-32b --concurrency 1024 \\
@@ -160,26 +161,41 @@ class PassResult:
                 "tpot_p50_ms": round(float(np.percentile(self.tpot_ms, 50)), 2)}
 
 
+def arrival_times(size: int, rate_per_s: float | None, start_ms: float,
+                  rng: np.random.Generator) -> list[float]:
+    """When each of a pass's ``size`` requests arrives: all at its start (a closed loop,
+    which sends each as soon as there is room), or as a Poisson process at ``rate_per_s``."""
+    if rate_per_s is None:
+        return [start_ms] * size
+    return list(start_ms + np.cumsum(rng.exponential(1000 / rate_per_s, size)))
+
+
 def serve_passes(scheduler, clock: PipelineClock, passes: list[int], concurrency: int,
-                 input_len: int, output_len: int) -> list[PassResult]:
+                 input_len: int, output_len: int, rate_per_s: float | None = None,
+                 seed: int = 0) -> list[PassResult]:
     """Each pass: ``passes[i]`` requests kept ``concurrency`` at a time (a new one as one
-    finishes), the engine drained between passes, ``pp_size + 1`` steps in flight as in
-    the engine core."""
-    results, next_id = [], 0
+    finishes), or arriving at ``rate_per_s`` with at most ``concurrency`` in flight (as
+    ``vllm bench serve --request-rate``); the engine drained between passes,
+    ``pp_size + 1`` steps in flight as in the engine core. TTFT counts from arrival."""
+    results, next_id, rng = [], 0, np.random.default_rng(seed)
     for size in passes:
         sent = done = 0
         start, in_flight = clock.now_ms, deque()
+        due = arrival_times(size, rate_per_s, start, rng)
         arrived: dict[str, float] = {}
         first_token: dict[str, float] = {}
         result = PassResult(0.0)
         while done < size:
-            while sent < size and sent - done < concurrency:
+            if (sent < size and not in_flight and not scheduler.has_requests()
+                    and due[sent] > clock.now_ms):
+                clock.now_ms = due[sent]  # idle until the next request arrives
+            while sent < size and sent - done < concurrency and due[sent] <= clock.now_ms:
                 rid = str(next_id)
                 scheduler.add_request(Request(
                     request_id=rid, prompt_token_ids=[5] * input_len,
                     sampling_params=SamplingParams(max_tokens=output_len, ignore_eos=True),
                     pooling_params=None))
-                arrived[rid] = clock.now_ms
+                arrived[rid] = due[sent]
                 next_id, sent = next_id + 1, sent + 1
             if scheduler.has_requests():
                 output = scheduler.schedule()
@@ -224,7 +240,7 @@ def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str
                                     args.output_len, args.pp)
         warmup, *passes = serve_passes(
             scheduler, clock, [args.concurrency] + [args.pass_requests] * args.passes,
-            args.concurrency, args.input_len, args.output_len)
+            args.concurrency, args.input_len, args.output_len, args.request_rate)
     state = decode_cadence.scheduler_state(scheduler)
     chooser = state.chooser if state is not None else None
     return {"cadence": cadence, "warmup_req_per_s": round(warmup.req_per_s, 2),
@@ -250,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--request-rate", type=float, default=None,
+                        help="Poisson arrivals at this many requests per second, the "
+                        "concurrency the most in flight (default: a closed loop)")
     parser.add_argument("--cadences", default=",".join(CADENCES))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

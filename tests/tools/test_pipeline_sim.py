@@ -52,13 +52,26 @@ def test_each_pass_serves_its_requests_at_the_concurrency_and_drains(model_dir):
     assert not scheduler.running and not scheduler.waiting and not scheduler.requests
 
 
+def test_open_loop_arrivals_come_at_their_rate_and_wait_in_their_ttft(model_dir):
+    clock = PipelineClock(2, host_ms=1.0, forward_ms=lambda tokens: 1.0 + 0.01 * tokens)
+    scheduler = empty_scheduler(model_dir, 16, 8, 20)
+    # 50 requests a second against an engine that serves far more: each arrives to an
+    # idle or light engine, so the pass lasts about as long as its arrivals.
+    [result] = serve_passes(scheduler, clock, [40], concurrency=16, input_len=8,
+                            output_len=20, rate_per_s=50.0)
+    assert len(result.ttft_ms) == 40
+    assert 30 < result.req_per_s < 80
+    assert max(result.ttft_ms) < 50  # ms: never queued behind a cohort
+    assert not scheduler.running and not scheduler.waiting and not scheduler.requests
+
+
 def test_requests_arriving_at_once_leave_vllms_cadence_a_stage_idle_which_auto_takes(
         model_dir):
     """128 requests whose prompts prefill in one step form one decode group under vLLM's
     cadence; on the 32B stage costs ``auto`` adopts ``balance`` and serves more."""
     args = argparse.Namespace(pp=2, stage_costs=STAGE_COSTS, shape="qwen3-32b", context=64,
                               concurrency=128, pass_requests=128, passes=1, input_len=64,
-                              output_len=64)
+                              output_len=64, request_rate=None)
     runs = {c: pipeline_sim.simulate(model_dir, c, args) for c in ("vllm", "auto")}
     assert runs["vllm"]["trials"] is None
     assert [c for _, c in runs["auto"]["switches"]] == ["balance"]
