@@ -176,7 +176,7 @@ def serve_passes(scheduler, clock: PipelineClock, passes: list[int], concurrency
     """Each pass: ``passes[i]`` requests kept ``concurrency`` at a time (a new one as one
     finishes), or arriving at ``rate_per_s`` with at most ``concurrency`` in flight (as
     ``vllm bench serve --request-rate``); the engine drained between passes,
-    ``pp_size + 1`` steps in flight as in the engine core. TTFT counts from arrival."""
+    ``pp_size + 1`` steps in flight as in the engine core."""
     results, next_id, rng = [], 0, np.random.default_rng(seed)
     for size in passes:
         sent = done = 0
@@ -195,7 +195,9 @@ def serve_passes(scheduler, clock: PipelineClock, passes: list[int], concurrency
                     request_id=rid, prompt_token_ids=[5] * input_len,
                     sampling_params=SamplingParams(max_tokens=output_len, ignore_eos=True),
                     pooling_params=None))
-                arrived[rid] = due[sent]
+                # As vllm bench serve times them: from when the client sends, which in a
+                # closed loop is when a slot frees, in an open one when the request is due.
+                arrived[rid] = clock.now_ms if rate_per_s is None else due[sent]
                 next_id, sent = next_id + 1, sent + 1
             if scheduler.has_requests():
                 output = scheduler.schedule()
