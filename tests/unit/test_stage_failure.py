@@ -41,24 +41,19 @@ def test_on_the_rank_vllm_reads_a_failing_step_raises_as_without_the_plugin(capl
     assert "Pipeline stage 1 failed in execute_model" in caplog.records[-1].getMessage()
 
 
-def test_a_ray_worker_waits_for_its_log_line_to_be_forwarded_before_it_ends(monkeypatch):
+@pytest.mark.parametrize("in_ray, expected", [
+    (True, [("sleep", RAY_LOG_GRACE_S), EXIT_CODE]),  # Ray forwards its log line first
+    (False, [EXIT_CODE]),
+])
+def test_a_ray_worker_waits_for_its_log_line_to_be_forwarded_before_it_ends(
+        monkeypatch, in_ray, expected):
     events = []
-    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: in_ray))
     with pytest.raises(ValueError), stopping_worker_on_error(
             0, "execute_model", exit_process=events.append,
             sleep=lambda s: events.append(("sleep", s))):
         raise ValueError("boom")
-    assert events == [("sleep", RAY_LOG_GRACE_S), EXIT_CODE]
-
-
-def test_outside_ray_the_worker_ends_at_once(monkeypatch):
-    events = []
-    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(is_initialized=lambda: False))
-    with pytest.raises(ValueError), stopping_worker_on_error(
-            0, "execute_model", exit_process=events.append,
-            sleep=lambda s: events.append(("sleep", s))):
-        raise ValueError("boom")
-    assert events == [EXIT_CODE]
+    assert events == expected
 
 
 def test_a_successful_step_changes_nothing():
