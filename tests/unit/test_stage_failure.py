@@ -13,7 +13,7 @@ import pytest
 from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
     EXIT_CODE,
     RAY_LOG_GRACE_S,
-    replies_to_engine,
+    is_output_rank,
     stopping_worker_on_error,
 )
 
@@ -92,5 +92,5 @@ def test_the_rank_that_replies_is_the_one_vllms_executor_reads(pp, pcp, tp):
     read = MultiprocExecutor._get_output_rank(executor)
     # vLLM orders ranks (pipeline, prefill context, tensor), tensor fastest.
     replying = [rank for rank in range(pp * pcp * tp)
-                if replies_to_engine(rank // (pcp * tp) == pp - 1, rank % tp, rank // tp % pcp)]
+                if is_output_rank(rank // (pcp * tp) == pp - 1, rank % tp, rank // tp % pcp)]
     assert replying == [read]

@@ -36,7 +36,7 @@ from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
     gather_from_stages,
 )
 from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
-    replies_to_engine,
+    is_output_rank,
     stopping_worker_on_error,
 )
 from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
@@ -52,8 +52,8 @@ from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
     from vllm.v1.worker.gpu.input_batch import InputBatch
 
 logger = init_logger("vllm.pp_cudagraph.runner")
@@ -180,7 +180,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         super().__init__(vllm_config, device)
         self.pp_stage = get_pp_group().rank_in_group
         self.tp_size = get_tp_group().world_size
-        self.replies_to_engine = replies_to_engine(
+        self.replies_to_engine = is_output_rank(
             self.is_last_pp_rank, get_tp_group().rank_in_group, get_pcp_group().rank_in_group)
         logger.info(
             "PPCudaGraphModelRunner on pipeline stage %d of %d (first=%s, last=%s, "

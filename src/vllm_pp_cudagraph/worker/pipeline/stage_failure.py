@@ -36,7 +36,7 @@ def _flush_logs() -> None:
     sys.stderr.flush()
 
 
-def replies_to_engine(last_stage: bool, tp_rank: int, pcp_rank: int) -> bool:
+def is_output_rank(last_stage: bool, tp_rank: int, pcp_rank: int) -> bool:
     """Whether vLLM's executors read this rank's step results: the first rank of the
     last stage (``MultiprocExecutor._get_output_rank``)."""
     return last_stage and tp_rank == 0 and pcp_rank == 0
