@@ -21,6 +21,7 @@ from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 def stage(last: bool) -> PPCudaGraphModelRunner:
     runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
+    runner._init_stage_state()
     buffers = {k: torch.zeros(8, 4) for k in ("hidden_states", "residual")}
     runner.__dict__.update(use_pp=True, pp_stage=int(last), tp_size=1, is_last_pp_rank=last,
                            intermediate_tensors=IntermediateTensors(buffers) if last else None)

@@ -486,6 +486,7 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
     monkeypatch.setattr("vllm_pp_cudagraph.worker.model_runner.get_tp_group",
                         lambda: type("TP", (), {"rank_in_group": 0})())
     runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
+    runner._init_stage_state()
     config = engine_config(tmp_path)
     runner.__dict__.update(use_pp=True, pp_stage=0, vllm_config=config, plan=worker_plan(config))
     runner.load_model()
@@ -515,6 +516,7 @@ def test_stage_zero_logs_the_split_and_the_bench_reads_it_from_the_records(
     config = engine_config(tmp_path, pp=pp)
     for stage in range(pp):  # every stage decides; stage 0 alone logs
         runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
+        runner._init_stage_state()
         runner.__dict__.update(use_pp=True, pp_stage=stage, vllm_config=config,
                                plan=worker_plan(config))
         with caplog.at_level(logging.INFO, logger="vllm.pp_cudagraph"):

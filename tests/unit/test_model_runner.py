@@ -23,6 +23,7 @@ from vllm_pp_cudagraph.worker.pipeline.stage_inputs import StageInputMismatchErr
 
 def bare_runner(**state) -> PPCudaGraphModelRunner:
     runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
+    runner._init_stage_state()
     runner.pp_stage = 1
     runner.__dict__.update(state)
     return runner

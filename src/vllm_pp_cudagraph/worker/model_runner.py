@@ -155,17 +155,6 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     """
 
     cudagraph_manager: PPCudaGraphManager | None
-    _graph_memory_estimate: int | None = None
-    _received_tokens: int | None = None
-    _produced_schema: Schema | None = None
-    _step_cached_req_ids: list[str] | None = None
-    _pending_input: stage_handoff.PendingStageInput | None = None
-    direct_handoff: bool = False
-    """Whether this stage passes intermediate tensors without per-step metadata."""
-    replies_to_engine: bool = False
-    """Whether vLLM's executor reads this rank's step results (a failed step raises)."""
-    stage_clock: StageClock | None = None
-    """Times this stage's serving steps for the metrics (TP rank 0 of each stage)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device,
                  plan: EnginePlan | None = None):
@@ -177,6 +166,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                 f"{support.STAND_ASIDE}: {self.plan.stand_aside}. Build the runner with "
                 "vllm_pp_cudagraph.build_runner(vllm_config, device), which gives vLLM's own "
                 "runner where the plugin stands aside, instead of PPCudaGraphModelRunner.")
+        self._init_stage_state()
         super().__init__(vllm_config, device)
         self.pp_stage = get_pp_group().rank_in_group
         self.tp_size = get_tp_group().world_size
@@ -195,6 +185,25 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             # Before any exchange with its peers: they check for it (check_peer_runners).
             announce_runner(torch.distributed.get_rank())
             self._choose_handoff()
+
+    def _init_stage_state(self) -> None:
+        # Before vLLM's __init__, which may call the overrides that read it.
+        # CUDA-graph bytes reserved before the KV cache is sized (graph_memory.py).
+        self._graph_memory_estimate: int | None = None
+        # This step's received tokens, checked against its padding (stage_inputs.py).
+        self._received_tokens: int | None = None
+        # What this stage hands on, as its first dummy run produced it.
+        self._produced_schema: Schema | None = None
+        # This step's scheduled cached requests (first_stage_tokens.py).
+        self._step_cached_req_ids: list[str] | None = None
+        # This step's intermediate tensors still to receive (direct hand-off).
+        self._pending_input: stage_handoff.PendingStageInput | None = None
+        # Whether this stage passes intermediate tensors without per-step metadata.
+        self.direct_handoff = False
+        # Whether vLLM's executor reads this rank's step results (a failed step raises).
+        self.replies_to_engine = False
+        # Times this stage's serving steps for the metrics (TP rank 0 of each stage).
+        self.stage_clock: StageClock | None = None
 
     def _choose_handoff(self) -> None:
         """Hand tensors on without per-step metadata where the plan and this stage's
