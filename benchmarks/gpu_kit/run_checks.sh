@@ -570,7 +570,10 @@ fault_lane() {
   for executor in ${KIT_FAULT_EXECUTORS:-mp}; do
     for stage in ${KIT_FAULT_STAGES:-first last}; do
       for how in raise kill; do
-        python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --runner "$runner" \
+        # Under Ray each server starts a cluster of its own (RAY_ADDRESS=local): the two
+        # lanes run at once, and neither may join the other's.
+        env $([ "$executor" = ray ] && echo RAY_ADDRESS=local) \
+          python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --runner "$runner" \
           --gpus "$gpus" --port "$port" --stage "$stage" --how "$how" \
           $([ "$executor" = ray ] && echo --ray) || rc=1
       done
