@@ -4,7 +4,8 @@ Lane a ran its runners on one GPU set while lane b ran its own on another, meeti
 each point (``bench --lane-sync``): the k-th run of each lane shared the same minutes. For
 every runner that ran beside another, the ratio of their req/s in each slot, then the
 median over the slots (both lane orders) per pair of runners; and the same pass by pass
-(the k-th timed pass of each server), where the passes themselves ran in the same minutes:
+(the k-th timed pass of each server), where the passes themselves ran in the same minutes,
+for req/s and for TPOT and TTFT p50 (under arrivals at a rate, req/s is the rate's):
 
     python benchmarks/tools/lanes_report.py DIR     # DIR/lane-a/bench.json, DIR/lane-b/...
 
@@ -44,6 +45,8 @@ def run_row(run: dict[str, Any]) -> dict[str, Any]:
     return {
         "runner": run["spec"]["runner"], "req_per_s": run.get("req_per_s"),
         "pass_req_per_s": run.get("pass_req_per_s"), "tpot_p50_ms": run.get("tpot_p50_ms"),
+        "pass_tpot_p50_ms": run.get("pass_tpot_p50_ms"),
+        "pass_ttft_p50_ms": run.get("pass_ttft_p50_ms"),
         "ttft_p50_ms": run.get("ttft_p50_ms"), "plugin_stages": run.get("plugin_stages"),
         "lane_wait_s": run.get("lane_wait_s"), "cadence": engine.get("cadence"),
         "cadence_trials": engine.get("cadence_trials_total"),
@@ -85,28 +88,42 @@ def slots(directory: Path) -> list[dict[str, Any]]:
     return paired
 
 
+#: What each pass pair is compared on: req/s (higher is better), and the latencies that an
+#: open loop, whose req/s its arrivals set, shows instead (lower is better).
+PASS_FIGURES = {"pass_ratios": "pass_req_per_s", "tpot_ratios": "pass_tpot_p50_ms",
+                "ttft_ratios": "pass_ttft_p50_ms"}
+
+
+def _pass_ratios(x: dict[str, Any], y: dict[str, Any], key: str) -> list[float]:
+    """``x``'s figure over ``y``'s for each pass pair where both have it."""
+    return [a / b for a, b in zip(x[key] or [], y[key] or []) if a and b]
+
+
 def ratios(paired: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per point and pair of runners (X over Y): each slot's ratio and their median, and
-    each pass pair's ratio and theirs."""
+    each pass pair's ratio and theirs; the same by pass for TPOT p50 and TTFT p50."""
     table: dict[tuple, list[float]] = {}
-    by_pass: dict[tuple, list[float]] = {}
+    by_pass: dict[tuple, dict[str, list[float]]] = {}
     for slot in paired:
         if slot["a_over_b"] is None:
             continue
         point = (slot["input_len"], slot["concurrency"], slot.get("request_rate"))
-        x, y, r = slot["a"]["runner"], slot["b"]["runner"], slot["a_over_b"]
-        passes = [pa / pb for pa, pb in zip(slot["a"]["pass_req_per_s"] or [],
-                                            slot["b"]["pass_req_per_s"] or []) if pa and pb]
-        if x > y:
-            x, y, r, passes = y, x, 1 / r, [1 / q for q in passes]
-        table.setdefault((*point, x, y), []).append(r)
-        by_pass.setdefault((*point, x, y), []).extend(passes)
+        x, y, r = slot["a"], slot["b"], slot["a_over_b"]
+        if x["runner"] > y["runner"]:
+            x, y, r = y, x, 1 / r
+        key = (*point, x["runner"], y["runner"])
+        table.setdefault(key, []).append(r)
+        found = by_pass.setdefault(key, {name: [] for name in PASS_FIGURES})
+        for name, figure in PASS_FIGURES.items():
+            found[name].extend(_pass_ratios(x, y, figure))
     return [{"input_len": i, "concurrency": c, "request_rate": q, "runner": x, "over": y,
              "ratios": [round(r, 3) for r in found],
              "median": round(statistics.median(found), 3),
-             "pass_ratios": [round(p, 3) for p in by_pass[i, c, q, x, y]],
-             "pass_median": (round(statistics.median(by_pass[i, c, q, x, y]), 3)
-                             if by_pass[i, c, q, x, y] else None)}
+             **{name: [round(p, 3) for p in values]
+                for name, values in by_pass[i, c, q, x, y].items()},
+             **{name.replace("ratios", "median"): (round(statistics.median(values), 3)
+                                                     if values else None)
+                for name, values in by_pass[i, c, q, x, y].items()}}
             for (i, c, q, x, y), found in sorted(table.items(), key=_point_order)]
 
 
@@ -129,14 +146,16 @@ def markdown(paired: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> str:
         label = point_label(slot["input_len"], slot["concurrency"], slot.get("request_rate"))
         lines.append(f"| {slot['slot']} | {label} | "
                      + " | ".join(cells) + f" | {ratio} |")
-    lines += ["", "| point | runner | over | per slot | median | by pass | median of passes |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| point | runner | over | per slot | median | by pass | median of passes | "
+              "TPOT p50, over (median of passes) | TTFT p50, over |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for pair in pairs:
         label = point_label(pair["input_len"], pair["concurrency"], pair.get("request_rate"))
         lines.append(f"| {label} | {pair['runner']} | "
                      f"{pair['over']} | {', '.join(map(str, pair['ratios']))} | "
                      f"{pair['median']} | {', '.join(map(str, pair['pass_ratios'])) or '-'} | "
-                     f"{_num(pair['pass_median'], 3)} |")
+                     f"{_num(pair['pass_median'], 3)} | {_num(pair['tpot_median'], 3)} | "
+                     f"{_num(pair['ttft_median'], 3)} |")
     lines += ["", "| slot | lane | runner | step ms per stage, by pass | cadence at the end | "
               "switches | trials (steps) | how the last trials ended |",
               "|---|---|---|---|---|---|---|---|"]

@@ -58,16 +58,24 @@ def test_each_runner_is_compared_with_the_one_beside_it_in_both_lane_orders(tmp_
             "merge lost widely 1 |") in table
 
 
-def test_open_loop_runs_pair_only_at_the_same_rate_and_say_it(tmp_path):
-    def at(runner, rate):
+def test_open_loop_runs_pair_only_at_the_same_rate_and_compare_their_latencies(tmp_path):
+    """Under arrivals at a rate both servers serve the same req/s: what tells them apart
+    is each pass pair's TPOT and TTFT."""
+    def at(runner, rate, tpot, ttft):
         served = run(runner, 30.0)
-        served["spec"]["request_rate"] = rate
+        served.update(spec={"runner": runner, "request_rate": rate},
+                      pass_tpot_p50_ms=[tpot, tpot + 2], pass_ttft_p50_ms=[ttft, ttft])
         return served
 
-    write_lane(tmp_path, "a", [at("plugin", 34.0), at("stock", 20.0)])
-    write_lane(tmp_path, "b", [at("stock", 34.0), at("plugin", 34.0)])
+    write_lane(tmp_path, "a", [at("plugin", 34.0, 30.0, 50.0), at("stock", 20.0, 25.0, 40.0)])
+    write_lane(tmp_path, "b", [at("stock", 34.0, 40.0, 50.0), at("plugin", 34.0, 30.0, 45.0)])
     paired = slots(tmp_path)
     assert [s["slot"] for s in paired] == [1]  # slot 2's rates differ: not the same load
     [pair] = ratios(paired)
     assert pair["request_rate"] == 34.0
-    assert "| 1 | 64 in at 34/s (c1024 at most) | plugin (vllm) |" in markdown(paired, [pair])
+    assert pair["tpot_ratios"] == [0.75, round(32 / 42, 3)]
+    assert pair["tpot_median"] == pytest.approx((0.75 + 32 / 42) / 2, abs=1e-3)
+    assert pair["ttft_median"] == 1.0
+    table = markdown(paired, [pair])
+    assert "| 1 | 64 in at 34/s (c1024 at most) | plugin (vllm) |" in table
+    assert f"| {pair['pass_median']:.3f} | {pair['tpot_median']:.3f} | 1.000 |" in table
