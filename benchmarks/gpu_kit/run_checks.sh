@@ -79,6 +79,8 @@
 #   lanes-0.6b-api  4 GPUs: lanes-0.6b with KIT_API_SERVERS (4) API servers in front of
 #                each engine (vllm serve --api-server-count), plugin | stock, stock |
 #                plugin (KIT_API_LANE_A / KIT_API_LANE_B, KIT_API_POINTS, KIT_DEADLINE_API_S)
+#                (lanes-0.6b and lanes-0.6b-api serve KIT_SMALL_MODEL instead where set,
+#                e.g. qwen3-4b, the other launch-bound shape)
 #                Every lanes step takes KIT_MAX_CAPTURE: both lanes capture CUDA graphs up
 #                to that many tokens (--max-cudagraph-capture-size; vLLM's is 512 here)
 #                and KIT_REQUEST_RATE: requests arrive as a Poisson process at that many
@@ -454,7 +456,7 @@ step_lanes-0.6b-api() {
     --points "${KIT_API_POINTS:-64:1024}" --deadline "${KIT_DEADLINE_API_S:-900}"
 }
 small_lanes() {
-  lanes "$1" "$2" "$3" --model qwen3-0.6b --weights dummy --max-num-seqs 1024 \
+  lanes "$1" "$2" "$3" --model "${KIT_SMALL_MODEL:-qwen3-0.6b}" --weights dummy --max-num-seqs 1024 \
     --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
     --num-requests 2048 --output-len 256 --repeat 2 "${@:4}"
 }
