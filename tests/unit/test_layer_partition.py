@@ -15,6 +15,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES, write_model_dir
+from vllm_pp_cudagraph.compat import vllm_split
 from vllm_pp_cudagraph.engine_plan import plan_engine
 from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.planning.layer_partition import (
@@ -25,7 +26,6 @@ from vllm_pp_cudagraph.planning.layer_partition import (
     LayerPartitionError,
     Memory,
     decide,
-    vllm_split,
 )
 from vllm_pp_cudagraph.planning.stage_costs import (
     TABLES,
@@ -35,7 +35,11 @@ from vllm_pp_cudagraph.planning.stage_costs import (
     read_table,
     stage_costs,
 )
-from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, SettingsError
+from vllm_pp_cudagraph.settings import (
+    LayerPartition,
+    PPCudaGraphSettings,
+    SettingsError,
+)
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 AUTO = LayerPartition.AUTO

@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm_pp_cudagraph.bench.engine_run import runner_cadence
 from vllm_pp_cudagraph.bench.judging import expected_difference, judge_tokens, layout
-from vllm_pp_cudagraph.planning.layer_partition import vllm_split
+from vllm_pp_cudagraph.compat import vllm_split
 
 COLUMNS = [
     ("run", "run", "{}"),

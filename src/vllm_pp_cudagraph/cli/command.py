@@ -262,7 +262,7 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
         lines = decision.describe()
         if decision.layers is None and engine.pp > 1:
             # vLLM's own split, as its get_pp_indices gives it without a hand-set one.
-            split = layer_partition.vllm_split(num_hidden_layers(engine.config), engine.pp)
+            split = compat.vllm_split(num_hidden_layers(engine.config), engine.pp)
             lines[0] += f": layers {','.join(map(str, split))} per stage"
         if decision.source == "vllm" and setting is LayerPartition.VLLM and engine.pp > 1:
             auto = decide(LayerPartition.AUTO) if memory.known else None

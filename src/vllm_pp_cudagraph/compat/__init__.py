@@ -42,7 +42,7 @@ ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
 COMPILATION_CONFIG_MODULE = "vllm.config.compilation"
 #: Module of ``VllmConfig``, whose construction picks the split points.
 VLLM_CONFIG_MODULE = "vllm.config.vllm"
-#: Module of the engine core, which fills idle steps only if its workers can.
+#: Module of the engine core, whose KV-cache set-up the engine check runs after.
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 #: Module of the process groups, whose pipeline group passes tensors between stages.
 PARALLEL_STATE_MODULE = "vllm.distributed.parallel_state"
@@ -51,6 +51,18 @@ KV_CACHE_UPDATE_OP = "vllm::unified_kv_cache_update"
 #: vLLM's variable for the layers of each pipeline stage, read by ``get_pp_indices``
 #: (through ``vllm.envs``) where a worker builds its model's layers (``make_layers``).
 LAYER_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+
+
+def vllm_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage under vLLM's default split: what ``get_pp_indices`` gives without
+    ``VLLM_PP_LAYER_PARTITION`` (the remainder to the stages before the last, from the
+    second-to-last back). Written out, because that function reads the variable through
+    vLLM's environment cache, which a caller cannot set aside; a test holds the two equal.
+    Where the split in effect is wanted, hand-set one included, call ``get_pp_indices``."""
+    split = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        split[-i] += 1
+    return tuple(split)
 
 
 @dataclass(frozen=True)

@@ -43,14 +43,6 @@ class LayerPartitionError(ValueError):
     """``VLLM_PP_CUDAGRAPH_LAYER_PARTITION`` cannot be honoured for this engine."""
 
 
-def vllm_split(num_layers: int, pp: int) -> tuple[int, ...]:
-    """vLLM's own split (``get_pp_indices`` without ``VLLM_PP_LAYER_PARTITION``)."""
-    split = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
-        split[-i] += 1
-    return tuple(split)
-
-
 @dataclass(frozen=True)
 class Memory:
     """The memory an engine gives each stage for weights, activations and KV cache."""
@@ -150,7 +142,7 @@ def _fill(costs: StageCosts, base: tuple[int, ...], most: list[int]) -> tuple[in
 def balanced_split(costs: StageCosts, kv: KVRoom, num_layers: int, pp: int) -> tuple[int, ...]:
     """The split of ``num_layers`` over ``pp`` stages with the shortest slowest stage, each
     stage a layer and :meth:`KVRoom.floor`; of the fastest, the fewest layers moved."""
-    base = vllm_split(num_layers, pp)
+    base = compat.vllm_split(num_layers, pp)
     floor = kv.floor(base)
     budgets = sorted({costs.stage_s(s, pp, n) for s in range(pp)
                       for n in range(1, num_layers - pp + 2)})
@@ -267,7 +259,7 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
         raise LayerPartitionError(
             f"{SETTING}=auto cannot give each of {pp} pipeline stages a layer: the model has "
             f"{total} decoder layers. Use at most {total} stages, or set {SETTING}=vllm.")
-    base = vllm_split(total, pp)
+    base = compat.vllm_split(total, pp)
     memory = memory or Memory()
     reason = unmodelled_reason(config) or ("vLLM quantizes its weights (their bytes are not "
                                            "modelled)" if quantized else None)

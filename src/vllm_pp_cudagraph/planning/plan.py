@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vllm_pp_cudagraph.compat import vllm_split
 from vllm_pp_cudagraph.planning.gpus import FITTED_ON, by_device_name
 from vllm_pp_cudagraph.planning.gpus import rates as gpu_rates
-from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide, vllm_split
+from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide
 from vllm_pp_cudagraph.planning.measured import (
     MeasuredCell,
     host_bound_output,
