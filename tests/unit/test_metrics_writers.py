@@ -139,6 +139,17 @@ def test_a_stage_clock_reads_its_events_only_once_done_and_reports_busy_and_bubb
     assert snap.timed_steps_total == snap.steps
     assert snap.busy_ms_total == pytest.approx(3.0 * snap.steps)
     assert snap.idle_ms_total == pytest.approx(1.0 * (snap.steps - 1))
+    for _ in range(10):  # a second window, twice the work per step and no idle time
+        clock.step_started()
+        gpu.now_ms += 6.0
+        clock.step_ended(graph=True)
+        gpu.done_ms = gpu.now_ms
+        now[0] += 0.2
+    before, last = written[-2:]
+    # Each window its own steps only, those before it left out; the totals run on.
+    assert last.steps == last.timed_steps_total - before.timed_steps_total
+    assert last.step_ms == pytest.approx(6.0)
+    assert last.busy_fraction == pytest.approx(1.0)
 
 
 def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):

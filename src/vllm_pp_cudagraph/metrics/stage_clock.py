@@ -17,12 +17,15 @@ from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot, write_snapshot
 INTERVAL_S = 5.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Window:
+    """A snapshot's span: opened at ``start`` (clock seconds), when the stage's running
+    totals were these; its own figures are the totals' growth since."""
+
     start: float
-    steps: int = 0
-    busy_ms: float = 0.0
-    idle_ms: float = 0.0
+    steps: int
+    busy_ms: float
+    idle_ms: float
 
 
 @dataclass
@@ -69,30 +72,33 @@ class StageClock:
 
     def _harvest(self) -> None:
         now = self.clock()
-        window = self._window = self._window or _Window(start=now)
+        window = self._window = self._window or self._open_window(now)
         while self._pending and self._pending[0][1].query():
             start, end = self._pending.popleft()
-            busy = start.elapsed_time(end)
-            idle = 0.0 if self._last_end is None else max(0.0, self._last_end.elapsed_time(start))
-            window.steps += 1
-            window.busy_ms += busy
-            window.idle_ms += idle
             self.timed_steps_total += 1
-            self.busy_ms_total += busy
-            self.idle_ms_total += idle
+            self.busy_ms_total += start.elapsed_time(end)
+            if self._last_end is not None:
+                self.idle_ms_total += max(0.0, self._last_end.elapsed_time(start))
             self._last_end = end
-        if now - window.start >= self.interval_s and window.steps:
+        steps = self.timed_steps_total - window.steps
+        if now - window.start >= self.interval_s and steps:
             self.write(self._snapshot(window, now))
-            self._window = _Window(start=now)
+            self._window = self._open_window(now)
+
+    def _open_window(self, now: float) -> _Window:
+        return _Window(now, self.timed_steps_total, self.busy_ms_total, self.idle_ms_total)
 
     def _snapshot(self, window: _Window, now: float) -> StageSnapshot:
-        gpu_ms = window.busy_ms + window.idle_ms
+        steps = self.timed_steps_total - window.steps
+        busy_ms = self.busy_ms_total - window.busy_ms
+        idle_ms = self.idle_ms_total - window.idle_ms
+        gpu_ms = busy_ms + idle_ms
         return StageSnapshot(
             stage=self.stage, pp_size=self.pp_size, tp_size=self.tp_size, engine=self.engine,
-            time=time.time(), window_s=now - window.start, steps=window.steps,
-            busy_fraction=window.busy_ms / gpu_ms if gpu_ms else 1.0,
-            wait_fraction=window.idle_ms / gpu_ms if gpu_ms else 0.0,
-            step_ms=window.busy_ms / window.steps, handoff_ms=None,
+            time=time.time(), window_s=now - window.start, steps=steps,
+            busy_fraction=busy_ms / gpu_ms if gpu_ms else 1.0,
+            wait_fraction=idle_ms / gpu_ms if gpu_ms else 0.0,
+            step_ms=busy_ms / steps, handoff_ms=None,
             handoff_bytes_total=self.handoff_bytes_total,
             graph_steps_total=self.graph_steps_total, eager_steps_total=self.eager_steps_total,
             timed_steps_total=self.timed_steps_total, busy_ms_total=self.busy_ms_total,
