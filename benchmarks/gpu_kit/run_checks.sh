@@ -567,19 +567,27 @@ step_soak-preemption-32b() {
 # stock on 2,3 (../tools/serve_checks.py fault; KIT_FAULT_EXECUTORS="mp ray" adds Ray
 # where it is installed). Each report has the seconds to a clean stop and the log's
 # error lines.
-fault_lane() {
-  local runner=$1 gpus=$2 port=$3 rc=0 executor stage how
+# KIT_FAULT_CASES="executor:stage:how ..." (e.g. "ray:first:raise mp:last:kill") runs
+# those cases only, in that order.
+fault_cases() {
+  if [ -n "${KIT_FAULT_CASES:-}" ]; then echo "$KIT_FAULT_CASES"; return; fi
+  local executor stage how
   for executor in ${KIT_FAULT_EXECUTORS:-mp}; do
     for stage in ${KIT_FAULT_STAGES:-first last}; do
-      for how in raise kill; do
-        # Under Ray each server starts a cluster of its own (RAY_ADDRESS=local): the two
-        # lanes run at once, and neither may join the other's.
-        env $([ "$executor" = ray ] && echo RAY_ADDRESS=local) \
-          python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --runner "$runner" \
-          --gpus "$gpus" --port "$port" --stage "$stage" --how "$how" \
-          $([ "$executor" = ray ] && echo --ray) || rc=1
-      done
+      for how in raise kill; do echo "$executor:$stage:$how"; done
     done
+  done
+}
+fault_lane() {
+  local runner=$1 gpus=$2 port=$3 rc=0 case executor stage how
+  for case in $(fault_cases); do
+    IFS=: read -r executor stage how <<<"$case"
+    # Under Ray each server starts a cluster of its own (RAY_ADDRESS=local): the two
+    # lanes run at once, and neither may join the other's.
+    env $([ "$executor" = ray ] && echo RAY_ADDRESS=local) \
+      python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --runner "$runner" \
+      --gpus "$gpus" --port "$port" --stage "$stage" --how "$how" \
+      $([ "$executor" = ray ] && echo --ray) || rc=1
   done
   return $rc
 }
