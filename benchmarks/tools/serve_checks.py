@@ -204,6 +204,49 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def group_processes(pgid: int) -> list[str]:
+    """``"pid name"`` of each process still in process group ``pgid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            head, _, rest = stat.read_text().rpartition(")")
+        except OSError:
+            continue  # ended while listed
+        if int(rest.split()[2]) == pgid:  # fields after the name: state, ppid, pgrp
+            found.append(f"{stat.parent.name} {head.partition('(')[2]}")
+    return sorted(found, key=lambda entry: int(entry.split()[0]))
+
+
+def gpu_memory_held(gpus: str, smi_csv: str | None = None) -> dict[str, int] | None:
+    """MiB that processes hold on each of ``gpus`` (indices, comma-separated; all GPUs
+    where empty), from nvidia-smi's CSV (``smi_csv`` stands in for it in tests); None
+    where nvidia-smi is not there."""
+    if smi_csv is None:
+        try:
+            smi_csv = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=gpu_bus_id,used_memory",
+                 "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                timeout=30, check=True).stdout
+            buses = subprocess.run(
+                ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        index_of = {bus.strip(): index.strip() for index, bus in
+                    (line.split(",") for line in buses.splitlines() if line.strip())}
+        smi_csv = "\n".join(f"{index_of.get(bus.strip(), bus.strip())},{mib}" for bus, mib in
+                             (line.split(",") for line in smi_csv.splitlines() if line.strip()))
+    wanted = {g.strip() for g in gpus.split(",") if g.strip()}
+    held: dict[str, int] = {}
+    for line in smi_csv.splitlines():
+        if not line.strip():
+            continue
+        gpu, mib = (field.strip() for field in line.split(","))
+        if not wanted or gpu in wanted:
+            held[gpu] = held.get(gpu, 0) + int(mib)
+    return held
+
+
 def fault_env(flag: Path, stage: str) -> dict[str, str]:
     """What the fault model reads, and has Ray carry to its workers (Ray copies only
     vLLM's own variables unless told otherwise)."""
@@ -311,7 +354,12 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                 report["rc"] = None
             time.sleep(3)
             report["left_running"] = _group_alive(proc.pid)
+            if report["left_running"]:
+                report["left_processes"] = group_processes(proc.pid)
             report["group_ended_s"] = seconds_until_gone(proc.pid, 3, LINGER_LIMIT_S)
+            # Ray's workers live outside the server's process group: what still holds
+            # the server's GPUs once the group has had its time.
+            report["gpu_memory_held_mib"] = gpu_memory_held(args.gpus)
             thread.join(timeout=5)
             report["requests_ok"] = loop_result.get("ok")
         finally:
@@ -325,7 +373,8 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
     report["error_lines"] = error_lines(log)
     # vLLM's API server exits 0 once its engine is dead (EngineDeadError), whatever
     # killed it; what counts is that it exits, promptly, leaving nothing behind.
-    stopped = report.get("exit_s") is not None and not report["left_running"]
+    stopped = (report.get("exit_s") is not None and report["group_ended_s"] is not None
+               and not any((report["gpu_memory_held_mib"] or {}).values()))
     if args.how == "kill":
         report["passed"] = bool(stopped and report.get("killed_pid"))
         return report

@@ -18,6 +18,8 @@ from benchmarks.tools.serve_checks import (
     error_lines,
     fault_env,
     kill_stage_worker,
+    gpu_memory_held,
+    group_processes,
     seconds_until_gone,
     send_structured,
     stage_worker_pid,
@@ -160,3 +162,20 @@ def test_a_fault_report_says_how_long_the_servers_processes_outlived_it():
     finally:
         stuck.kill()
         stuck.wait()
+
+
+def test_a_fault_report_names_the_processes_left_in_the_servers_group():
+    left = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert group_processes(left.pid) == [f"{left.pid} sleep"]
+    finally:
+        left.kill()
+        left.wait()
+    assert group_processes(left.pid) == []
+
+
+def test_a_fault_report_counts_only_the_memory_held_on_the_servers_gpus():
+    smi = "0, 59080\n1, 59510\n2, 1200\n"
+    assert gpu_memory_held("0,1", smi) == {"0": 59080, "1": 59510}
+    assert gpu_memory_held("3", smi) == {}
+    assert gpu_memory_held("", smi) == {"0": 59080, "1": 59510, "2": 1200}

@@ -149,7 +149,8 @@ def test_a_step_with_matching_tensors_keeps_the_received_count_for_the_padding_c
 def exits(monkeypatch):
     recorded = []
     monkeypatch.setattr(model_runner, "stopping_worker_on_error",
-                        functools.partial(stopping_worker_on_error, exit_process=recorded.append))
+                        functools.partial(stopping_worker_on_error, exit_process=recorded.append,
+                                          start_timer=lambda delay, action: action()))
     return recorded
 
 
@@ -171,13 +172,14 @@ def test_a_failing_step_under_pp_stops_the_worker(exits, failing_step):
     assert exits == [EXIT_CODE, EXIT_CODE]
 
 
-def test_a_failing_step_on_the_rank_vllm_reads_raises_to_the_engine(exits, failing_step):
+def test_a_failing_step_on_the_rank_vllm_reads_raises_to_the_engine_then_ends(
+        exits, failing_step):
     runner = bare_runner(use_pp=True, replies_to_engine=True)
     with pytest.raises(RuntimeError, match="step failed"):
         runner.execute_model("scheduler_output")
     with pytest.raises(RuntimeError, match="step failed"):
         runner.sample_tokens(None)
-    assert exits == []
+    assert exits == [EXIT_CODE, EXIT_CODE]  # each after its raise, from a timer
 
 
 def test_start_up_dummy_runs_and_single_stage_runs_raise_as_vllm_does(exits, failing_step):

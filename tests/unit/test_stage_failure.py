@@ -12,7 +12,7 @@ import pytest
 
 from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
     EXIT_CODE,
-    RAY_LOG_GRACE_S,
+    EXIT_GRACE_S,
     is_output_rank,
     stopping_worker_on_error,
 )
@@ -30,19 +30,24 @@ def test_a_failing_step_logs_the_stage_and_exits_the_process(caplog):
     assert record.exc_info[0] is ValueError
 
 
-def test_on_the_rank_vllm_reads_a_failing_step_raises_as_without_the_plugin(caplog):
-    exits = []
+def test_on_the_rank_vllm_reads_a_failing_step_raises_then_ends_the_process(caplog):
+    exits, timers = [], []
     with (caplog.at_level(logging.CRITICAL, logger="vllm.pp_cudagraph"),
           pytest.raises(ValueError, match="boom"),
           stopping_worker_on_error(1, "execute_model", replies_to_engine=True,
-                                   exit_process=exits.append)):
+                                   exit_process=exits.append,
+                                   start_timer=lambda delay, action: timers.append(
+                                       (delay, action)))):
         raise ValueError("boom")
-    assert exits == []  # vLLM's executor gets the error and stops the server itself
+    assert exits == []  # vLLM's executor reads the raised error first...
     assert "Pipeline stage 1 failed in execute_model" in caplog.records[-1].getMessage()
+    [(delay, action)] = timers
+    action()  # ...then the process ends, freeing the stages that wait on it
+    assert (delay, exits) == (EXIT_GRACE_S, [EXIT_CODE])
 
 
 @pytest.mark.parametrize("in_ray, expected", [
-    (True, [("sleep", RAY_LOG_GRACE_S), EXIT_CODE]),  # Ray forwards its log line first
+    (True, [("sleep", EXIT_GRACE_S), EXIT_CODE]),  # Ray forwards its log line first
     (False, [EXIT_CODE]),
 ])
 def test_a_ray_worker_waits_for_its_log_line_to_be_forwarded_before_it_ends(
@@ -54,6 +59,27 @@ def test_a_ray_worker_waits_for_its_log_line_to_be_forwarded_before_it_ends(
             sleep=lambda s: events.append(("sleep", s))):
         raise ValueError("boom")
     assert events == expected
+
+
+def test_the_rank_vllm_reads_ends_its_process_after_raising():
+    script = textwrap.dedent("""
+        from vllm_pp_cudagraph.worker.pipeline import stage_failure
+        stage_failure.EXIT_GRACE_S = 0.2
+        try:
+            with stage_failure.stopping_worker_on_error(1, "execute_model",
+                                                        replies_to_engine=True):
+                raise RuntimeError("injected stage fault")
+        except RuntimeError:
+            print("raised to the engine", flush=True)
+        import time
+        time.sleep(30)  # vLLM's worker loop, waiting for the next call
+        print("still running")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == EXIT_CODE
+    assert "raised to the engine" in proc.stdout
+    assert "still running" not in proc.stdout
 
 
 def test_a_successful_step_changes_nothing():

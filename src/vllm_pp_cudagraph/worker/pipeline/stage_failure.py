@@ -1,14 +1,16 @@
 """A pipeline stage that fails while serving stops its worker, so vLLM stops the server.
 
 vLLM's executors read a step's result from one rank only, the first of the last stage.
-An error there reaches the engine as it does without the plugin; an error on any other
-rank would leave every stage waiting for this one, so that worker ends instead."""
+An error there reaches the engine as it does without the plugin, and that worker ends a
+moment later; an error on any other rank would leave every stage waiting for this one,
+so that worker ends at once."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,10 +22,10 @@ logger = init_logger("vllm.pp_cudagraph.stage_failure")
 #: Exit status of a worker stopped by a failed step (EX_SOFTWARE).
 EXIT_CODE = 70
 
-#: Seconds a Ray worker waits before it ends: Ray forwards a worker's log lines to the
-#: server's log from a separate process, and a line written just before the worker ends
-#: is lost when its peers' errors stop the engine first.
-RAY_LOG_GRACE_S = 2.0
+#: Seconds a failed worker lives on before it ends where something must reach the server
+#: first: the error the output rank raised (vLLM's executor reads it from that rank), or
+#: under Ray the worker's log line, which Ray forwards from a separate process.
+EXIT_GRACE_S = 2.0
 
 
 def _flush_logs() -> None:
@@ -42,6 +44,12 @@ def is_output_rank(last_stage: bool, tp_rank: int, pcp_rank: int) -> bool:
     return last_stage and tp_rank == 0 and pcp_rank == 0
 
 
+def _start_timer(delay: float, action: Callable[[], None]) -> None:
+    timer = threading.Timer(delay, action)
+    timer.daemon = True
+    timer.start()
+
+
 def _in_ray_worker() -> bool:
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
@@ -54,15 +62,21 @@ def stopping_worker_on_error(
     replies_to_engine: bool = False,
     exit_process: Callable[[int], None] = os._exit,
     sleep: Callable[[float], None] = time.sleep,
+    start_timer: Callable[[float, Callable[[], None]], None] = _start_timer,
 ) -> Iterator[None]:
     """Run a serving step; on an exception log it and end this worker process, or, on
-    the rank whose result vLLM's executor reads (``replies_to_engine``), raise it."""
+    the rank whose result vLLM's executor reads (``replies_to_engine``), raise it and
+    end the process ``EXIT_GRACE_S`` later."""
     try:
         yield
     except Exception:
         if replies_to_engine:
             logger.critical("Pipeline stage %d failed in %s; vLLM's executor receives the "
                             "error from this rank and shuts the server down.", stage, what)
+            # The other stages wait on this rank inside blocking calls that vLLM's
+            # shutdown cannot interrupt; they end with errors once this process is gone.
+            _flush_logs()
+            start_timer(EXIT_GRACE_S, lambda: exit_process(EXIT_CODE))
             raise
         logger.critical(
             "Pipeline stage %d failed in %s. Stopping this worker (exit %d) so vLLM "
@@ -75,6 +89,6 @@ def stopping_worker_on_error(
         )
         _flush_logs()
         if _in_ray_worker():
-            sleep(RAY_LOG_GRACE_S)
+            sleep(EXIT_GRACE_S)
         exit_process(EXIT_CODE)
         raise
