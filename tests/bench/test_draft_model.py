@@ -189,7 +189,6 @@ def test_on_the_last_of_two_stages_vllm_names_the_eagle_draft_layer_as_its_first
     layer name: model.layers.14.self_attn.attn") when MRV2 loads the draft there. If
     this fails, vLLM names the draft otherwise now: drop the release from
     ``support.EAGLE_DRAFT_NAME_CLASH`` and run the GPU serving test with "eagle"."""
-    from types import SimpleNamespace
 
     from vllm.config import ParallelConfig
 
@@ -202,5 +201,5 @@ def test_on_the_last_of_two_stages_vllm_names_the_eagle_draft_layer_as_its_first
     _, layers = _build_eagle_draft(spec, monkeypatch, pp=2, stage=1)
     assert (start, end) == (TARGET["num_hidden_layers"] // 2, TARGET["num_hidden_layers"])
     assert layers == [f"model.layers.{start}.self_attn.attn"]
-    engine = SimpleNamespace(parallel_config=last_stage, model_config=spec.target_model_config)
-    assert support.eagle_draft_layer_clash(engine) == start
+    total = spec.target_model_config.get_total_num_hidden_layers()
+    assert support.eagle_draft_layer_clash(2, total) == start

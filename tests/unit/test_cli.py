@@ -261,19 +261,38 @@ def test_check_without_a_gpu_or_its_memory_names_the_flag(gpus, model_dir, monke
 def test_check_predicts_what_the_worker_decides(gpus, model_dir, monkeypatch, tmp_path):
     from _scheduler import make_scheduler
 
-    from vllm_pp_cudagraph.engine_plan import plan_engine
+    from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
 
     gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
     for pp in (2, 3, 4):
         config = make_scheduler(model_dir, pp=pp, max_num_seqs=256).vllm_config
         config.cache_config.gpu_memory_utilization = 0.9
-        worker = plan_engine(PPCudaGraphSettings.current(), config, H200_BYTES).partition
+        worker = plan_engine(PPCudaGraphSettings.current(), EngineFacts.of(config),
+                             H200_BYTES).partition
         _, out = check_engine(model_dir, pp, max_num_batched_tokens=256,
                               gpu_memory_bytes=H200_BYTES, gpu_memory_utilization=0.9)
         lines = [f"layer partition: {worker.describe()[0]}"] + [
             f"  {line}" for line in worker.describe()[1:]]
         assert "\n".join(lines) in out
         assert worker.layers == {2: (14, 14), 3: (10, 10, 8), 4: (7, 7, 7, 7)}[pp]
+
+
+def test_check_and_plan_show_the_split_the_engines_own_plan_makes(gpus, model_dir,
+                                                                   monkeypatch, capsys):
+    """``check`` and ``plan`` ask ``plan_engine``, as the engine core and the workers do,
+    rather than deciding the split beside it."""
+    import dataclasses
+
+    from vllm_pp_cudagraph.planning import layer_partition, plan
+
+    real = plan.plan_engine
+    marked = layer_partition.Decision("auto", "the engine's plan picks 5,23", (5, 23))
+    monkeypatch.setattr(plan, "plan_engine", lambda *args: dataclasses.replace(
+        real(*args), layers=marked.layers, partition=marked))
+    _, out = check_engine(model_dir, 2, gpu_memory_bytes=H200_BYTES)
+    assert "layer partition: the engine's plan picks 5,23" in out
+    code = cli.main(["plan", "--model", model_dir, "--gpus", "2", "--gpu-memory-gib", "141"])
+    assert code == cli.EXIT_OK and "the engine's plan picks 5,23" in capsys.readouterr().out
 
 
 def test_check_says_vllms_split_applies_by_default_and_what_auto_would_pick(gpus, model_dir):

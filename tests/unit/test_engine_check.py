@@ -12,7 +12,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph.engine import engine_check
 from vllm_pp_cudagraph.engine.engine_check import WorkerRunnerError, check_workers, plan_of
-from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
 from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
 
 AUTO = DecodeCadence.AUTO
@@ -21,7 +21,7 @@ AUTO = DecodeCadence.AUTO
 def plan(config, cadence, partition=LayerPartition.VLLM):
     """The engine's plan under these two settings (the others at their defaults)."""
     return plan_engine(PPCudaGraphSettings(decode_cadence=cadence, layer_partition=partition),
-                       config)
+                       EngineFacts.of(config))
 
 
 @pytest.fixture
@@ -225,5 +225,5 @@ def test_the_engine_core_plans_once_for_its_check_and_its_scheduler_hook(config,
     scheduler = type("Scheduler", (), {"vllm_config": config, "pp_size": 2})()
     state = decode_cadence._SchedulerState.of(scheduler, settings)
     assert len(made) == 1 and state.cadence is AUTO
-    worker = real(settings, config, gpu_memory_bytes=141 << 30)
+    worker = real(settings, engine_plan.EngineFacts.of(config), gpu_memory_bytes=141 << 30)
     assert worker.record() == engine_plan.engine_core_plan(settings, config).record()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _scheduler import make_scheduler
 
-from vllm_pp_cudagraph.engine_plan import LIFTING, plan_engine
+from vllm_pp_cudagraph.engine_plan import LIFTING, EngineFacts, plan_engine
 from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
 
 
@@ -29,12 +29,17 @@ def engine(tmp_path, monkeypatch):
     return make
 
 
+def plan_config(settings: PPCudaGraphSettings, config, gpu_memory_bytes=None):
+    """The plan of the engine ``config`` configures, as its processes make it."""
+    return plan_engine(settings, EngineFacts.of(config), gpu_memory_bytes)
+
+
 def settings(**values) -> PPCudaGraphSettings:
     return PPCudaGraphSettings(**values)
 
 
 def test_a_plain_pp_engine_runs_the_plugin_with_the_asked_cadence(engine):
-    plan = plan_engine(settings(decode_cadence=DecodeCadence.MERGE), engine())
+    plan = plan_config(settings(decode_cadence=DecodeCadence.MERGE), engine())
     assert plan.plugin_runner and plan.stand_aside is None and plan.refusal is None
     assert plan.cadence is plan.asked_cadence is DecodeCadence.MERGE
     assert plan.cadence in LIFTING
@@ -42,30 +47,30 @@ def test_a_plain_pp_engine_runs_the_plugin_with_the_asked_cadence(engine):
 
 
 def test_without_a_pipeline_everything_stands_aside_at_info(engine):
-    plan = plan_engine(settings(direct_handoff=True, allow_unproven=True), engine(pp=1))
+    plan = plan_config(settings(direct_handoff=True, allow_unproven=True), engine(pp=1))
     assert not plan.plugin_runner and plan.no_pipeline and "PP=1" in plan.stand_aside
     assert plan.cadence is DecodeCadence.VLLM
     assert not plan.direct_handoff and plan.direct_handoff_blocker == "no pipeline parallelism"
 
 
 def test_an_unproven_connector_keeps_stocks_runner_and_cadence_unless_allowed(engine):
-    plan = plan_engine(settings(), engine(connector="SomeConnector"))
+    plan = plan_config(settings(), engine(connector="SomeConnector"))
     assert not plan.plugin_runner and not plan.no_pipeline
     assert "KV connector 'SomeConnector'" in plan.stand_aside
     assert plan.cadence is DecodeCadence.VLLM and plan.cadence not in LIFTING
     # The stock runner never hands on directly, whatever is asked.
-    asked = plan_engine(settings(direct_handoff=True), engine(connector="SomeConnector"))
+    asked = plan_config(settings(direct_handoff=True), engine(connector="SomeConnector"))
     assert not asked.direct_handoff
-    allowed = plan_engine(settings(allow_unproven=True), engine(connector="SomeConnector"))
+    allowed = plan_config(settings(allow_unproven=True), engine(connector="SomeConnector"))
     # The runner runs; the cadence stays vLLM's wherever a connector is (decode_cadence.py).
     assert allowed.plugin_runner and allowed.cadence is DecodeCadence.VLLM
 
 
 def test_speculative_decoding_keeps_vllms_hand_off(engine):
-    plan = plan_engine(settings(direct_handoff=True, allow_unproven=True),
+    plan = plan_config(settings(direct_handoff=True, allow_unproven=True),
                        engine(speculative="ngram"))
     assert not plan.direct_handoff and "speculative decoding" in plan.direct_handoff_blocker
-    assert plan_engine(settings(direct_handoff=True), engine()).direct_handoff
+    assert plan_config(settings(direct_handoff=True), engine()).direct_handoff
 
 
 def test_the_sync_scheduler_keeps_vllms_cadence(engine, monkeypatch):
@@ -74,7 +79,7 @@ def test_the_sync_scheduler_keeps_vllms_cadence(engine, monkeypatch):
     config = engine()
     monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
                         lambda self: Scheduler)
-    assert plan_engine(settings(), config).cadence is DecodeCadence.VLLM
+    assert plan_config(settings(), config).cadence is DecodeCadence.VLLM
 
 
 def test_a_known_failure_is_judged_on_the_split_the_engine_will_use(engine, monkeypatch):
@@ -87,10 +92,10 @@ def test_a_known_failure_is_judged_on_the_split_the_engine_will_use(engine, monk
     monkeypatch.setitem(support.EAGLE_DRAFT_NAME_CLASH, support.release_line(), "it fails")
     monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
     allowed = settings(allow_unproven=True)
-    assert "model.layers.14" in plan_engine(allowed, engine(speculative="eagle")).refusal
+    assert "model.layers.14" in plan_config(allowed, engine(speculative="eagle")).refusal
     chosen = layer_partition.Decision("auto", "auto picks 15,13", (15, 13))
-    monkeypatch.setattr(layer_partition, "decide_for", lambda *args, **kwargs: chosen)
-    assert plan_engine(allowed, engine(speculative="eagle")).refusal is None
+    monkeypatch.setattr(layer_partition, "decide", lambda *args, **kwargs: chosen)
+    assert plan_config(allowed, engine(speculative="eagle")).refusal is None
 
 
 def test_an_engine_vllm_runs_on_its_v1_runner_keeps_vllms_runner_and_cadence(tmp_path,
@@ -108,7 +113,7 @@ def test_an_engine_vllm_runs_on_its_v1_runner_keeps_vllms_runner_and_cadence(tmp
         parallel_config=ParallelConfig(pipeline_parallel_size=2),
         device_config=DeviceConfig(device="cpu"))
     assert not config.use_v2_model_runner and config.parallel_config.pipeline_parallel_size == 2
-    plan = plan_engine(settings(), config)
+    plan = plan_config(settings(), config)
     assert plan.stand_aside == "vLLM runs this model on its V1 runner"
     assert not plan.plugin_runner and plan.cadence is DecodeCadence.VLLM
 
@@ -138,6 +143,6 @@ def test_speculative_decoding_keeps_vllms_cadence_under_auto(method, engine, tmp
         if method != "eagle3":
             raise
         pytest.skip(f"this vLLM refuses an {method} draft at PP=2: {error}")
-    plan = plan_engine(settings(allow_unproven=True), config)
+    plan = plan_config(settings(allow_unproven=True), config)
     assert plan.plugin_runner and plan.asked_cadence is DecodeCadence.AUTO
     assert plan.cadence is DecodeCadence.VLLM

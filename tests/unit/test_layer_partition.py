@@ -16,7 +16,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES, write_model_dir
 from vllm_pp_cudagraph.compat import vllm_split
-from vllm_pp_cudagraph.engine_plan import plan_engine
+from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
 from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.planning.layer_partition import (
     GIB,
@@ -397,7 +397,8 @@ def vllms_ranges(num_layers, pp):
 
 def worker_plan(config):
     """The plan a worker makes for ``config`` (from its settings and its GPU's memory)."""
-    return plan_engine(PPCudaGraphSettings.current(), config, layer_partition.gpu_memory_bytes())
+    return plan_engine(PPCudaGraphSettings.current(), EngineFacts.of(config),
+                       layer_partition.gpu_memory_bytes())
 
 
 def worker_applies(config):

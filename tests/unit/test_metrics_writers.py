@@ -159,7 +159,7 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
 
     from vllm_pp_cudagraph import settings
     from vllm_pp_cudagraph.bench.engine_run import record_findings
-    from vllm_pp_cudagraph.engine_plan import plan_engine
+    from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
     from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
     from vllm_pp_cudagraph.worker import model_runner
 
@@ -170,7 +170,7 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     monkeypatch.setattr(settings, "_hand_set", "15,13")
     config = make_scheduler(str(write_model_dir(tmp_path / "m", tokenizer=False)),
                             pp=2).vllm_config
-    plan = plan_engine(PPCudaGraphSettings(direct_handoff=True), config)
+    plan = plan_engine(PPCudaGraphSettings(direct_handoff=True), EngineFacts.of(config))
     monkeypatch.setattr(model_runner, "get_tp_group", lambda: SimpleNamespace(rank_in_group=0))
     for stage in (0, 1):
         monkeypatch.setattr(model_runner, "get_pp_group",

@@ -12,28 +12,24 @@ from vllm.config import speculative as vllm_speculative
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.compat import support
+from vllm_pp_cudagraph.engine_plan import EngineFacts
 from vllm_pp_cudagraph.worker import model_runner
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner, build_runner
 
 
-class Config:
-    """The fields of a VllmConfig the table reads."""
+def facts(method=None, connector=None, pp=2, async_scheduling=True, layers=28) -> EngineFacts:
+    """An engine's facts as its plan reads them."""
+    return EngineFacts(pp, {}, 8, num_layers=layers, async_scheduling=async_scheduling,
+                       speculative=method, kv_connector=connector)
 
-    def __init__(self, method=None, connector=None, pp=2, async_scheduling=True, layers=28):
-        self.parallel_config = type("Parallel", (), {"pipeline_parallel_size": pp})()
-        self.model_config = type("Model", (), {
-            "get_total_num_hidden_layers": lambda self: layers})()
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-        from vllm.v1.core.sched.scheduler import Scheduler
 
-        scheduler = AsyncScheduler if async_scheduling else Scheduler
-        self.scheduler_config = type("Scheduler", (), {
-            "async_scheduling": async_scheduling,
-            "get_scheduler_cls": lambda self: scheduler})()
-        self.use_v2_model_runner = True
-        self.speculative_config = type("Spec", (), {"method": method})() if method else None
-        self.kv_transfer_config = (type("KV", (), {"kv_connector": connector})()
-                                   if connector else None)
+def unproven_reason(engine: EngineFacts, allow_unproven: bool = False) -> str | None:
+    return support.unproven_reason(engine.speculative, engine.kv_connector, allow_unproven)
+
+
+def known_failure(engine: EngineFacts) -> str | None:
+    return support.known_failure(engine.pp, engine.speculative, engine.async_scheduling,
+                                 engine.num_layers)
 
 
 @pytest.fixture(scope="module")
@@ -69,31 +65,31 @@ def refused_before_vllms_runner(monkeypatch):
 
 
 def test_no_speculation_and_no_connector_run_with_the_plugin():
-    assert support.unproven_reason(Config()) is None
+    assert unproven_reason(facts()) is None
 
 
 @pytest.mark.parametrize("method", vllms_speculative_methods())
 def test_each_speculative_method_vllm_offers_engages_only_where_proven(method):
-    reason = support.unproven_reason(Config(method=method))
+    reason = unproven_reason(facts(method=method))
     proven = support.PROVEN_SPECULATIVE.get(method)
     if proven is not None and HERE in proven.releases:
         assert reason is None
     else:
         assert reason is not None and repr(method) in reason
-    assert support.unproven_reason(Config(method=method), allow_unproven=True) is None
+    assert unproven_reason(facts(method=method), allow_unproven=True) is None
 
 
 @pytest.mark.parametrize("connector", ["SharedStorageConnector", "NixlConnector",
                                        "OffloadingConnector", "LMCacheConnectorV1"])
 def test_every_kv_connector_stands_aside_until_proven(connector):
-    reason = support.unproven_reason(Config(connector=connector))
+    reason = unproven_reason(facts(connector=connector))
     assert reason == f"KV connector {connector!r} is not yet run on a GPU with the plugin"
 
 
 def test_a_proven_method_on_another_release_stands_aside_naming_both(monkeypatch):
     monkeypatch.setitem(support.PROVEN_SPECULATIVE, "ngram",
                         support.Proven(("0.1",), "elsewhere"))
-    reason = support.unproven_reason(Config(method="ngram"))
+    reason = unproven_reason(facts(method="ngram"))
     assert reason == f"speculative method 'ngram' is proven on vLLM 0.1 only, not {HERE}"
 
 
@@ -123,12 +119,12 @@ def test_speculation_under_pp_without_async_scheduling_is_refused_where_stock_fa
         with pytest.raises(support.KnownStockFailureError,
                            match=REFUSES + ".*async scheduling back on"):
             build(refused, torch.device("cpu"))
-    for fine in (Config(method=method), Config(method=method, async_scheduling=None),
-                 Config(async_scheduling=False),
-                 Config(method=method, async_scheduling=False, pp=1)):
-        assert support.known_failure(fine) is None
+    for fine in (facts(method=method), facts(method=method, async_scheduling=None),
+                 facts(async_scheduling=False),
+                 facts(method=method, async_scheduling=False, pp=1)):
+        assert known_failure(fine) is None
     monkeypatch.delitem(support.SPECULATIVE_SYNC_PP_FAILS, HERE)
-    assert support.known_failure(Config(method=method, async_scheduling=False)) is None
+    assert known_failure(facts(method=method, async_scheduling=False)) is None
 
 
 @pytest.mark.parametrize("pp, partition, clash", [
@@ -145,8 +141,8 @@ def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
         monkeypatch.setenv("VLLM_PP_LAYER_PARTITION", partition)
     else:
         monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
-    engine = Config(method="eagle", pp=pp)
-    reason = support.known_failure(engine)
+    engine = facts(method="eagle", pp=pp)
+    reason = known_failure(engine)
     if clash is None:
         assert reason is None
     else:
@@ -154,14 +150,14 @@ def test_an_eagle_draft_is_refused_where_its_layer_name_is_the_last_stages_own(
         with pytest.raises(support.KnownStockFailureError, match=REFUSES + ".*EAGLE draft"):
             build_runner(pp_engine_config(model_dir, pp, speculative="eagle"),
                          torch.device("cpu"))
-    assert support.known_failure(Config(method="eagle3", pp=pp)) is None
+    assert known_failure(facts(method="eagle3", pp=pp)) is None
     monkeypatch.delitem(support.EAGLE_DRAFT_NAME_CLASH, HERE)
-    assert support.known_failure(engine) is None
+    assert known_failure(engine) is None
 
 
 def test_without_a_pipeline_the_plugin_stands_aside_whatever_the_settings(monkeypatch,
                                                                          model_dir, pp_group):
-    assert "PP=1" in support.no_pipeline_reason(Config(pp=1))
+    assert "PP=1" in support.no_pipeline_reason(1)
     monkeypatch.setattr(model_runner.GPUModelRunner, "__init__", lambda *a: None)
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNPROVEN", "1")
     runner = build_runner(pp_engine_config(model_dir, pp=1), "cpu")
@@ -188,7 +184,7 @@ def test_check_lists_each_proven_feature_and_what_stands_aside():
 
 def test_a_proven_connector_runs_with_the_plugin_only_on_its_releases():
     proven = support.PROVEN_CONNECTORS["ExampleConnector"]
-    reason = support.unproven_reason(Config(connector="ExampleConnector"))
+    reason = unproven_reason(facts(connector="ExampleConnector"))
     if HERE in proven.releases:
         assert reason is None
     else:

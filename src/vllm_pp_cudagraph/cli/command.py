@@ -229,7 +229,9 @@ def _report_settings(report: _Report, settings, error) -> None:
 
 def _report_partition(report: _Report, settings: PPCudaGraphSettings,
                       engine: EngineShape | None) -> None:
+    from vllm_pp_cudagraph.engine_plan import EngineFacts
     from vllm_pp_cudagraph.planning import layer_partition
+    from vllm_pp_cudagraph.planning.plan import planned_split
     from vllm_pp_cudagraph.planning.stage_costs import num_hidden_layers
 
     setting = settings.layer_partition
@@ -243,18 +245,18 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
         else:
             report.say("layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm)")
         return
-    memory = layer_partition.Memory(engine.gpu_memory_bytes, engine.gpu_memory_utilization)
+    facts = EngineFacts(engine.pp, engine.config, engine.max_num_seqs,
+                        engine.max_num_batched_tokens,
+                        gpu_memory_utilization=engine.gpu_memory_utilization)
     unknown = ("auto cannot be predicted here: no GPU is visible to read its memory from; "
                "pass --gpu-memory-gib (the GPU's total memory in GiB, e.g. 141 for an H200)")
 
     def decide(chosen: LayerPartition) -> layer_partition.Decision:
-        return layer_partition.decide(chosen, engine.config, engine.pp, engine.max_num_seqs,
-                                      hand_set_partition(), memory=memory,
-                                      max_num_batched_tokens=engine.max_num_batched_tokens)
+        return planned_split(chosen, facts, engine.gpu_memory_bytes)
 
     try:
-        if (setting is LayerPartition.AUTO and engine.pp > 1 and not memory.known
-                and not hand_set_partition()):
+        if (setting is LayerPartition.AUTO and engine.pp > 1
+                and engine.gpu_memory_bytes is None and not hand_set_partition()):
             decide(setting)  # refuses more stages than layers all the same
             report.say(f"layer partition: {unknown}")
             return
@@ -265,7 +267,8 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
             split = compat.vllm_split(num_hidden_layers(engine.config), engine.pp)
             lines[0] += f": layers {','.join(map(str, split))} per stage"
         if decision.source == "vllm" and setting is LayerPartition.VLLM and engine.pp > 1:
-            auto = decide(LayerPartition.AUTO) if memory.known else None
+            auto = (decide(LayerPartition.AUTO) if engine.gpu_memory_bytes is not None
+                    else None)
             lines.append("with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: "
                          + (auto.describe()[0] if auto else unknown))
     except layer_partition.LayerPartitionError as exc:

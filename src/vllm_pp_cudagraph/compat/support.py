@@ -130,69 +130,64 @@ def torch_evidence(vllm_version: str | None, torch_version: str | None) -> str:
             f"{here} only the CPU suite has run (docs/deployments.md, Versions)")
 
 
-def no_pipeline_reason(vllm_config: VllmConfig) -> str | None:
-    """Why the plugin has nothing to do for an engine without a pipeline, or None."""
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+def no_pipeline_reason(pp: int) -> str | None:
+    """Why the plugin has nothing to do for an engine of ``pp`` stages, or None."""
+    if pp > 1:
         return None
     return "no pipeline (PP=1): the plugin only changes pipeline-parallel engines"
 
 
 def drafting(vllm_config: VllmConfig) -> Any | None:
     """The engine's speculative config, or None where it drafts no tokens: the one test
-    of speculative decoding the plan, the refusals and the stand-aside share."""
+    of speculative decoding the plan's facts take."""
     speculative = getattr(vllm_config, "speculative_config", None)
     if speculative is None or not getattr(speculative, "num_speculative_tokens", 1):
         return None
     return speculative
 
 
-def known_failure(vllm_config: VllmConfig, layers: tuple[int, ...] | None = None) -> str | None:
-    """Why stock vLLM of this release fails this engine, with what to change, or None;
-    ``layers`` is the split the engine will use, where known (else vLLM's)."""
-    speculative = drafting(vllm_config)
-    if vllm_config.parallel_config.pipeline_parallel_size < 2 or speculative is None:
+def known_failure(pp: int, speculative: str | None, async_scheduling: bool | None,
+                  num_layers: int, layers: tuple[int, ...] | None = None) -> str | None:
+    """Why stock vLLM of this release fails an engine of ``pp`` stages drafting with the
+    ``speculative`` method (None: no drafts; "": a method vLLM did not name), with what to
+    change, or None; ``layers`` is the split the engine will use, where known (else vLLM's)."""
+    if pp < 2 or speculative is None:
         return None
-    scheduler = getattr(vllm_config, "scheduler_config", None)
-    if getattr(scheduler, "async_scheduling", None) is False and (
-            how := SPECULATIVE_SYNC_PP_FAILS.get(release_line())):
+    if async_scheduling is False and (how := SPECULATIVE_SYNC_PP_FAILS.get(release_line())):
         return (f"speculative decoding under pipeline parallelism with async scheduling "
                 f"off: {how}. Turn async scheduling back on (drop --no-async-scheduling / "
                 "async_scheduling=False), or serve without speculative_config")
-    if getattr(speculative, "method", None) == "eagle" and (
-            how := EAGLE_DRAFT_NAME_CLASH.get(release_line())):
-        if (clash := eagle_draft_layer_clash(vllm_config, layers)) is not None:
+    if speculative == "eagle" and (how := EAGLE_DRAFT_NAME_CLASH.get(release_line())):
+        if (clash := eagle_draft_layer_clash(pp, num_layers, layers)) is not None:
             return (f"an EAGLE draft under pipeline parallelism: {how} (here "
                     f"model.layers.{clash}). Serve without the draft, or with an EAGLE3 "
                     "draft, which vLLM numbers past the model's layers")
     return None
 
 
-def eagle_draft_layer_clash(vllm_config: VllmConfig, layers: tuple[int, ...] | None = None
+def eagle_draft_layer_clash(pp: int, num_layers: int, layers: tuple[int, ...] | None = None
                             ) -> int | None:
-    """The layer index an EAGLE-1 draft would take on the last stage, where that stage
-    already holds it, else None; under ``layers`` per stage, or vLLM's split."""
+    """The layer index an EAGLE-1 draft would take on the last of ``pp`` stages, where that
+    stage already holds it, else None; under ``layers`` per stage, or vLLM's split."""
     from vllm.distributed.utils import get_pp_indices
 
-    pp = vllm_config.parallel_config.pipeline_parallel_size
-    total = vllm_config.model_config.get_total_num_hidden_layers()
-    start, end = ((total - layers[-1], total) if layers
-                  else get_pp_indices(total, pp - 1, pp))
+    start, end = ((num_layers - layers[-1], num_layers) if layers
+                  else get_pp_indices(num_layers, pp - 1, pp))
     return end - start if start <= end - start < end else None
 
 
-def unproven_reason(vllm_config: VllmConfig, allow_unproven: bool = False) -> str | None:
-    """Why the plugin leaves this PP engine to stock vLLM: a speculative method or KV
-    connector not proven with it here (``allow_unproven`` runs it regardless), or None."""
+def unproven_reason(speculative: str | None, connector: str | None,
+                    allow_unproven: bool = False) -> str | None:
+    """Why the plugin leaves a PP engine drafting with the ``speculative`` method or moving
+    KV through ``connector`` to stock vLLM: one not proven with it here (``allow_unproven``
+    runs it regardless), or None."""
     if allow_unproven:
         return None
-    speculative = drafting(vllm_config)
-    if speculative is not None and (method := getattr(speculative, "method", None)):
-        if reason := _unproven("speculative method", str(method), PROVEN_SPECULATIVE):
-            return reason
-    transfer = getattr(vllm_config, "kv_transfer_config", None)
-    if transfer is not None and (connector := getattr(transfer, "kv_connector", None)):
-        if reason := _unproven("KV connector", str(connector), PROVEN_CONNECTORS):
-            return reason
+    if speculative and (reason := _unproven("speculative method", speculative,
+                                            PROVEN_SPECULATIVE)):
+        return reason
+    if connector and (reason := _unproven("KV connector", connector, PROVEN_CONNECTORS)):
+        return reason
     return None
 
 

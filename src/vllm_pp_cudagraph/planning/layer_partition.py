@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.planning.stage_costs import (
@@ -22,9 +22,6 @@ from vllm_pp_cudagraph.planning.stage_costs import (
     unmodelled_reason,
 )
 from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings, hand_set_partition
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
 
 SETTING = PPCudaGraphSettings.env_name("layer_partition")
 VLLM_ENV = compat.LAYER_PARTITION_ENV
@@ -295,27 +292,6 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
 
 def _join(layers: tuple[int, ...]) -> str:
     return ",".join(map(str, layers))
-
-
-def decide_for(vllm_config: VllmConfig, setting: LayerPartition, hand_set: str | None = None, *,
-               gpu_memory: int | None = None) -> Decision:
-    """:func:`decide` for an engine's ``VllmConfig``; ``gpu_memory`` is the GPU's total
-    bytes where known (a worker's; ``auto`` keeps vLLM's split without it)."""
-    model, cache = vllm_config.model_config, vllm_config.cache_config
-    memory = Memory(gpu_memory if cache.kv_cache_memory_bytes is None else None,
-                    cache.gpu_memory_utilization, cache.kv_cache_memory_bytes)
-    return decide(
-        setting,
-        model.hf_text_config,
-        vllm_config.parallel_config.pipeline_parallel_size,
-        vllm_config.scheduler_config.max_num_seqs,
-        hand_set,
-        num_layers=model.get_total_num_hidden_layers(),
-        dtype_bytes=getattr(model.dtype, "itemsize", None),
-        quantized=model.quantization is not None,
-        memory=memory,
-        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-    )
 
 
 def gpu_memory_bytes() -> int | None:

@@ -6,9 +6,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_pp_cudagraph.compat import vllm_split
+from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
 from vllm_pp_cudagraph.planning.gpus import FITTED_ON, by_device_name
 from vllm_pp_cudagraph.planning.gpus import rates as gpu_rates
-from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory, decide
+from vllm_pp_cudagraph.planning.layer_partition import Decision, Memory
 from vllm_pp_cudagraph.planning.measured import (
     MeasuredCell,
     host_bound_output,
@@ -32,7 +33,7 @@ from vllm_pp_cudagraph.planning.stage_costs import (
     stage_costs,
     unmodelled_reason,
 )
-from vllm_pp_cudagraph.settings import LayerPartition, hand_set_partition
+from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings
 
 
 class PlanError(ValueError):
@@ -69,6 +70,14 @@ def _room(shape: ModelShape, split: tuple[int, ...], tp: int, memory: Memory) ->
     return min(tokens), ""
 
 
+def planned_split(setting: LayerPartition, facts: EngineFacts,
+                  gpu_memory_bytes: int | None) -> Decision:
+    """The split an engine of ``facts`` uses under ``setting``, from the plan its own
+    processes make (``check`` and ``plan`` show it)."""
+    settings = PPCudaGraphSettings(layer_partition=setting)
+    return plan_engine(settings, facts, gpu_memory_bytes).partition
+
+
 def layouts(gpus: int) -> list[tuple[int, int]]:
     """(TP, PP) pairs over ``gpus``: PP=N, TP=N, and TP x PP with both above one."""
     pairs = [(1, gpus), (gpus, 1)]
@@ -103,8 +112,10 @@ def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
             continue
         split = (shape.num_layers,)
         if pp > 1:
-            chosen = decide(setting, config, pp, work.max_num_seqs, hand_set_partition(),
-                            memory=memory)
+            facts = EngineFacts(pp, config, work.max_num_seqs,
+                                gpu_memory_utilization=memory.utilization,
+                                kv_cache_memory_bytes=memory.kv_cache_bytes)
+            chosen = planned_split(setting, facts, memory.gpu_bytes)
             split = chosen.layers or vllm_split(shape.num_layers, pp)
             decision = decision or chosen
         kv, why = _room(shape, split, tp, memory)

@@ -17,7 +17,7 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.compat import support
-from vllm_pp_cudagraph.engine_plan import EnginePlan, plan_engine
+from vllm_pp_cudagraph.engine_plan import EngineFacts, EnginePlan, plan_engine
 from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock
 from vllm_pp_cudagraph.planning import layer_partition
@@ -101,8 +101,9 @@ def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunne
 
 def worker_plan(vllm_config: VllmConfig) -> EnginePlan:
     """This worker's plan for its engine (with its GPU's memory), unless refused."""
-    return check_refusal(plan_engine(PPCudaGraphSettings.current(), vllm_config,
-                                layer_partition.gpu_memory_bytes()))
+    return check_refusal(plan_engine(PPCudaGraphSettings.current(),
+                                     EngineFacts.of(vllm_config),
+                                     layer_partition.gpu_memory_bytes()))
 
 
 def check_refusal(plan: EnginePlan) -> EnginePlan:
