@@ -14,6 +14,7 @@ import pytest
 from vllm_pp_cudagraph import compat, settings
 from vllm_pp_cudagraph.cli import command as cli
 from vllm_pp_cudagraph.cli import install_check
+from vllm_pp_cudagraph.engine_plan import EngineFacts
 from vllm_pp_cudagraph.planning.shapes import read_model_config
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
@@ -229,10 +230,11 @@ def model_dir(tmp_path):
 H200_BYTES = 141 * 2**30
 
 
-def check_engine(model_dir: str, pp: int, **memory) -> tuple[int, str]:
+def check_engine(model_dir: str, pp: int, gpu_memory_bytes: int | None = None,
+                 max_num_seqs: int = cli.DEFAULT_MAX_NUM_SEQS, **engine) -> tuple[int, str]:
     out = io.StringIO()
-    engine = cli.EngineShape(read_model_config(model_dir), pp, **memory)
-    return cli.check(out, engine), out.getvalue()
+    facts = EngineFacts(pp, read_model_config(model_dir), max_num_seqs, **engine)
+    return cli.check(out, cli.EngineShape(facts, gpu_memory_bytes)), out.getvalue()
 
 
 def test_check_says_which_layer_partition_a_model_gets_under_auto(gpus, model_dir):

@@ -25,6 +25,7 @@ from vllm_pp_cudagraph.cli.exit_status import (
     ArgumentParser,
 )
 from vllm_pp_cudagraph.compat import support
+from vllm_pp_cudagraph.engine_plan import EngineFacts
 from vllm_pp_cudagraph.planning.shapes import read_model_config
 from vllm_pp_cudagraph.plugin import PLUGIN_NAME, check_runner_choice, is_enabled
 from vllm_pp_cudagraph.settings import (
@@ -111,16 +112,11 @@ DEFAULT_MAX_NUM_SEQS = 256
 
 @dataclass(frozen=True)
 class EngineShape:
-    """The engine ``check --model`` reports the layer partition for."""
+    """The engine ``check --model`` reports the layer partition for: what its plan reads
+    of it, and the GPU's total memory (None where not known: ``auto`` cannot be predicted)."""
 
-    config: dict
-    pp: int
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int | None = None
-    """None: at least ``max_num_seqs`` (vLLM requires it)."""
+    facts: EngineFacts
     gpu_memory_bytes: int | None = None
-    """The GPU's total memory; None where not known (``auto`` cannot be predicted)."""
-    gpu_memory_utilization: float = 0.92
 
 
 def check(out=None, engine: EngineShape | None = None, full: bool = False) -> int:
@@ -229,7 +225,6 @@ def _report_settings(report: _Report, settings, error) -> None:
 
 def _report_partition(report: _Report, settings: PPCudaGraphSettings,
                       engine: EngineShape | None) -> None:
-    from vllm_pp_cudagraph.engine_plan import EngineFacts
     from vllm_pp_cudagraph.planning import layer_partition
     from vllm_pp_cudagraph.planning.plan import planned_split
     from vllm_pp_cudagraph.planning.stage_costs import num_hidden_layers
@@ -245,9 +240,7 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
         else:
             report.say("layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm)")
         return
-    facts = EngineFacts(engine.pp, engine.config, engine.max_num_seqs,
-                        engine.max_num_batched_tokens,
-                        gpu_memory_utilization=engine.gpu_memory_utilization)
+    facts = engine.facts
     unknown = ("auto cannot be predicted here: no GPU is visible to read its memory from; "
                "pass --gpu-memory-gib (the GPU's total memory in GiB, e.g. 141 for an H200)")
 
@@ -255,18 +248,18 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
         return planned_split(chosen, facts, engine.gpu_memory_bytes)
 
     try:
-        if (setting is LayerPartition.AUTO and engine.pp > 1
+        if (setting is LayerPartition.AUTO and facts.pp > 1
                 and engine.gpu_memory_bytes is None and not hand_set_partition()):
             decide(setting)  # refuses more stages than layers all the same
             report.say(f"layer partition: {unknown}")
             return
         decision = decide(setting)
         lines = decision.describe()
-        if decision.layers is None and engine.pp > 1:
+        if decision.layers is None and facts.pp > 1:
             # vLLM's own split, as its get_pp_indices gives it without a hand-set one.
-            split = compat.vllm_split(num_hidden_layers(engine.config), engine.pp)
+            split = compat.vllm_split(num_hidden_layers(facts.model), facts.pp)
             lines[0] += f": layers {','.join(map(str, split))} per stage"
-        if decision.source == "vllm" and setting is LayerPartition.VLLM and engine.pp > 1:
+        if decision.source == "vllm" and setting is LayerPartition.VLLM and facts.pp > 1:
             auto = (decide(LayerPartition.AUTO) if engine.gpu_memory_bytes is not None
                     else None)
             lines.append("with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: "
@@ -531,7 +524,9 @@ def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineSha
     gpu_bytes = (_gpu_memory_bytes() if args.gpu_memory_gib is None
                  else int(args.gpu_memory_gib * 2**30))
     try:
-        return EngineShape(read_model_config(args.model), args.pp, args.max_num_seqs,
-                           args.max_num_batched_tokens, gpu_bytes, args.gpu_memory_utilization)
+        facts = EngineFacts(args.pp, read_model_config(args.model), args.max_num_seqs,
+                            args.max_num_batched_tokens,
+                            gpu_memory_utilization=args.gpu_memory_utilization)
+        return EngineShape(facts, gpu_bytes)
     except ValueError as exc:
         parser.error(str(exc))
