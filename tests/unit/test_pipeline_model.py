@@ -121,3 +121,22 @@ def test_a_tp_shards_own_measured_table_is_read_where_one_ships(tmp_path, monkey
     assert 0.064 < measured.tpot_s < 0.066
     monkeypatch.setattr(pipeline_model, "find_table", lambda shape: None)
     assert tensor_parallel(SHAPE_32B, 2, work, NVLINK).tpot_s < 0.03
+
+
+@pytest.mark.parametrize("layout", ["pp", "tp"])
+def test_served_prompts_ride_in_the_decode_steps_an_offline_batchs_do_not(layout):
+    """Under ``serve`` the requests that replace finished ones prefill inside the decode
+    steps, so a longer prompt lengthens every step; an offline batch prefills first."""
+    def predict(**work):
+        workload = Workload(output_len=256, max_num_seqs=256, **work)
+        if layout == "tp":
+            return tensor_parallel(SHAPE_32B, 2, workload, NVLINK, linear_costs(0.01))
+        return pipeline(SHAPE_32B, (32, 32), workload, "balance", NVLINK, linear_costs(0.01))
+
+    short, long = (predict(concurrency=256, input_len=n) for n in (1, 1024))
+    # 256 requests end every 256 rounds: 1,024 prompt tokens a round beside 256 decodes.
+    assert long.tpot_s > 3 * short.tpot_s
+    offline_short, offline_long = (predict(concurrency=256, input_len=n, prompts=256)
+                                   for n in (1, 1024))
+    # Only the longer context's KV reads.
+    assert offline_long.tpot_s < 1.2 * offline_short.tpot_s

@@ -90,6 +90,14 @@ class Workload:
         return self.input_len + self.output_len / 2
 
     @property
+    def prefill_per_round(self) -> float:
+        """Prompt tokens prefilled while every running request decodes one token: under
+        ``serve`` (a closed loop) ``running / output_len`` requests end and as many start
+        each such round, their prefills riding in the decode steps; an offline batch
+        prefills before it decodes."""
+        return 0.0 if self.prompts else self.running * self.input_len / self.output_len
+
+    @property
     def kind(self) -> str:
         """``engine`` for an offline batch, ``serve`` for requests at a concurrency."""
         return "engine" if self.prompts else "serve"
@@ -157,16 +165,31 @@ def tp_shard_config(config: dict, tp: int) -> dict:
 CostsAt = Callable[[int], StageCosts]
 
 
+def _step_costs(costs_at: CostsAt, shape: ModelShape, batch: float, prefill: float, tp: int,
+                rates: Rates = FITTED) -> StageCosts:
+    """One rank's costs of a step decoding ``batch`` requests with ``prefill`` prompt
+    tokens beside them: the layers carry every token, the LM head the decodes."""
+    def at(tokens: float) -> StageCosts:
+        tokens_int = max(1, round(tokens))
+        return shard_costs(shape, tp, tokens_int, costs_at, rates) if tp > 1 else costs_at(
+            tokens_int)
+
+    costs = at(batch)
+    return replace(costs, layer_s=at(batch + prefill).layer_s) if prefill else costs
+
+
 def _stage_times(costs_at: CostsAt, shape: ModelShape, split: tuple[int, ...], batch: float,
-                 context: float, tp: int, link: Link, rates: Rates = FITTED) -> list[float]:
-    """Each stage's GPU time per decode step of ``batch`` requests; with ``tp`` > 1 one
-    rank's, its shard's costs and two all-reduces per layer."""
-    batch_int = max(1, round(batch))
-    costs, kv_shape, per_layer = costs_at(batch_int), shape, 0.0
+                 context: float, tp: int, link: Link, rates: Rates = FITTED,
+                 prefill: float = 0.0) -> list[float]:
+    """Each stage's GPU time per decode step of ``batch`` requests (and ``prefill`` prompt
+    tokens beside them); with ``tp`` > 1 one rank's, its shard's costs and two all-reduces
+    per layer."""
+    costs = _step_costs(costs_at, shape, batch, prefill, tp, rates)
+    kv_shape, per_layer = shape, 0.0
     if tp > 1:
-        costs = shard_costs(shape, tp, batch_int, costs_at, rates)
         kv_shape = tp_shard(shape, tp)
-        per_layer = 2 * link.all_reduce_s(batch * shape.hidden_size * shape.dtype_bytes, tp)
+        per_layer = 2 * link.all_reduce_s(
+            (batch + prefill) * shape.hidden_size * shape.dtype_bytes, tp)
     pp = len(split)
     return [costs.stage_s(i, pp, n) + n * (kv_read_s(kv_shape, batch, context, rates) + per_layer)
             for i, n in enumerate(split)]
@@ -174,7 +197,9 @@ def _stage_times(costs_at: CostsAt, shape: ModelShape, split: tuple[int, ...], b
 
 def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s: float,
               busy: list[float], rates: Rates = FITTED, **extra) -> Prediction:
-    """req/s of ``work`` where a token of every running request takes ``tpot_s``."""
+    """req/s of ``work`` where a token of every running request takes ``tpot_s``, each
+    request also waiting its share of prefilling the running requests' prompts (under
+    ``serve`` their first tokens wait on it, though the prompts ride in the decode steps)."""
     running = work.running
     per_request = (work.output_len * tpot_s / running
                    + prefill_s(shape, work.input_len, gpus, rates))
@@ -193,9 +218,10 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
     costs_at = costs_at or (lambda b: stage_costs(shape, b, rates=rates))
     pp, running, context = len(split), work.running, work.mean_context
     group = running if cadence == "merge" else running / pp
+    prefill = work.prefill_per_round * group / running
     # vLLM hands the hidden states and the residual to the next stage.
-    handoff = link.transfer_s(2 * shape.hidden_size * shape.dtype_bytes * group)
-    times = _stage_times(costs_at, shape, split, group, context, tp, link, rates)
+    handoff = link.transfer_s(2 * shape.hidden_size * shape.dtype_bytes * (group + prefill))
+    times = _stage_times(costs_at, shape, split, group, context, tp, link, rates, prefill)
     if cadence == "merge":
         tpot = max(sum(times) + (pp - 1) * handoff, host_s(running))
         busy = [t / tpot for t in times]
@@ -227,13 +253,13 @@ def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt,
 def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
                     costs_at: CostsAt | None = None, rates: Rates = FITTED) -> Prediction:
     """TP over ``tp`` GPUs of ``rates``: every request every step, two all-reduces per layer."""
-    shard, running = tp_shard(shape, tp), work.running
-    costs = shard_costs(shape, tp, running,
-                        costs_at or (lambda b: stage_costs(shape, b, rates=rates)), rates)
+    shard, running, prefill = tp_shard(shape, tp), work.running, work.prefill_per_round
+    costs = _step_costs(costs_at or (lambda b: stage_costs(shape, b, rates=rates)), shape,
+                        running, prefill, tp, rates)
     gpu = (costs.stage_s(0, 1, shape.num_layers)
            + shape.num_layers * kv_read_s(shard, running, work.mean_context, rates)
            + 2 * shape.num_layers * link.all_reduce_s(
-               running * shape.hidden_size * shape.dtype_bytes, tp))
+               (running + prefill) * shape.hidden_size * shape.dtype_bytes, tp))
     tpot = max(gpu, host_s(running))
     return _delivery(f"stock TP={tp}", work, shape, tp, tpot, [gpu / tpot] * tp, rates,
                      pp=1, tp=tp)
