@@ -47,10 +47,14 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if prediction is None or not run.get("req_per_s"):
             continue
         error = prediction.req_per_s / run["req_per_s"] - 1
-        tpot = run.get("tpot_p50_ms")
+        tpot, ttft = run.get("tpot_p50_ms"), run.get("ttft_p50_ms")
+        predicted_ttft = None if prediction.ttft_s is None else prediction.ttft_s * 1e3
         out.append({**run, "predicted": prediction.req_per_s, "error": error,
                     "predicted_tpot_ms": prediction.tpot_s * 1e3,
                     "tpot_error": prediction.tpot_s * 1e3 / tpot - 1 if tpot else None,
+                    "predicted_ttft_ms": predicted_ttft,
+                    "ttft_error": (predicted_ttft / ttft - 1
+                                   if ttft and predicted_ttft is not None else None),
                     "predicted_cadence": prediction.cadence})
     return out
 
@@ -147,16 +151,20 @@ def _median_abs(values: list[float]) -> str:
 
 def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
     lines = ["| cell | workload | shape | GPU | vLLM | runner | layout | load | measured req/s | "
-             "predicted | error | TPOT p50 ms, measured / predicted |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted | error | TPOT p50 ms, measured / predicted | "
+             "TTFT p50 s, measured / predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         layout = f"TP={r['tp'] * r['pp']}" if r["runner"] == "tp" else f"PP={r['pp']}"
         tpot = (f"{r['tpot_p50_ms']:.1f} / {r['predicted_tpot_ms']:.1f} ({r['tpot_error']:+.0%})"
                 if r["tpot_error"] is not None else "-")
+        ttft = (f"{r['ttft_p50_ms'] / 1e3:.2f} / {r['predicted_ttft_ms'] / 1e3:.2f} "
+                f"({r['ttft_error']:+.0%})" if r.get("ttft_error") is not None else "-")
         gpu = (r.get("gpu") or "H200, assumed").replace("NVIDIA ", "")
         lines.append(f"| {r['folder']} | {r['workload']} | {r['shape']} | {gpu} | "
                      f"{r.get('vllm_version') or '-'} | {r['runner']} | {layout} | {_load(r)} | "
-                     f"{r['req_per_s']:.2f} | {r['predicted']:.2f} | {r['error']:+.0%} | {tpot} |")
+                     f"{r['req_per_s']:.2f} | {r['predicted']:.2f} | {r['error']:+.0%} | {tpot} | "
+                     f"{ttft} |")
     errors = [abs(r["error"]) for r in table]
     right = winners(table)
     decided = decisions(table, error)
@@ -166,10 +174,13 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
     in_recommended = [r for c, rs in _cells(table).items() if c in recommended_cells
                       for r in _layouts(rs)]
     tpots = [r["tpot_error"] for r in table if r["tpot_error"] is not None]
+    ttfts = [r["ttft_error"] for r in table if r.get("ttft_error") is not None]
     lines += ["", f"{len(table)} runs: median |error| {statistics.median(errors):.0%}, "
               f"worst {max(errors):.0%}; {sum(r <= 0.15 for r in errors)} within 15%. "
               f"TPOT p50: median |error| {_median_abs(tpots)} over the {len(tpots)} runs "
-              f"that recorded it. Fastest predicted (plugin, stock MRV2, TP; V1 left out) "
+              f"that recorded it. TTFT p50: median |error| {_median_abs(ttfts)} over the "
+              f"{len(ttfts)} served runs that recorded it where the GPUs pace the steps (else "
+              f"not predicted). Fastest predicted (plugin, stock MRV2, TP; V1 left out) "
               f"is the measured fastest in {sum(m == p for m, p in right.values())} of "
               f"{len(right)} cells.",
               "", f"Under plan's rule ({'each pair of layouts its median error' if error is None else f'{error:.0%}'} "

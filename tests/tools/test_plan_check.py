@@ -86,3 +86,12 @@ def test_the_plugin_on_vllms_cadence_is_predicted_as_the_plugins_runner():
     balance = plan_check.predict({**run("plugin-balance", 1.0), **on_026})
     stock = plan_check.predict({**run("stock", 1.0), **on_026})
     assert cadence.req_per_s == balance.req_per_s > stock.req_per_s
+
+
+def test_a_served_runs_ttft_is_checked_where_the_model_predicts_it():
+    served = {"workload": "serve", "prompts": 2048, "concurrency": 1024, "max_num_seqs": 1024,
+              "ttft_p50_ms": 2500.0}
+    [row] = plan_check.rows([run("stock", 40.0, **served)])
+    assert row["ttft_error"] == row["predicted_ttft_ms"] / 2500.0 - 1
+    [offline] = plan_check.rows([run("stock", 30.0, ttft_p50_ms=2500.0)])
+    assert offline["predicted_ttft_ms"] is None and offline["ttft_error"] is None

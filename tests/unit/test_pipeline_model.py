@@ -140,3 +140,18 @@ def test_served_prompts_ride_in_the_decode_steps_an_offline_batchs_do_not(layout
                                    for n in (1, 1024))
     # Only the longer context's KV reads.
     assert offline_long.tpot_s < 1.2 * offline_short.tpot_s
+
+
+def test_a_served_requests_ttft_is_its_wait_for_the_prompts_ahead_where_gpus_pace_it():
+    """TTFT p50 grows with the prompts waiting to prefill; where the host paces the steps
+    (a small model) or the batch is offline, the model says nothing of TTFT."""
+    def ttft(shape, concurrency, input_len=64, prompts=None):
+        work = Workload(concurrency, input_len, 256, max_num_seqs=1024, prompts=prompts)
+        return pipeline(shape, (32, 32) if shape is SHAPE_32B else (14, 14), work, "balance",
+                        NVLINK).ttft_s
+
+    assert ttft(SHAPE_32B, 1024) == pytest.approx(4 * ttft(SHAPE_32B, 256), rel=0.01)
+    assert ttft(SHAPE_32B, 256, input_len=128) == pytest.approx(2 * ttft(SHAPE_32B, 256),
+                                                                rel=0.05)
+    assert ttft(SHAPE_32B, 1024, prompts=1024) is None
+    assert ttft(ModelShape.from_config(SHAPES["qwen3-0.6b"]), 1024) is None

@@ -386,3 +386,14 @@ def test_two_layouts_are_too_close_within_the_larger_of_their_errors(monkeypatch
     errors["plugin"] = 0.10
     assert [p.layout for p in plan._predicted_close([tp, plugin], "serve")[1]] == [
         "stock TP=2"]
+
+
+def test_served_rows_carry_ttft_and_offline_rows_do_not(clean_env, capsys):
+    _, served = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency",
+                         "256", *H200)
+    header, row = [line for line in served.splitlines()
+                   if line.startswith(("layout ", "plugin PP=2 "))]
+    assert "TTFT s" in header and float(row.split()[7]) > 0
+    _, offline = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--prompts", "256",
+                          *H200)
+    assert "TTFT" not in offline

@@ -24,6 +24,9 @@ from vllm_pp_cudagraph.planning.stage_costs import (
 #: Host time of one engine step, fitted to a host-bound 0.6B stage at PP=1 on one H200.
 HOST_STEP_S = 1.4e-3
 HOST_PER_REQUEST_S = 18e-6
+#: TTFT p50 under ``serve`` over one prefill of the running requests' prompts at the
+#: model's rates, fitted on the served 32B cells (benchmarks/results, 2026-11-27 check).
+TTFT_P50_SHARE = 0.69
 #: Stock MRV2's GPU time per PP step over the plugin's at the same group size, as measured
 #: on vLLM 0.26 (``plan`` takes the installed release's from measured_cells.json).
 STOCK_PP_GPU_FACTOR = 1.31
@@ -119,6 +122,9 @@ class Prediction:
     cadence: str | None = None
     api_ceiling: float | None = None
     """Output tokens/s the API servers held it to (:func:`~.plan.at_api_ceiling`), if any."""
+    ttft_s: float | None = None
+    """TTFT p50 under ``serve`` where the GPUs pace the steps; None for an offline batch
+    or where the host does (its TTFT is the API servers' and the scheduler's, not modelled)."""
 
 
 def kv_read_s(shape: ModelShape, batch: float, context: float, rates: Rates = FITTED) -> float:
@@ -196,16 +202,19 @@ def _stage_times(costs_at: CostsAt, shape: ModelShape, split: tuple[int, ...], b
 
 
 def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s: float,
-              busy: list[float], rates: Rates = FITTED, **extra) -> Prediction:
+              busy: list[float], rates: Rates = FITTED, host_paced: bool = False,
+              **extra) -> Prediction:
     """req/s of ``work`` where a token of every running request takes ``tpot_s``, each
     request also waiting its share of prefilling the running requests' prompts (under
     ``serve`` their first tokens wait on it, though the prompts ride in the decode steps)."""
     running = work.running
-    per_request = (work.output_len * tpot_s / running
-                   + prefill_s(shape, work.input_len, gpus, rates))
+    wait = running * prefill_s(shape, work.input_len, gpus, rates)
+    per_request = (work.output_len * tpot_s + wait) / running
     return Prediction(layout, tpot_s=tpot_s, req_per_s=1 / per_request,
                       output_tok_per_s=work.output_len / per_request,
-                      busy=tuple(min(1.0, b) for b in busy), **extra)
+                      busy=tuple(min(1.0, b) for b in busy),
+                      ttft_s=(TTFT_P50_SHARE * wait if work.kind == "serve" and not host_paced
+                              else None), **extra)
 
 
 def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence: str,
@@ -223,18 +232,20 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
     handoff = link.transfer_s(2 * shape.hidden_size * shape.dtype_bytes * (group + prefill))
     times = _stage_times(costs_at, shape, split, group, context, tp, link, rates, prefill)
     if cadence == "merge":
-        tpot = max(sum(times) + (pp - 1) * handoff, host_s(running))
+        gpu, host = sum(times) + (pp - 1) * handoff, host_s(running)
+        tpot = max(gpu, host)
         busy = [t / tpot for t in times]
     else:
         if cadence == "stock":
             times = [t * stock_factor for t in times]
-        step = max(max(times) + handoff, host_s(group))
+        gpu, host = max(times) + handoff, host_s(group)
+        step = max(gpu, host)
         tpot = pp * step
         busy = [t / step for t in times]
     layout = f"{'stock' if cadence == 'stock' else 'plugin'} " + (
         f"TP={tp} x PP={pp}" if tp > 1 else f"PP={pp}")
-    return _delivery(layout, work, shape, pp * tp, tpot, busy, rates, pp=pp, tp=tp,
-                     split=split, cadence=None if cadence == "stock" else cadence)
+    return _delivery(layout, work, shape, pp * tp, tpot, busy, rates, host > gpu, pp=pp,
+                     tp=tp, split=split, cadence=None if cadence == "stock" else cadence)
 
 
 def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt,
@@ -262,7 +273,7 @@ def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
                (running + prefill) * shape.hidden_size * shape.dtype_bytes, tp))
     tpot = max(gpu, host_s(running))
     return _delivery(f"stock TP={tp}", work, shape, tp, tpot, [gpu / tpot] * tp, rates,
-                     pp=1, tp=tp)
+                     host_s(running) > gpu, pp=1, tp=tp)
 
 
 def plugin_auto(shape: ModelShape, split: tuple[int, ...], work: Workload, link: Link,

@@ -273,8 +273,10 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
            measured: list[MeasuredCell] = ()) -> list[str]:
     """The table ``plan`` prints, and the lines under it: the measured cells that are this
     question, the recommendation, and what the predictions rest on."""
+    serve = work.kind == "serve"
+    ttft_head = f" {'TTFT s':>6}" if serve else ""
     lines = [f"{'layout':<22} {'cadence':<8} {'req/s':>7} {'off by':>6} {'tok/s':>8} "
-             f"{'TPOT ms':>8} {'KV tokens':>10}  busy per GPU or stage"]
+             f"{'TPOT ms':>8}{ttft_head} {'KV tokens':>10}  busy per GPU or stage"]
     for row in rows:
         p = row.prediction
         if not row.fits:
@@ -284,9 +286,10 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
         if p.api_ceiling:
             busy += " (held by the API servers)"
         off = f"±{_error(p, work.kind):.0%}"
+        ttft = "" if not serve else f" {'-':>6}" if p.ttft_s is None else f" {p.ttft_s:>6.2f}"
         lines.append(f"{p.layout:<22} {p.cadence or '-':<8} {p.req_per_s:>7.2f} {off:>6} "
-                     f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f} {row.kv_tokens:>10,}  "
-                     f"{busy}")
+                     f"{p.output_tok_per_s:>8.0f} {p.tpot_s * 1e3:>8.1f}{ttft} "
+                     f"{row.kv_tokens:>10,}  {busy}")
     lines += [cell.line() for cell in measured]
     lines += _api_ceiling_note(rows, work)
     lines += recommendation(rows, work, model, list(measured))
