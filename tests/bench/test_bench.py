@@ -989,4 +989,5 @@ def test_each_run_with_a_speed_carries_plans_prediction(tmp_path, monkeypatch, c
     # The plugin's row as auto runs: vLLM's cadence, no other predicted 5% faster here.
     assert [r["predicted"]["cadence"] for r in runs] == ["vllm", None]
     assert all(r["predicted"]["req_per_s"] > 10 for r in runs)
+    assert all(r["predicted"]["ttft_ms"] is None for r in runs)  # offline: no TTFT
     assert "plan predicted tp:full_and_piecewise [TP 2]" in capsys.readouterr().out

@@ -218,6 +218,8 @@ def add_predictions(args: argparse.Namespace, reports: list[dict[str, Any]]) -> 
             continue
         report["predicted"] = {"req_per_s": round(prediction.req_per_s, 2),
                                "tpot_ms": round(prediction.tpot_s * 1e3, 2),
+                               "ttft_ms": (None if prediction.ttft_s is None
+                                           else round(prediction.ttft_s * 1e3, 1)),
                                "cadence": prediction.cadence}
         print(f"plan predicted {_cell(report, 'run', '{}')}: {prediction.req_per_s:.2f} req/s "
               f"({prediction.req_per_s / report['req_per_s'] - 1:+.0%} of the measured "
