@@ -217,34 +217,37 @@ def group_processes(pgid: int) -> list[str]:
     return sorted(found, key=lambda entry: int(entry.split()[0]))
 
 
-def gpu_memory_held(gpus: str, smi_csv: str | None = None) -> dict[str, int] | None:
+def gpu_memory_held(gpus: str, held_by_process: list[tuple[str, int]] | None = None
+                    ) -> dict[str, int] | None:
     """MiB that processes hold on each of ``gpus`` (indices, comma-separated; all GPUs
-    where empty), from nvidia-smi's CSV (``smi_csv`` stands in for it in tests); None
-    where nvidia-smi is not there."""
-    if smi_csv is None:
-        try:
-            smi_csv = subprocess.run(
-                ["nvidia-smi", "--query-compute-apps=gpu_bus_id,used_memory",
-                 "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                timeout=30, check=True).stdout
-            buses = subprocess.run(
-                ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30, check=True).stdout
-        except (OSError, subprocess.SubprocessError):
+    where empty), from nvidia-smi (``held_by_process``, one (GPU index, MiB) per process,
+    stands in for it in tests); None where nvidia-smi is not there."""
+    if held_by_process is None:
+        held_by_process = _compute_apps()
+        if held_by_process is None:
             return None
-        index_of = {bus.strip(): index.strip() for index, bus in
-                    (line.split(",") for line in buses.splitlines() if line.strip())}
-        smi_csv = "\n".join(f"{index_of.get(bus.strip(), bus.strip())},{mib}" for bus, mib in
-                             (line.split(",") for line in smi_csv.splitlines() if line.strip()))
     wanted = {g.strip() for g in gpus.split(",") if g.strip()}
     held: dict[str, int] = {}
-    for line in smi_csv.splitlines():
-        if not line.strip():
-            continue
-        gpu, mib = (field.strip() for field in line.split(","))
+    for gpu, mib in held_by_process:
         if not wanted or gpu in wanted:
-            held[gpu] = held.get(gpu, 0) + int(mib)
+            held[gpu] = held.get(gpu, 0) + mib
     return held
+
+
+def _compute_apps() -> list[tuple[str, int]] | None:
+    """(GPU index, MiB) of each process nvidia-smi lists, or None without nvidia-smi."""
+    def query(*args: str) -> list[list[str]]:
+        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return [[field.strip() for field in line.split(",")]
+                for line in out.splitlines() if line.strip()]
+
+    try:
+        index_of = {bus: index for index, bus in query("--query-gpu=index,pci.bus_id")}
+        apps = query("--query-compute-apps=gpu_bus_id,used_memory")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [(index_of.get(bus, bus), int(mib)) for bus, mib in apps]
 
 
 def fault_env(flag: Path, stage: str) -> dict[str, str]:

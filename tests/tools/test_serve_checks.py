@@ -17,9 +17,9 @@ from benchmarks.tools.serve_checks import (
     byte_vocab_model_dir,
     error_lines,
     fault_env,
-    kill_stage_worker,
     gpu_memory_held,
     group_processes,
+    kill_stage_worker,
     seconds_until_gone,
     send_structured,
     stage_worker_pid,
@@ -175,7 +175,17 @@ def test_a_fault_report_names_the_processes_left_in_the_servers_group():
 
 
 def test_a_fault_report_counts_only_the_memory_held_on_the_servers_gpus():
-    smi = "0, 59080\n1, 59510\n2, 1200\n"
-    assert gpu_memory_held("0,1", smi) == {"0": 59080, "1": 59510}
-    assert gpu_memory_held("3", smi) == {}
-    assert gpu_memory_held("", smi) == {"0": 59080, "1": 59510, "2": 1200}
+    apps = [("0", 59080), ("1", 59510), ("2", 1200), ("0", 20)]
+    assert gpu_memory_held("0,1", apps) == {"0": 59100, "1": 59510}
+    assert gpu_memory_held("3", apps) == {}
+    assert gpu_memory_held("", apps) == {"0": 59100, "1": 59510, "2": 1200}
+
+
+def test_the_memory_held_is_read_from_nvidia_smi_by_gpu_index(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\ncase "$1" in\n'
+                    '  --query-gpu=*) printf "0, 00000000:18:00.0\\n1, 00000000:2A:00.0\\n" ;;\n'
+                    '  *) printf "00000000:2A:00.0, 59510\\n" ;;\nesac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert gpu_memory_held("0,1") == {"1": 59510}
