@@ -259,9 +259,14 @@ def fault_env(flag: Path, stage: str) -> dict[str, str]:
 
 def fault_name(args: argparse.Namespace) -> str:
     """The fault report's and log's name: runner, failing stage, executor (and ``-kill``
-    where the stage's worker is killed rather than raising)."""
+    where the stage's worker is killed rather than raising), ``-run2`` and on where the
+    same case already ran into ``--out``."""
     name = f"fault-{args.runner}-{args.stage}-{'ray' if args.ray else 'mp'}"
-    return name + ("-kill" if args.how == "kill" else "")
+    name += "-kill" if args.how == "kill" else ""
+    run, taken = 1, {path.stem for path in Path(args.out).glob("fault-*.json")}
+    while (name if run == 1 else f"{name}-run{run}") in taken:
+        run += 1
+    return name if run == 1 else f"{name}-run{run}"
 
 
 def stage_worker_pid(records: Path, log_text: str, stage: int) -> int | None:
@@ -308,6 +313,11 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                               "executor": "ray" if args.ray else "mp", "how": args.how,
                               "exit_within_s": args.exit_within}
     executor = ["--distributed-executor-backend", "ray"] if args.ray else []
+    if held := gpu_memory_held(args.gpus):
+        # What a case leaves behind would be read as this one's (an earlier orphan).
+        report["error"] = f"GPUs already hold memory before the server starts: {held} MiB"
+        report["passed"] = False
+        return report
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(serve_command(spec, str(model_dir), args.port, executor),
                                 env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -426,8 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the stage raises inside a step, or its worker is killed (fault)")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    report = (check_structured if args.check == "structured" else check_fault)(args)
+    # Named before the run: a fault case's log takes the same name as its report.
     name = structured_name(args) if args.check == "structured" else fault_name(args)
+    report = (check_structured if args.check == "structured" else check_fault)(args)
     (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "problems"}, default=str))
     for problem in report.get("problems", [])[:20]:

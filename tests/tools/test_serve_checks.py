@@ -12,6 +12,7 @@ import threading
 from _local_server import local_server
 from aiohttp import web
 
+from benchmarks.tools import serve_checks
 from benchmarks.tools.sampling_mix import SCHEMA, schema_problems
 from benchmarks.tools.serve_checks import (
     byte_vocab_model_dir,
@@ -189,3 +190,39 @@ def test_the_memory_held_is_read_from_nvidia_smi_by_gpu_index(tmp_path, monkeypa
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     assert gpu_memory_held("0,1") == {"1": 59510}
+
+
+def test_a_fault_case_is_not_run_on_gpus_something_else_holds(tmp_path, monkeypatch):
+    """Memory an earlier case's orphans hold would be read as this case's."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\ncase "$1" in\n'
+                    '  --query-gpu=*) printf "0, 00000000:18:00.0\\n" ;;\n'
+                    '  *) printf "00000000:18:00.0, 58592\\n" ;;\nesac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started on GPUs that were not free")
+
+    monkeypatch.setattr(serve_checks, "serve_command", no_server)
+    assert serve_checks_main(["fault", "--out", str(tmp_path / "out"), "--gpus", "0",
+                              "--stage", "last"]) == 1
+    report = json.loads((tmp_path / "out" / "fault-plugin-last-mp.json").read_text())
+    assert report["passed"] is False and "58592" in report["error"]
+
+
+def test_a_fault_case_run_again_keeps_the_first_runs_report_and_log(tmp_path):
+    import argparse
+
+    from benchmarks.tools.serve_checks import fault_name
+
+    args = argparse.Namespace(out=str(tmp_path), runner="plugin", stage="last", ray=False,
+                              how="raise")
+    assert fault_name(args) == "fault-plugin-last-mp"
+    (tmp_path / "fault-plugin-last-mp.json").write_text("{}")
+    assert fault_name(args) == "fault-plugin-last-mp-run2"
+    (tmp_path / "fault-plugin-last-mp-run2.json").write_text("{}")
+    assert fault_name(args) == "fault-plugin-last-mp-run3"
+    args.how = "kill"
+    assert fault_name(args) == "fault-plugin-last-mp-kill"

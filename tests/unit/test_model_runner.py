@@ -163,6 +163,18 @@ def failing_step(monkeypatch):
     monkeypatch.setattr(GPUModelRunner, "sample_tokens", fail)
 
 
+@pytest.mark.parametrize("backend, watched", [("mp", 1), ("ray", 0)])
+def test_under_the_multiprocess_executor_a_worker_watches_its_engine_core(
+        monkeypatch, backend, watched):
+    """vLLM's multiprocess executor's engine core may exit leaving a stage that waits on
+    a failed peer alive, holding its GPU; under Ray, Ray owns its workers' lives."""
+    started = []
+    monkeypatch.setattr(model_runner, "ending_with_parent", lambda: started.append(1))
+    runner = bare_runner(parallel_config=SimpleNamespace(distributed_executor_backend=backend))
+    runner._watch_engine_core()
+    assert len(started) == watched
+
+
 def test_a_failing_step_under_pp_stops_the_worker(exits, failing_step):
     runner = bare_runner(use_pp=True)
     with pytest.raises(RuntimeError):

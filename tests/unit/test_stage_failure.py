@@ -1,4 +1,5 @@
-"""A stage whose serving step fails ends its worker process, logged, with its exit code."""
+"""A stage whose serving step fails ends its worker process, logged, with its exit code;
+a worker whose engine core is gone ends too."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
     EXIT_CODE,
     EXIT_GRACE_S,
+    ending_with_parent,
     is_output_rank,
     stopping_worker_on_error,
 )
@@ -120,3 +122,35 @@ def test_the_rank_that_replies_is_the_one_vllms_executor_reads(pp, pcp, tp):
     replying = [rank for rank in range(pp * pcp * tp)
                 if is_output_rank(rank // (pcp * tp) == pp - 1, rank % tp, rank // tp % pcp)]
     assert replying == [read]
+
+
+def test_a_worker_ends_once_the_process_that_started_it_is_gone():
+    """The engine core exits without ending its worker, which is blocked (as a stage
+    waiting on a failed peer is, inside NCCL): the worker ends on its own, saying why."""
+    worker = textwrap.dedent("""
+        import sys, time
+        from vllm_pp_cudagraph.worker.pipeline import stage_failure
+        stage_failure.EXIT_GRACE_S = 0.1
+        stage_failure.ending_with_parent(poll_s=0.05)
+        print("watching", flush=True)
+        time.sleep(120)
+    """)
+    engine_core = textwrap.dedent(f"""
+        import os, subprocess, sys
+        worker = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE)
+        assert worker.stdout.readline() == b"watching\\n"
+        os._exit(0)  # without ending its worker
+    """)
+    # The worker holds the captured pipes: the run returns once the worker has ended.
+    proc = subprocess.run([sys.executable, "-c", engine_core], capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert "The process that started this pipeline worker" in proc.stderr, proc.stderr
+    assert f"ending the worker (exit {EXIT_CODE})" in proc.stderr
+
+
+def test_a_worker_whose_parent_lives_is_left_alone():
+    ended = []
+    thread = ending_with_parent(exit_process=ended.append, sleep=lambda s: None, poll_s=0.01)
+    thread.join(timeout=0.2)
+    assert thread.is_alive() and ended == []

@@ -3,7 +3,9 @@
 vLLM's executors read a step's result from one rank only, the first of the last stage.
 An error there reaches the engine as it does without the plugin, and that worker ends a
 moment later; an error on any other rank would leave every stage waiting for this one,
-so that worker ends at once."""
+so that worker ends at once. Under vLLM's multiprocess executor every worker also ends
+once the process that started it (the engine core) is gone: a stage blocked on a peer
+that failed waits inside NCCL, where vLLM's own shutdown signal never reaches it."""
 
 from __future__ import annotations
 
@@ -48,6 +50,35 @@ def _start_timer(delay: float, action: Callable[[], None]) -> None:
     timer = threading.Timer(delay, action)
     timer.daemon = True
     timer.start()
+
+
+def _watch(parent_pid: int, on_gone: Callable[[], None], poll_s: float) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(poll_s)
+    on_gone()
+
+
+def ending_with_parent(
+    exit_process: Callable[[int], None] = os._exit,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_s: float = 1.0,
+) -> threading.Thread:
+    """End this worker ``EXIT_GRACE_S`` after the process that started it exits, unless
+    vLLM ended it first; returns the watching thread."""
+    parent_pid = os.getppid()
+
+    def end() -> None:
+        sleep(EXIT_GRACE_S)
+        logger.warning("The process that started this pipeline worker (pid %d) is gone; "
+                       "ending the worker (exit %d) so that it does not hold its GPU.",
+                       parent_pid, EXIT_CODE)
+        _flush_logs()
+        exit_process(EXIT_CODE)
+
+    thread = threading.Thread(target=_watch, args=(parent_pid, end, poll_s), daemon=True,
+                              name="pp-cudagraph-parent-watch")
+    thread.start()
+    return thread
 
 
 def _in_ray_worker() -> bool:
