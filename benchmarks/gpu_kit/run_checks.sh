@@ -568,7 +568,8 @@ step_soak-preemption-32b() {
 # where it is installed). Each report has the seconds to a clean stop and the log's
 # error lines.
 # KIT_FAULT_CASES="executor:stage:how ..." (e.g. "ray:first:raise mp:last:kill") runs
-# those cases only, in that order.
+# those cases only, in that order; how "kill-engine" kills the engine core instead, as
+# vLLM's API server does when it shuts down, to see whether the workers outlive it.
 fault_cases() {
   if [ -n "${KIT_FAULT_CASES:-}" ]; then echo "$KIT_FAULT_CASES"; return; fi
   local executor stage how

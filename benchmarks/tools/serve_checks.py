@@ -10,7 +10,9 @@ so its grammar can spell JSON.
 inside a serving step on request (the test-only ``pp_e2e_models`` plugin,
 ``tests/e2e/soak_plugins``), under vLLM's multiprocess executor or, with
 ``--ray``, Ray's; with ``--how kill``, that stage's worker process is killed
-(SIGKILL) mid-serving instead. The server must exit within ``--exit-within``
+(SIGKILL) mid-serving instead; with ``--how kill-engine``, the engine core is, as
+vLLM's API server kills it when it shuts down (its workers must not outlive it). The
+server must exit within ``--exit-within``
 seconds of the fault, with the stage's error in its log (for a raise) and no
 process of its group left (its exit status is recorded: vLLM's API server exits 0
 once its engine has died); the report keeps the log's error lines after the fault,
@@ -20,7 +22,7 @@ did is recorded.
     python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
         [--shape qwen3-32b ...]
     python -m benchmarks.tools.serve_checks fault --out DIR [--runner plugin|stock]
-        [--stage first|last] [--ray] [--how raise|kill]
+        [--stage first|last] [--ray] [--how raise|kill|kill-engine]
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ def fault_name(args: argparse.Namespace) -> str:
     where the stage's worker is killed rather than raising), ``-run2`` and on where the
     same case already ran into ``--out``."""
     name = f"fault-{args.runner}-{args.stage}-{'ray' if args.ray else 'mp'}"
-    name += "-kill" if args.how == "kill" else ""
+    name += "" if args.how == "raise" else f"-{args.how}"
     run, taken = 1, {path.stem for path in Path(args.out).glob("fault-*.json")}
     while (name if run == 1 else f"{name}-run{run}") in taken:
         run += 1
@@ -343,6 +345,8 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.sleep(2.0)  # mid-serving
                     if args.how == "kill":
                         report["killed_pid"] = kill_stage_worker(records, log_path, stage_index)
+                    elif args.how == "kill-engine":
+                        report["killed_pid"] = kill_engine_core(proc.pid)
                     fault_marker.touch()
                     results = await asyncio.gather(*tasks)
                 return sum(results)
@@ -388,7 +392,7 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
     # killed it; what counts is that it exits, promptly, leaving nothing behind.
     stopped = (report.get("exit_s") is not None and report["group_ended_s"] is not None
                and not any((report["gpu_memory_held_mib"] or {}).values()))
-    if args.how == "kill":
+    if args.how != "raise":
         report["passed"] = bool(stopped and report.get("killed_pid"))
         return report
     report["fault_in_log"] = f"injected fault on the {args.stage} stage" in log
@@ -406,6 +410,20 @@ def kill_stage_worker(records: Path, log_path: Path, stage: int) -> int | None:
         except ProcessLookupError:
             return None
     return pid
+
+
+def kill_engine_core(pgid: int) -> int | None:
+    """SIGKILL the engine core of the server whose process group is ``pgid``; its pid, or
+    None where none was found (vLLM names the process ``VLLM::EngineCore``)."""
+    for entry in group_processes(pgid):
+        pid, _, name = entry.partition(" ")
+        if name.startswith("VLLM::EngineCor"):  # /proc keeps 15 characters of a name
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                return None
+            return int(pid)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,8 +450,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the stage that fails (fault)")
     parser.add_argument("--ray", action="store_true",
                         help="serve with --distributed-executor-backend ray (fault)")
-    parser.add_argument("--how", choices=("raise", "kill"), default="raise",
-                        help="the stage raises inside a step, or its worker is killed (fault)")
+    parser.add_argument("--how", choices=("raise", "kill", "kill-engine"), default="raise",
+                        help="the stage raises inside a step, or its worker is killed, or "
+                             "the engine core is killed (fault)")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     # Named before the run: a fault case's log takes the same name as its report.

@@ -226,3 +226,27 @@ def test_a_fault_case_run_again_keeps_the_first_runs_report_and_log(tmp_path):
     assert fault_name(args) == "fault-plugin-last-mp-run3"
     args.how = "kill"
     assert fault_name(args) == "fault-plugin-last-mp-kill"
+
+
+def test_the_engine_core_is_found_by_vllms_process_name_and_killed_alone():
+    import signal
+    import sys
+
+    from benchmarks.tools.serve_checks import kill_engine_core
+
+    # A server that starts an engine core in its process group, as vLLM's API server does.
+    engine = ("import time; open('/proc/self/comm', 'w').write('VLLM::EngineCore'); "
+              "print(flush=True); time.sleep(60)")
+    server = ("import subprocess, sys, time; "
+              f"e = subprocess.Popen([sys.executable, '-c', {engine!r}], stdout=subprocess.PIPE); "
+              "e.stdout.readline(); print(e.pid, flush=True); print(e.wait(), flush=True)")
+    proc = subprocess.Popen([sys.executable, "-c", server], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        engine_pid = int(proc.stdout.readline())
+        assert kill_engine_core(proc.pid) == engine_pid
+        assert int(proc.stdout.readline()) == -signal.SIGKILL  # the engine core, killed
+        assert kill_engine_core(proc.pid) is None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
