@@ -169,7 +169,7 @@ def test_under_the_multiprocess_executor_a_worker_watches_its_engine_core(
     """vLLM's multiprocess executor's engine core may exit leaving a stage that waits on
     a failed peer alive, holding its GPU; under Ray, Ray owns its workers' lives."""
     started = []
-    monkeypatch.setattr(model_runner, "ending_with_parent", lambda: started.append(1))
+    monkeypatch.setattr(model_runner, "end_with_parent", lambda: started.append(1))
     runner = bare_runner(parallel_config=SimpleNamespace(distributed_executor_backend=backend))
     runner._watch_engine_core()
     assert len(started) == watched

@@ -14,7 +14,7 @@ import pytest
 from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
     EXIT_CODE,
     EXIT_GRACE_S,
-    ending_with_parent,
+    end_with_parent,
     is_output_rank,
     stopping_worker_on_error,
 )
@@ -131,7 +131,7 @@ def test_a_worker_ends_once_the_process_that_started_it_is_gone():
         import sys, time
         from vllm_pp_cudagraph.worker.pipeline import stage_failure
         stage_failure.EXIT_GRACE_S = 0.1
-        stage_failure.ending_with_parent(poll_s=0.05)
+        stage_failure.end_with_parent(poll_s=0.05)
         print("watching", flush=True)
         time.sleep(120)
     """)
@@ -151,6 +151,6 @@ def test_a_worker_ends_once_the_process_that_started_it_is_gone():
 
 def test_a_worker_whose_parent_lives_is_left_alone():
     ended = []
-    thread = ending_with_parent(exit_process=ended.append, sleep=lambda s: None, poll_s=0.01)
+    thread = end_with_parent(exit_process=ended.append, sleep=lambda s: None, poll_s=0.01)
     thread.join(timeout=0.2)
     assert thread.is_alive() and ended == []

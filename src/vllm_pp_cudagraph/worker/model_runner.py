@@ -36,7 +36,7 @@ from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
     gather_from_stages,
 )
 from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
-    ending_with_parent,
+    end_with_parent,
     is_output_rank,
     stopping_worker_on_error,
 )
@@ -193,7 +193,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         # Under vLLM's multiprocess executor the engine core may exit without ending this
         # worker, which would then hold its GPU (stage_failure.py).
         if self.parallel_config.distributed_executor_backend == "mp":
-            ending_with_parent()
+            end_with_parent()
 
     def _init_stage_state(self) -> None:
         # Before vLLM's __init__, which may call the overrides that read it.

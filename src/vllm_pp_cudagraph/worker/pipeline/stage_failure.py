@@ -58,7 +58,7 @@ def _watch(parent_pid: int, on_gone: Callable[[], None], poll_s: float) -> None:
     on_gone()
 
 
-def ending_with_parent(
+def end_with_parent(
     exit_process: Callable[[int], None] = os._exit,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = 1.0,
