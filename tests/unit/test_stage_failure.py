@@ -3,6 +3,7 @@ a worker whose engine core is gone ends too."""
 
 from __future__ import annotations
 
+import io
 import logging
 import subprocess
 import sys
@@ -124,29 +125,52 @@ def test_the_rank_that_replies_is_the_one_vllms_executor_reads(pp, pcp, tp):
     assert replying == [read]
 
 
-def test_a_worker_ends_once_the_process_that_started_it_is_gone():
+@pytest.mark.parametrize("log_stream", ["kept", "gone"])
+def test_a_worker_ends_once_the_process_that_started_it_is_gone(tmp_path, log_stream):
     """The engine core exits without ending its worker, which is blocked (as a stage
-    waiting on a failed peer is, inside NCCL): the worker ends on its own, saying why."""
-    worker = textwrap.dedent("""
-        import sys, time
+    waiting on a failed peer is, inside NCCL): the worker ends on its own, saying why
+    where its log goes on, and even where its standard output went to the engine core."""
+    ready = tmp_path / "watching"
+    worker = textwrap.dedent(f"""
+        import pathlib, time
         from vllm_pp_cudagraph.worker.pipeline import stage_failure
         stage_failure.EXIT_GRACE_S = 0.1
         stage_failure.end_with_parent(poll_s=0.05)
-        print("watching", flush=True)
+        pathlib.Path({str(ready)!r}).touch()
         time.sleep(120)
     """)
+    stdout = "subprocess.PIPE" if log_stream == "gone" else "None"
     engine_core = textwrap.dedent(f"""
-        import os, subprocess, sys
-        worker = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE)
-        assert worker.stdout.readline() == b"watching\\n"
+        import os, pathlib, subprocess, sys, time
+        worker = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout={stdout})
+        while not pathlib.Path({str(ready)!r}).exists():
+            time.sleep(0.05)
         os._exit(0)  # without ending its worker
     """)
-    # The worker holds the captured pipes: the run returns once the worker has ended.
+    # The worker holds the captured stderr: the run returns once the worker has ended.
     proc = subprocess.run([sys.executable, "-c", engine_core], capture_output=True, text=True,
                           timeout=90)
     assert proc.returncode == 0, proc.stderr
-    assert "The process that started this pipeline worker" in proc.stderr, proc.stderr
-    assert f"ending the worker (exit {EXIT_CODE})" in proc.stderr
+    if log_stream == "kept":
+        log = proc.stdout + proc.stderr
+        assert "The process that started this pipeline worker" in log, log
+        assert f"ending the worker (exit {EXIT_CODE})" in log, log
+
+
+def test_a_worker_ends_even_where_its_output_can_no_longer_be_written(monkeypatch):
+    """Its standard output may be a pipe to the engine core that is gone."""
+    from vllm_pp_cudagraph.worker.pipeline import stage_failure
+
+    class Gone(io.StringIO):
+        def flush(self):
+            raise BrokenPipeError
+
+    parents = iter([100])  # the parent at the start; the next read finds it gone
+    monkeypatch.setattr(stage_failure.os, "getppid", lambda: next(parents, 1))
+    monkeypatch.setattr(sys, "stdout", Gone())
+    ended = []
+    end_with_parent(exit_process=ended.append, sleep=lambda s: None, poll_s=0.01).join(5)
+    assert ended == [EXIT_CODE]
 
 
 def test_a_worker_whose_parent_lives_is_left_alone():

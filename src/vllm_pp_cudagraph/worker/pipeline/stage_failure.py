@@ -31,13 +31,13 @@ EXIT_GRACE_S = 2.0
 
 
 def _flush_logs() -> None:
-    for handler in logging.getLogger().handlers + logging.getLogger("vllm").handlers:
+    streams = [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers,
+               sys.stdout, sys.stderr]
+    for stream in streams:
         try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - best effort before exiting
+            stream.flush()
+        except Exception:  # noqa: BLE001 - best effort before exiting (the reader may be gone)
             pass
-    sys.stdout.flush()
-    sys.stderr.flush()
 
 
 def is_output_rank(last_stage: bool, tp_rank: int, pcp_rank: int) -> bool:
@@ -69,11 +69,13 @@ def end_with_parent(
 
     def end() -> None:
         sleep(EXIT_GRACE_S)
-        logger.warning("The process that started this pipeline worker (pid %d) is gone; "
-                       "ending the worker (exit %d) so that it does not hold its GPU.",
-                       parent_pid, EXIT_CODE)
-        _flush_logs()
-        exit_process(EXIT_CODE)
+        try:
+            logger.warning("The process that started this pipeline worker (pid %d) is gone; "
+                           "ending the worker (exit %d) so that it does not hold its GPU.",
+                           parent_pid, EXIT_CODE)
+            _flush_logs()
+        finally:
+            exit_process(EXIT_CODE)
 
     thread = threading.Thread(target=_watch, args=(parent_pid, end, poll_s), daemon=True,
                               name="pp-cudagraph-parent-watch")
