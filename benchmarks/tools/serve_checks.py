@@ -290,8 +290,17 @@ def error_lines(log_text: str, limit: int = 8) -> list[str]:
             if " ERROR " in line or " CRITICAL " in line][:limit]
 
 
-def check_fault(args: argparse.Namespace) -> dict[str, Any]:
-    """Serve the fault model, inject the fault mid-serving, watch how the server ends."""
+def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """Serve the fault model, inject the fault mid-serving, watch how the server ends; its
+    log is ``name``.log in ``--out``."""
+    report: dict[str, Any] = {"runner": args.runner, "stage": args.stage,
+                              "executor": "ray" if args.ray else "mp", "how": args.how,
+                              "exit_within_s": args.exit_within}
+    if held := gpu_memory_held(args.gpus):
+        # What a case leaves behind would be read as this one's (an earlier orphan).
+        report["error"] = f"GPUs already hold memory before the server starts: {held} MiB"
+        report["passed"] = False
+        return report
     out = Path(args.out)
     model_dir = write_model_dir(tempfile.mkdtemp(prefix="fault-"), tokenizer=True)
     config = json.loads((model_dir / "config.json").read_text())
@@ -306,20 +315,12 @@ def check_fault(args: argparse.Namespace) -> dict[str, Any]:
                               **({"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})})
     env = engine_env(spec)
     env["VLLM_PLUGINS"] = ",".join(p for p in (env.get("VLLM_PLUGINS"), "pp_e2e_models") if p)
-    log_path = out / f"{fault_name(args)}.log"
+    log_path = out / f"{name}.log"
     records = records_dir(log_path)
     env["VLLM_PP_CUDAGRAPH_METRICS_DIR"] = str(records)
     stage_index = 0 if args.stage == "first" else spec.pp - 1
     base_url = f"http://127.0.0.1:{args.port}"
-    report: dict[str, Any] = {"runner": args.runner, "stage": args.stage,
-                              "executor": "ray" if args.ray else "mp", "how": args.how,
-                              "exit_within_s": args.exit_within}
     executor = ["--distributed-executor-backend", "ray"] if args.ray else []
-    if held := gpu_memory_held(args.gpus):
-        # What a case leaves behind would be read as this one's (an earlier orphan).
-        report["error"] = f"GPUs already hold memory before the server starts: {held} MiB"
-        report["passed"] = False
-        return report
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(serve_command(spec, str(model_dir), args.port, executor),
                                 env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -455,9 +456,13 @@ def main(argv: list[str] | None = None) -> int:
                              "the engine core is killed (fault)")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    # Named before the run: a fault case's log takes the same name as its report.
-    name = structured_name(args) if args.check == "structured" else fault_name(args)
-    report = (check_structured if args.check == "structured" else check_fault)(args)
+    if args.check == "structured":
+        name, report = structured_name(args), check_structured(args)
+    else:
+        # Named before the run (a repeated case is numbered by the reports already there):
+        # its log takes the same name as its report.
+        name = fault_name(args)
+        report = check_fault(args, name)
     (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "problems"}, default=str))
     for problem in report.get("problems", [])[:20]:

@@ -182,25 +182,26 @@ def test_a_fault_report_counts_only_the_memory_held_on_the_servers_gpus():
     assert gpu_memory_held("", apps) == {"0": 59100, "1": 59510, "2": 1200}
 
 
-def test_the_memory_held_is_read_from_nvidia_smi_by_gpu_index(tmp_path, monkeypatch):
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text('#!/bin/sh\ncase "$1" in\n'
-                    '  --query-gpu=*) printf "0, 00000000:18:00.0\\n1, 00000000:2A:00.0\\n" ;;\n'
-                    '  *) printf "00000000:2A:00.0, 59510\\n" ;;\nesac\n')
+def stand_in_nvidia_smi(folder, monkeypatch, gpus: str, apps: str) -> None:
+    """An nvidia-smi first on PATH that lists ``gpus`` (index, bus) and ``apps`` (bus, MiB)."""
+    fake = folder / "nvidia-smi"
+    fake.write_text(f'#!/bin/sh\ncase "$1" in\n  --query-gpu=*) printf "{gpus}" ;;\n'
+                    f'  *) printf "{apps}" ;;\nesac\n')
     fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{folder}:{os.environ['PATH']}")
+
+
+def test_the_memory_held_is_read_from_nvidia_smi_by_gpu_index(tmp_path, monkeypatch):
+    stand_in_nvidia_smi(tmp_path, monkeypatch, "0, 00000000:18:00.0\\n1, 00000000:2A:00.0\\n",
+                        "00000000:2A:00.0, 59510\\n")
     assert gpu_memory_held("0,1") == {"1": 59510}
 
 
 def test_a_fault_case_is_not_run_on_gpus_something_else_holds(tmp_path, monkeypatch):
     """Memory an earlier case's orphans hold would be read as this case's."""
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\ncase "$1" in\n'
-                    '  --query-gpu=*) printf "0, 00000000:18:00.0\\n" ;;\n'
-                    '  *) printf "00000000:18:00.0, 58592\\n" ;;\nesac\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    (tmp_path / "bin").mkdir()
+    stand_in_nvidia_smi(tmp_path / "bin", monkeypatch, "0, 00000000:18:00.0\\n",
+                        "00000000:18:00.0, 58592\\n")
 
     def no_server(*args, **kwargs):
         raise AssertionError("a server was started on GPUs that were not free")
