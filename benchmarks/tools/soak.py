@@ -109,7 +109,12 @@ from benchmarks.tools.soak_judge import (
     text_digests,
 )
 from benchmarks.tools.soak_store import load_report, run_settings, save_report
-from benchmarks.tools.soak_watch import ServerWatch, watch_problems, watch_summary
+from benchmarks.tools.soak_watch import (
+    ServerWatch,
+    first_traffic_problems,
+    watch_problems,
+    watch_summary,
+)
 from vllm_pp_cudagraph.bench.dummy_model import (
     SHAPES,
     has_random_weights,
@@ -457,6 +462,11 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                            for name, rep in reports.items()}
         result["problems"] += [f"{name}: {problem}" for name, found in result["watch"].items()
                                if name.startswith("plugin") for problem in found["problems"]]
+        # What the first requests allocate is vLLM's; the plugin may not add to it.
+        result["problems"] += [f"{name}: {problem}" for name, rep in reports.items()
+                               if name.startswith("plugin") for problem in
+                               first_traffic_problems(rep.get("watch"),
+                                                      reports["stock_a"].get("watch"))]
         if args.structured:
             # Every run's structured outputs are checked; the plugin's must all pass.
             found = {name: structured_problems(rep) for name, rep in texts.items()}

@@ -4,8 +4,11 @@ end, each pipeline stage's snapshots over time, and the requests left once the l
 :class:`ServerWatch` samples every ``interval_s`` seconds from the moment the server is
 healthy until its load is done; :func:`watch_problems` judges a finished watch:
 
-- GPU memory may not grow by more than :data:`MEMORY_GROWTH_MIB` on any GPU between the
-  first sample and the last (vLLM allocates the KV cache and the graphs before serving);
+- GPU memory may not grow by more than :data:`MEMORY_GROWTH_MIB` on any GPU from the
+  load's first :data:`SETTLE_S` to its end (vLLM allocates the KV cache and the graphs
+  before serving, and workspaces on its first requests); what the plugin's server took in
+  that first stretch may not exceed what stock's took on the same stream by more than
+  :data:`MEMORY_GROWTH_MIB` (:func:`first_traffic_problems`);
 - a stage whose snapshot stops advancing for :data:`SILENT_S` while the load runs went
   silent (its worker hangs or died); every stage of the pipeline must have written one;
 - no request may be running or waiting once the load has ended.
@@ -23,8 +26,11 @@ from typing import Any
 
 from vllm_pp_cudagraph.metrics.snapshots import read_stage_snapshots
 
-#: How much a GPU's used memory may grow from the load's start to its end.
+#: How much a GPU's used memory may grow from the load's first minute to its end.
 MEMORY_GROWTH_MIB = 512
+#: How long into the load memory is taken as settled: vLLM (stock alike) allocates
+#: sampler, grammar and adapter workspaces on its first requests.
+SETTLE_S = 60.0
 #: How long a stage's snapshot may stand still under load (a stage writes every 5 s).
 SILENT_S = 30.0
 #: How long requests may take to leave the server once the load has ended (aborted
@@ -109,11 +115,44 @@ class ServerWatch:
                 "under_load": len(under_load), "requests_left": left}
 
 
-def _memory_growth(watch: dict[str, Any]) -> dict[str, int]:
-    first, last = watch["samples"][0]["gpu_mib"], watch["samples"][-1]["gpu_mib"]
-    if not first or not last:
+def _settled(watch: dict[str, Any]) -> dict[str, Any]:
+    """The first sample taken :data:`SETTLE_S` into the load (the last one under load
+    where the load was shorter)."""
+    under_load = watch["samples"][:watch["under_load"]] or watch["samples"][:1]
+    start = under_load[0]["time"]
+    return next((s for s in under_load if s["time"] - start >= SETTLE_S), under_load[-1])
+
+
+def _growth(before: dict | None, after: dict | None) -> dict[str, int]:
+    if not before or not after:
         return {}
-    return {gpu: last[gpu] - used for gpu, used in first.items() if gpu in last}
+    return {gpu: after[gpu] - used for gpu, used in before.items() if gpu in after}
+
+
+def _in_order(per_gpu: dict[str, int]) -> list[tuple[str, int]]:
+    return sorted(per_gpu.items(), key=lambda item: int(item[0]))
+
+
+def _memory_growth(watch: dict[str, Any]) -> dict[str, int]:
+    return _growth(_settled(watch)["gpu_mib"], watch["samples"][-1]["gpu_mib"])
+
+
+def first_traffic_mib(watch: dict[str, Any]) -> dict[str, int]:
+    """Each GPU's growth from the server's first sample to the settled one."""
+    return _growth(watch["samples"][0]["gpu_mib"], _settled(watch)["gpu_mib"])
+
+
+def first_traffic_problems(plugin: dict[str, Any] | None,
+                           stock: dict[str, Any] | None) -> list[str]:
+    """Where the plugin's server took more memory on its first requests than stock's on
+    the same stream, stage by stage (their GPUs may differ: they pair in order)."""
+    if not plugin or not stock:
+        return []
+    ours, theirs = first_traffic_mib(plugin), first_traffic_mib(stock)
+    return [f"GPU {gpu}: its first {SETTLE_S:.0f} s of load took {took} MiB, stock's "
+            f"{stock_took} MiB (at most {MEMORY_GROWTH_MIB} more)"
+            for (gpu, took), stock_took in zip(_in_order(ours), [v for _, v in _in_order(theirs)])
+            if took > stock_took + MEMORY_GROWTH_MIB]
 
 
 def _silences(watch: dict[str, Any]) -> dict[str, float]:
@@ -135,8 +174,8 @@ def watch_problems(watch: dict[str, Any] | None, plugin: bool) -> list[str]:
     """What a finished watch says went wrong (stage snapshots only where the plugin ran)."""
     if not watch:
         return ["no watch of the server while its load ran"]
-    problems = [f"GPU {gpu}: memory grew by {grew} MiB under load (at most "
-                f"{MEMORY_GROWTH_MIB})" for gpu, grew in _memory_growth(watch).items()
+    problems = [f"GPU {gpu}: memory grew by {grew} MiB after the load's first "
+                f"{SETTLE_S:.0f} s (at most {MEMORY_GROWTH_MIB})" for gpu, grew in _memory_growth(watch).items()
                 if grew > MEMORY_GROWTH_MIB]
     if watch.get("requests_left"):
         problems.append(f"{watch['requests_left']} requests still running or waiting "
@@ -151,11 +190,13 @@ def watch_problems(watch: dict[str, Any] | None, plugin: bool) -> list[str]:
 
 
 def watch_summary(watch: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The figures a soak report keeps: memory at the start and the end, samples, left."""
+    """The figures a soak report keeps: memory at the start, settled and at the end,
+    samples, requests left."""
     if not watch:
         return None
     samples = watch["samples"]
-    return {"gpu_mib_start": samples[0]["gpu_mib"], "gpu_mib_end": samples[-1]["gpu_mib"],
-            "samples": len(samples), "longest_stage_silence_s":
+    return {"gpu_mib_start": samples[0]["gpu_mib"],
+            "gpu_mib_settled": _settled(watch)["gpu_mib"],
+            "gpu_mib_end": samples[-1]["gpu_mib"], "samples": len(samples), "longest_stage_silence_s":
             {s: round(q, 1) for s, q in sorted(_silences(watch).items())},
             "requests_left": watch.get("requests_left")}

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from _serve_parser import parse_serve_args
-from test_soak_watch import steady
+from test_soak_watch import first_traffic, steady
 
 from benchmarks.tools.soak import (
     LOWERED_MODE_MESSAGE,
@@ -182,6 +182,20 @@ def test_what_the_watch_saw_fails_the_plugin_and_is_reported_for_stock():
     result = mode_result("piecewise", reports, _soak_args(), [])
     assert not result["passed"]
     assert result["problems"] == [f"plugin: {result['watch']['plugin']['problems'][0]}"]
+
+
+def test_the_plugin_fails_where_its_first_requests_took_more_memory_than_stocks():
+    texts = ["a b", "c d"]
+    took = {"0": 2578, "1": 2344}  # what every server took on its first requests
+    reports = {name: _served(0, texts, watch=first_traffic(steady(seconds=300), took))
+               for name in ("plugin", "stock_a", "stock_b")}
+    assert mode_result("piecewise", reports, _soak_args(), [])["passed"]
+    reports["plugin"]["watch"] = first_traffic(steady(seconds=300), {"0": 2578, "1": 4000})
+    result = mode_result("piecewise", reports, _soak_args(), [])
+    assert not result["passed"]
+    assert result["problems"] == [
+        "plugin: GPU 1: its first 60 s of load took 4000 MiB, stock's 2344 MiB (at most 512 "
+        "more)"]
 
 
 def test_a_gpu_group_must_hold_every_stage_or_share_one_gpu(tmp_path, capsys):

@@ -38,9 +38,9 @@ PROVEN_SPECULATIVE: dict[str, Proven] = {
 #: Releases the plugin has run on GPUs, and what ran; the others pass its CPU suite only.
 GPU_EVIDENCE: dict[str, str] = {
     "0.26": "GPU-proven: PP=2 with a GPU per stage, every graph mode, soaks, the GPU tests",
-    "0.33": "GPU-proven: PP=2 with a GPU per stage (the 32B engine cell, against TP=2 "
-            "too) and, with stages sharing one GPU, every GPU test, PP=4, speculative "
-            "decoding",
+    "0.33": "GPU-proven: with a GPU per rank, PP=2 in every graph mode (served, soaked "
+            "and faulted too), PP=3, PP=4, TP=2 x PP=2 and EAGLE3; with stages sharing "
+            "one GPU, every GPU test and more splits",
 }
 
 #: The torch release every GPU run of the plugin used, per vLLM release.
@@ -50,14 +50,16 @@ GPU_TORCH: dict[str, str] = {"0.26": "2.11", "0.33": "2.11"}
 PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
     "0.26": ("PP=2, TP=1, every graph mode, TRITON_ATTN (a GPU per stage)",),
     "0.33": ("PP=2, TP=1, every graph mode, TRITON_ATTN and FLASH_ATTN (shared GPU; "
-             "FULL_AND_PIECEWISE with a GPU per stage); FLASHINFER in FULL_AND_PIECEWISE "
-             "(shared GPU)",
-             "PP=3, vLLM's split and 10/10/8, every graph mode (shared GPU)",
+             "vLLM's own backend with a GPU per stage); FLASHINFER in FULL_AND_PIECEWISE (shared GPU)",
+             "PP=3, vLLM's split and 10/10/8, every graph mode (shared GPU; 10/10/8 "
+             "from VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto in FULL_AND_PIECEWISE with a "
+             "GPU per stage)",
              "PP=4, vLLM's split (7/7/7/7), 8/8/7/5 and 8/7/7/6, every graph mode "
-             "(shared GPU)",
-             "TP=2 x PP=2, FULL_AND_PIECEWISE and eager (shared GPU)",
+             "(shared GPU; vLLM's split in FULL_AND_PIECEWISE and eager with a GPU per "
+             "stage)",
+             "TP=2 x PP=2, FULL_AND_PIECEWISE (a GPU per rank) and eager (shared GPU)",
              "VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto at PP=2 and PP=3, FULL_AND_PIECEWISE "
-             "(shared GPU)"),
+             "(shared GPU; PP=3 with a GPU per stage)"),
 }
 
 #: KV connectors proven with the plugin.
@@ -198,8 +200,8 @@ def table_lines() -> list[str]:
     lines = [f"layout: {layout}" for layout in layouts] or [
         f"layout: none run on a GPU with the plugin on vLLM {here}"]
     lines.append("layout: the others run with the plugin, unproven (other splits at "
-                 "PP=4, PP above 4, other TP x PP shapes, a GPU per rank beyond PP=2, "
-                 "PP across nodes; docs/deployments.md)")
+                 "PP=4, PP above 4, other TP x PP shapes, PP across nodes; "
+                 "docs/deployments.md)")
     lines.append("attention backend: the KV-cache write stays inside piecewise graphs with "
                  f"{', '.join(sorted(KV_UPDATE_PROVEN_BACKENDS))} (or vLLM's own choice); "
                  "another backend asked for by name keeps vLLM's split")
