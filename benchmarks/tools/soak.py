@@ -110,6 +110,7 @@ from benchmarks.tools.soak_judge import (
 )
 from benchmarks.tools.soak_store import load_report, run_settings, save_report
 from benchmarks.tools.soak_watch import (
+    SETTLE_S,
     ServerWatch,
     first_traffic_problems,
     watch_problems,
@@ -128,9 +129,9 @@ from vllm_pp_cudagraph.bench.engine_run import (
     records_dir_of,
     runner_cadence,
 )
-from vllm_pp_cudagraph.bench.serve_load import LoadSpec
+from vllm_pp_cudagraph.bench.serve_load import LoadReport, LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
-from vllm_pp_cudagraph.bench.stats import capture_stats
+from vllm_pp_cudagraph.bench.stats import capture_stats, percentile
 from vllm_pp_cudagraph.metrics.snapshots import read_capture_records
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
@@ -412,6 +413,19 @@ def compared_pairs(runs: list[str]) -> dict[str, list[tuple[str, str]]]:
             "plugin_vs_plugin": list(itertools.combinations(plugin, 2))}
 
 
+def tpot_by_phase(report: LoadReport, settle_s: float = SETTLE_S) -> dict[str, dict]:
+    """TPOT (ms) of the streamed requests that finished, split by whether their first
+    token came in the load's first ``settle_s`` (from the first token of all) or later:
+    how many, p50 and p99 of each (a tail from the start shows apart from a steady one)."""
+    timed = [(r.chunk_times[0], r.tpot_s * 1000) for r in report.results
+             if r.stream and r.completed and r.tpot_s is not None]
+    start = min((first for first, _ in timed), default=0.0)
+    phases = {f"first_{settle_s:.0f}_s": [t for at, t in timed if at - start < settle_s],
+              f"after_{settle_s:.0f}_s": [t for at, t in timed if at - start >= settle_s]}
+    return {phase: {"requests": len(tpot), "p50": round(percentile(tpot, 50), 1),
+                    "p99": round(percentile(tpot, 99), 1)} for phase, tpot in phases.items()}
+
+
 def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
     """One mode's verdict from its runs' reports (keys as :func:`run_tags` names them)."""
@@ -429,6 +443,8 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                                                 "grammar_rejections")}
     if all("load_report" in r for r in reports.values()):
         texts = {name: rep["load_report"] for name, rep in reports.items()}
+        for name, report in texts.items():
+            result[name]["tpot_ms_by_phase"] = tpot_by_phase(report)
         # Each share is a mean over its pairs of runs: one comparison of 2,000
         # requests moves by several points from one run to the next, as much as
         # the margins the verdict is held to.

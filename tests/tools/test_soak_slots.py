@@ -26,6 +26,7 @@ from benchmarks.tools.soak import (
     run_in_slots,
     server_spec,
     token_check_result,
+    tpot_by_phase,
 )
 from benchmarks.tools.soak import main as serve_soak_main
 from benchmarks.tools.soak_judge import GreedyCheck
@@ -196,6 +197,26 @@ def test_the_plugin_fails_where_its_first_requests_took_more_memory_than_stocks(
     assert result["problems"] == [
         "plugin: GPU 1: its first 60 s of load took 4000 MiB, stock's 2344 MiB (at most 512 "
         "more)"]
+
+
+def test_tpot_is_reported_apart_for_the_loads_first_minute():
+    def streamed(index: int, first_token_at: float, tpot_s: float, **kwargs) -> RequestResult:
+        return RequestResult(index, stream=True, chunk_times=[
+            first_token_at + i * tpot_s for i in range(11)], **kwargs)
+
+    report = LoadReport([streamed(0, 100.0, 0.2), streamed(1, 130.0, 0.1),
+                         streamed(2, 161.0, 0.04), streamed(3, 200.0, 0.05),
+                         streamed(4, 101.0, 9.0, cancelled=True),  # not finished: left out
+                         RequestResult(5, stream=False, text="a")],
+                        elapsed_s=120.0, health_checks=1, health_failures=[])
+    phases = tpot_by_phase(report)
+    assert phases["first_60_s"] == {"requests": 2, "p50": 150.0, "p99": 199.0}
+    assert phases["after_60_s"] == {"requests": 2, "p50": 45.0, "p99": 49.9}
+    texts = ["a b", "c d"]
+    reports = {name: _served(0, texts) for name in ("plugin", "stock_a", "stock_b")}
+    reports["plugin"]["load_report"] = report
+    assert mode_result("piecewise", reports, _soak_args(), [])["plugin"][
+        "tpot_ms_by_phase"] == phases
 
 
 def test_a_gpu_group_must_hold_every_stage_or_share_one_gpu(tmp_path, capsys):
