@@ -175,8 +175,8 @@ def watch_problems(watch: dict[str, Any] | None, plugin: bool) -> list[str]:
     if not watch:
         return ["no watch of the server while its load ran"]
     problems = [f"GPU {gpu}: memory grew by {grew} MiB after the load's first "
-                f"{SETTLE_S:.0f} s (at most {MEMORY_GROWTH_MIB})" for gpu, grew in _memory_growth(watch).items()
-                if grew > MEMORY_GROWTH_MIB]
+                f"{SETTLE_S:.0f} s (at most {MEMORY_GROWTH_MIB})"
+                for gpu, grew in _memory_growth(watch).items() if grew > MEMORY_GROWTH_MIB]
     if watch.get("requests_left"):
         problems.append(f"{watch['requests_left']} requests still running or waiting "
                         f"{DRAIN_S:.0f} s after the load ended")
@@ -197,6 +197,7 @@ def watch_summary(watch: dict[str, Any] | None) -> dict[str, Any] | None:
     samples = watch["samples"]
     return {"gpu_mib_start": samples[0]["gpu_mib"],
             "gpu_mib_settled": _settled(watch)["gpu_mib"],
-            "gpu_mib_end": samples[-1]["gpu_mib"], "samples": len(samples), "longest_stage_silence_s":
-            {s: round(q, 1) for s, q in sorted(_silences(watch).items())},
+            "gpu_mib_end": samples[-1]["gpu_mib"], "samples": len(samples),
+            "longest_stage_silence_s": {s: round(q, 1)
+                                        for s, q in sorted(_silences(watch).items())},
             "requests_left": watch.get("requests_left")}

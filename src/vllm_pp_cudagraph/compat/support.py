@@ -50,7 +50,8 @@ GPU_TORCH: dict[str, str] = {"0.26": "2.11", "0.33": "2.11"}
 PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
     "0.26": ("PP=2, TP=1, every graph mode, TRITON_ATTN (a GPU per stage)",),
     "0.33": ("PP=2, TP=1, every graph mode, TRITON_ATTN and FLASH_ATTN (shared GPU; "
-             "vLLM's own backend with a GPU per stage); FLASHINFER in FULL_AND_PIECEWISE (shared GPU)",
+             "vLLM's own backend with a GPU per stage); FLASHINFER in FULL_AND_PIECEWISE "
+             "(shared GPU)",
              "PP=3, vLLM's split and 10/10/8, every graph mode (shared GPU; 10/10/8 "
              "from VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto in FULL_AND_PIECEWISE with a "
              "GPU per stage)",
@@ -200,7 +201,7 @@ def table_lines() -> list[str]:
     lines = [f"layout: {layout}" for layout in layouts] or [
         f"layout: none run on a GPU with the plugin on vLLM {here}"]
     lines.append("layout: the others run with the plugin, unproven (other splits at "
-                 "PP=4, PP above 4, other TP x PP shapes, PP across nodes; "
+                 "PP=4, PP above 4, other TP x PP shapes, PP across hosts; "
                  "docs/deployments.md)")
     lines.append("attention backend: the KV-cache write stays inside piecewise graphs with "
                  f"{', '.join(sorted(KV_UPDATE_PROVEN_BACKENDS))} (or vLLM's own choice); "
