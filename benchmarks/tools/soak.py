@@ -112,7 +112,6 @@ from benchmarks.tools.soak_store import load_report, run_settings, save_report
 from benchmarks.tools.soak_watch import (
     SETTLE_S,
     ServerWatch,
-    first_traffic_problems,
     watch_problems,
     watch_summary,
 )
@@ -472,17 +471,15 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
         result["problems"] += [f"{name}: {problem}" for name, rep in reports.items()
                                if name.startswith("plugin")
                                for problem in graph_memory_problems(rep.get("graph_memory"))]
-        # Stock's watch is reported beside the plugin's; only the plugin's judges.
+        # Stock's watch is reported beside the plugin's; only the plugin's judges. What the
+        # first requests allocate is vLLM's: the plugin's may not exceed stock_a's beside it.
+        stock_watch = reports["stock_a"].get("watch")
         result["watch"] = {name: {**(watch_summary(rep.get("watch")) or {}), "problems":
-                                  watch_problems(rep.get("watch"), name.startswith("plugin"))}
+                                  watch_problems(rep.get("watch"), name.startswith("plugin"),
+                                                 stock_watch)}
                            for name, rep in reports.items()}
         result["problems"] += [f"{name}: {problem}" for name, found in result["watch"].items()
                                if name.startswith("plugin") for problem in found["problems"]]
-        # What the first requests allocate is vLLM's; the plugin may not add to it.
-        result["problems"] += [f"{name}: {problem}" for name, rep in reports.items()
-                               if name.startswith("plugin") for problem in
-                               first_traffic_problems(rep.get("watch"),
-                                                      reports["stock_a"].get("watch"))]
         if args.structured:
             # Every run's structured outputs are checked; the plugin's must all pass.
             found = {name: structured_problems(rep) for name, rep in texts.items()}

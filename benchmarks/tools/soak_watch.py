@@ -170,8 +170,10 @@ def _silences(watch: dict[str, Any]) -> dict[str, float]:
     return longest
 
 
-def watch_problems(watch: dict[str, Any] | None, plugin: bool) -> list[str]:
-    """What a finished watch says went wrong (stage snapshots only where the plugin ran)."""
+def watch_problems(watch: dict[str, Any] | None, plugin: bool,
+                   stock: dict[str, Any] | None = None) -> list[str]:
+    """What a finished watch says went wrong (stage snapshots, and the first requests'
+    memory against ``stock``'s watch on the same stream, only where the plugin ran)."""
     if not watch:
         return ["no watch of the server while its load ran"]
     problems = [f"GPU {gpu}: memory grew by {grew} MiB after the load's first "
@@ -186,6 +188,7 @@ def watch_problems(watch: dict[str, Any] | None, plugin: bool) -> list[str]:
                      if str(stage) not in seen]
         problems += [f"stage {stage} went silent for {quiet:.0f} s under load"
                      for stage, quiet in sorted(_silences(watch).items()) if quiet > SILENT_S]
+        problems += first_traffic_problems(watch, stock)
     return problems
 
 
