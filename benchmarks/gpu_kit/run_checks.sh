@@ -94,7 +94,8 @@
 #                some sent to a LoRA adapter, the token check; each server watched under
 #                load (GPU memory at the start and the end, every stage's snapshots,
 #                requests left: ../tools/soak_watch.py); KIT_SOAK_PLUGIN_RUNNER names
-#                the plugin's runner (default plugin; plugin-cadence: vLLM's cadence)
+#                the plugin's runner (default plugin; plugin-cadence: vLLM's cadence);
+#                KIT_SOAK_ARGS adds soak.py options (for example --no-token-check)
 #   soak-30b-a3b 4 GPUs: the same with Qwen3-30B-A3B, without the adapter
 #   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
 #   soak-preemption-32b  4 GPUs: soak-32b's servers with a KV cache of 512 blocks, so
@@ -554,7 +555,7 @@ gpu_soak() {
   python3 -m benchmarks.tools.soak --out "$RES/$name" --pp "$pp" --gpus "${groups[@]}" \
     --modes full_and_piecewise --sampling-mix --structured --token-check \
     --requests "${KIT_SOAK_REQUESTS:-10000}" --gpu-memory-utilization 0.9 --port 9800 \
-    --plugin-runner "${KIT_SOAK_PLUGIN_RUNNER:-plugin}" --resume "$@"
+    --plugin-runner "${KIT_SOAK_PLUGIN_RUNNER:-plugin}" --resume "$@" ${KIT_SOAK_ARGS:-}
 }
 step_soak-32b() { gpu_soak soak-32b 2 0,1 2,3 --shape qwen3-32b --lora 1; }
 step_soak-30b-a3b() { gpu_soak soak-30b-a3b 2 0,1 2,3 --shape qwen3-30b-a3b; }

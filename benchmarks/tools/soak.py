@@ -656,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                              "on every stage and say so (see LOWERED_MODE_MESSAGE)")
     parser.add_argument("--same-stock-mode", action="store_true",
                         help="compare breakable with stock breakable, not stock eager")
-    parser.add_argument("--token-check", action="store_true",
+    parser.add_argument("--token-check", action=argparse.BooleanOptionalAction, default=False,
                         help="score every output token with a further stock server (see above)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="VLLM_BATCH_INVARIANT=1 on every server: where two stock runs then "
