@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.planning.measured import row_error
+from vllm_pp_cudagraph.planning.measured import error_class, row_error
 from vllm_pp_cudagraph.planning.pipeline_model import Prediction
 from vllm_pp_cudagraph.planning.plan import predict_run
 
@@ -55,7 +55,8 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "predicted_ttft_ms": predicted_ttft,
                     "ttft_error": (predicted_ttft / ttft - 1
                                    if ttft and predicted_ttft is not None else None),
-                    "predicted_cadence": prediction.cadence})
+                    "predicted_cadence": prediction.cadence,
+                    "host_paced": prediction.host_paced})
     return out
 
 
@@ -114,8 +115,9 @@ def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[s
             continue
         ranked = sorted(predicted, key=predicted.get, reverse=True)
         fastest = max(measured, key=measured.get)
+        paced = {r["runner"]: r["host_paced"] for r in rs}
         allowed = error if error is not None else max(
-            row_error(kind(runner), rs[0]["workload"]) for runner in ranked[:2])
+            row_error(kind(runner), rs[0]["workload"], paced[runner]) for runner in ranked[:2])
         if predicted[ranked[1]] * (1 + allowed) > predicted[ranked[0]]:
             verdict, recommended = "too close", None
         else:
@@ -132,15 +134,16 @@ def kind(runner: str) -> str:
 
 
 def errors_by_kind(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Median |error| on req/s per layout kind and workload, over the runs ``plan``'s rows
-    stand for (V1 and the plugin on vLLM's cadence left out): what ``plan`` prints beside
-    each prediction (planning/measured_cells.json, ``errors``)."""
+    """Median |error| on req/s per layout kind and class (the workload, the rows the host
+    paces apart: :func:`~vllm_pp_cudagraph.planning.measured.error_class`), over the runs
+    ``plan``'s rows stand for (V1 left out): what ``plan`` prints beside each prediction
+    (planning/measured_cells.json, ``errors``)."""
     errors: dict[str, dict[str, list[float]]] = {}
     for row in table:
         if row["runner"] in STOCK_SCHEDULE_ONLY:
             continue
-        errors.setdefault(kind(row["runner"]), {}).setdefault(row["workload"], []).append(
-            abs(row["error"]))
+        errors.setdefault(kind(row["runner"]), {}).setdefault(
+            error_class(row["workload"], row["host_paced"]), []).append(abs(row["error"]))
     return {k: {w: round(statistics.median(v), 3) for w, v in sorted(by.items())}
             for k, by in sorted(errors.items())}
 

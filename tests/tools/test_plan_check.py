@@ -35,7 +35,7 @@ def test_a_wrong_winner_is_named_and_v1_is_left_out_of_the_winners(tmp_path, cap
 
 def _predicted(runner: str, predicted: float, measured: float) -> dict:
     return {**run(runner, measured), "predicted": predicted, "error": predicted / measured - 1,
-            "tpot_error": None}
+            "tpot_error": None, "host_paced": False}
 
 
 def test_plans_rule_says_too_close_within_the_error_and_names_a_wrong_recommendation():
@@ -95,3 +95,19 @@ def test_a_served_runs_ttft_is_checked_where_the_model_predicts_it():
     assert row["ttft_error"] == row["predicted_ttft_ms"] / 2500.0 - 1
     [offline] = plan_check.rows([run("stock", 30.0, ttft_p50_ms=2500.0)])
     assert offline["predicted_ttft_ms"] is None and offline["ttft_error"] is None
+
+
+def test_rows_the_host_paces_are_flagged_and_their_errors_pooled_apart():
+    """The launch-bound 0.6B shape served at concurrency 64 is host-paced in the model, the
+    32B shape at 1,024 is not; each pace's rows get their own median error, so a served
+    0.6B row does not borrow the 32B rows' few percent."""
+    served = {"workload": "serve", "prompts": None, "vllm_version": "0.33.0",
+              "gpu": "NVIDIA H200"}
+    small = {**run("plugin", 60.0), **served, "shape": "qwen3-0.6b", "concurrency": 64,
+             "max_num_seqs": 1024, "api_servers": 4}
+    big = {**run("plugin", 40.0), **served, "concurrency": 1024, "max_num_seqs": 1024}
+    assert [r["host_paced"] for r in plan_check.rows([small, big])] == [True, False]
+    table = [{**_predicted("plugin", 42.0, 40.0), "workload": "serve"},
+             {**_predicted("plugin", 84.0, 60.0), "workload": "serve", "host_paced": True}]
+    assert plan_check.errors_by_kind(table) == {
+        "plugin": {"serve": 0.05, "serve, host-paced": 0.4}}

@@ -370,6 +370,22 @@ def test_each_row_carries_the_models_error_for_layouts_and_loads_like_it(clean_e
     assert "off by: the model's median error on req/s" in out
 
 
+def test_a_host_paced_row_carries_the_error_of_host_paced_rows(clean_env, capsys):
+    """The 0.6B shape served at concurrency 64 is paced by the host, where the model was
+    off by tens of percent: its rows say so, not the few percent of GPU-paced served rows."""
+    from vllm_pp_cudagraph.planning.measured import row_error
+
+    assert row_error("plugin", "serve", host_paced=True) > 2 * row_error("plugin", "serve")
+    _, out = run_plan(capsys, "--model", "qwen3-0.6b", "--gpus", "2", "--concurrency", "64",
+                      "--max-num-seqs", "1024", "--api-server-count", "4", *H200)
+    rows = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert f"±{row_error('plugin', 'serve', host_paced=True):.0%}" in rows["plugin PP=2"]
+    assert f"±{row_error('stock', 'serve', host_paced=True):.0%}" in rows["stock PP=2"]
+    # No TP row was served yet: it takes the largest host-paced error, not the median.
+    assert row_error("tp", "serve", host_paced=True) == row_error("plugin", "serve", True)
+    assert f"±{row_error('plugin', 'serve', host_paced=True):.0%}" in rows["stock TP=2"]
+
+
 def test_two_layouts_are_too_close_within_the_larger_of_their_errors(monkeypatch):
     """A pair of layouts is too close to call where their predictions differ by less than
     the larger of the two kinds' errors, not the overall median."""
@@ -377,7 +393,7 @@ def test_two_layouts_are_too_close_within_the_larger_of_their_errors(monkeypatch
     from vllm_pp_cudagraph.planning.pipeline_model import Prediction
 
     errors = {"plugin": 0.25, "tp": 0.05, "stock": 0.05}
-    monkeypatch.setattr(plan, "row_error", lambda kind, workload: errors[kind])
+    monkeypatch.setattr(plan, "row_error", lambda kind, workload, host_paced: errors[kind])
 
     tp = Prediction("stock TP=2", 1, 2, 0.02, 40.0, 1000.0, ())
     plugin = Prediction("plugin PP=2", 2, 1, 0.02, 34.0, 1000.0, ())  # 18% apart

@@ -57,11 +57,26 @@ def median_error() -> float:
     return float(_table()["median_error"])
 
 
-def row_error(kind: str, workload: str) -> float:
+def error_class(workload: str, host_paced: bool) -> str:
+    """The class of rows whose errors are pooled: the workload, and whether the host paced
+    the predicted steps (the model's host time is an offline fit, its GPU time a table)."""
+    return f"{workload}, host-paced" if host_paced else workload
+
+
+def row_error(kind: str, workload: str, host_paced: bool = False) -> float:
     """How far the model was off at the median for rows of ``kind`` (``plugin``, ``stock``
-    or ``tp``) under ``workload`` (``engine`` or ``serve``) on the measured runs; the
-    overall median where none of that kind was measured."""
-    return float(_table().get("errors", {}).get(kind, {}).get(workload, median_error()))
+    or ``tp``) under ``workload`` (``engine`` or ``serve``), paced as ``host_paced`` says,
+    on the measured runs. A host-paced row of a kind none was measured like takes the
+    largest error of the kinds that were (the host time is one term for every layout);
+    else the kind's error under ``workload``, or the overall median where none was."""
+    errors = _table().get("errors", {})
+    wanted = error_class(workload, host_paced)
+    if wanted in errors.get(kind, {}):
+        return float(errors[kind][wanted])
+    paced_alike = [by[wanted] for by in errors.values() if wanted in by]
+    if host_paced and paced_alike:
+        return float(max(paced_alike))
+    return float(errors.get(kind, {}).get(workload, median_error()))
 
 
 def cells() -> list[MeasuredCell]:

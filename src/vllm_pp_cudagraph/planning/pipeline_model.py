@@ -125,6 +125,8 @@ class Prediction:
     ttft_s: float | None = None
     """TTFT p50 under ``serve`` where the GPUs pace the steps; None for an offline batch
     or where the host does (its TTFT is the API servers' and the scheduler's, not modelled)."""
+    host_paced: bool = False
+    """Whether the model's host time per step, not its GPU time, sets the step."""
 
 
 def kv_read_s(shape: ModelShape, batch: float, context: float, rates: Rates = FITTED) -> float:
@@ -214,7 +216,7 @@ def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s:
                       output_tok_per_s=work.output_len / per_request,
                       busy=tuple(min(1.0, b) for b in busy),
                       ttft_s=(TTFT_P50_SHARE * wait if work.kind == "serve" and not host_paced
-                              else None), **extra)
+                              else None), host_paced=host_paced, **extra)
 
 
 def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence: str,

@@ -236,8 +236,9 @@ def _within_error(prediction: Prediction, reference: Prediction, workload: str) 
 
 def _error(prediction: Prediction, workload: str) -> float:
     """The model's median error on measured cells of ``prediction``'s kind of layout (the
-    plugin's PP, stock PP or TP: the runner ``bench`` measures it with) and ``workload``."""
-    return row_error(bench_runner(prediction)[0], workload)
+    plugin's PP, stock PP or TP: the runner ``bench`` measures it with), ``workload`` and
+    pace (host or GPUs)."""
+    return row_error(bench_runner(prediction)[0], workload, prediction.host_paced)
 
 
 def _unmeasured_rival(cell: MeasuredCell, choices: list[Prediction],
@@ -299,7 +300,7 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
         lines.append(f"  its KV cache holds {best.kv_tokens:,} tokens, fewer than the "
                      f"{need:,} of {work.running} running requests: expect preemption")
     lines.append("off by: the model's median error on req/s over the measured cells of that "
-                 f"layout and workload ({work.kind})")
+                 f"layout and workload ({work.kind}), rows the host paces apart")
     lines.append(f"rests on: {source}; TP's shard on its own measured table where one "
                  "ships, else on the bytes/FLOPs model scaled to the full shape's. "
                  "How far such predictions were off on measured cells: docs/performance.md, "
