@@ -300,7 +300,8 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
         lines.append(f"  its KV cache holds {best.kv_tokens:,} tokens, fewer than the "
                      f"{need:,} of {work.running} running requests: expect preemption")
     lines.append("off by: the model's median error on req/s over the measured cells of that "
-                 f"layout and workload ({work.kind}), rows the host paces apart")
+                 f"layout and workload ({work.kind}), apart where the host, not the GPUs, "
+                 "sets the step")
     lines.append(f"rests on: {source}; TP's shard on its own measured table where one "
                  "ships, else on the bytes/FLOPs model scaled to the full shape's. "
                  "How far such predictions were off on measured cells: docs/performance.md, "
