@@ -73,8 +73,7 @@ def row_error(kind: str, workload: str, host_paced: bool = False) -> float:
     wanted = error_class(workload, host_paced)
     if wanted in errors.get(kind, {}):
         return float(errors[kind][wanted])
-    paced_alike = [by[wanted] for by in errors.values() if wanted in by]
-    if host_paced and paced_alike:
+    if host_paced and (paced_alike := [by[wanted] for by in errors.values() if wanted in by]):
         return float(max(paced_alike))
     return float(errors.get(kind, {}).get(workload, median_error()))
 
