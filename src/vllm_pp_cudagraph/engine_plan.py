@@ -28,8 +28,8 @@ class EngineFacts:
     :meth:`of`, or described by ``check`` and ``plan`` for an engine not started."""
 
     pp: int
+    #: The model's Hugging Face config (object or dict), for the split's costs.
     model: Any
-    """The model's Hugging Face config (object or dict), for the split's costs."""
     max_num_seqs: int
     max_num_batched_tokens: int | None = None
     num_layers: int | None = None  # vLLM's count, where it differs from the config's
@@ -79,19 +79,19 @@ class EnginePlan:
     plan from the same inputs; the layer split under ``auto`` needs the GPU's memory, which
     only a worker reads (``split_decided`` says whether this plan had it)."""
 
+    #: Why stock vLLM of this release fails this engine, and what to change.
     refusal: str | None
-    """Why stock vLLM of this release fails this engine, and what to change."""
+    #: Why the workers run vLLM's own runner; None where they run the plugin's.
     stand_aside: str | None
-    """Why the workers run vLLM's own runner; None where they run the plugin's."""
     no_pipeline: bool
+    #: The decode cadence the engine core's scheduler runs.
     cadence: DecodeCadence
-    """The decode cadence the engine core's scheduler runs."""
     asked_cadence: DecodeCadence
     direct_handoff: bool
     direct_handoff_blocker: str | None
     layer_partition: LayerPartition
+    #: Layers per stage, where known (vLLM's split under the default is known only to vLLM).
     layers: tuple[int, ...] | None
-    """Layers per stage, where known (vLLM's split under the default is known only to vLLM)."""
     split_decided: bool
     partition: layer_partition.Decision = field(compare=False, repr=False)
 
@@ -149,25 +149,21 @@ def _handoff_blocker(facts: EngineFacts) -> str | None:
     return None
 
 
-def _partition(settings: PPCudaGraphSettings, facts: EngineFacts,
-               gpu_memory_bytes: int | None) -> layer_partition.Decision:
+def plan_engine(settings: PPCudaGraphSettings, facts: EngineFacts,
+                gpu_memory_bytes: int | None = None) -> EnginePlan:
+    """The plan for the engine of ``facts`` under ``settings`` and the process's hand-set
+    split (``hand_set_partition()``, vLLM's variable); ``gpu_memory_bytes`` is the GPU's (a
+    worker's, or the one ``check`` and ``plan`` are told of), which the ``auto`` layer split
+    needs."""
+    no_pipeline = support.no_pipeline_reason(facts.pp) is not None
     memory = layer_partition.Memory(
         gpu_memory_bytes if facts.kv_cache_memory_bytes is None else None,
         facts.gpu_memory_utilization, facts.kv_cache_memory_bytes)
-    return layer_partition.decide(
+    partition = layer_partition.decide(
         settings.layer_partition, facts.model, facts.pp, facts.max_num_seqs,
         hand_set_partition(), num_layers=facts.num_layers, dtype_bytes=facts.dtype_bytes,
         quantized=facts.quantized, memory=memory,
         max_num_batched_tokens=facts.max_num_batched_tokens)
-
-
-def plan_engine(settings: PPCudaGraphSettings, facts: EngineFacts,
-                gpu_memory_bytes: int | None = None) -> EnginePlan:
-    """The plan for the engine of ``facts`` under ``settings`` and the process's hand-set
-    split (``hand_set_partition()``, vLLM's variable); ``gpu_memory_bytes`` is the GPU's (a worker's,
-    or the one ``check`` and ``plan`` are told of), which the ``auto`` layer split needs."""
-    no_pipeline = support.no_pipeline_reason(facts.pp) is not None
-    partition = _partition(settings, facts, gpu_memory_bytes)
     refusal = None if no_pipeline else support.known_failure(
         facts.pp, facts.speculative, facts.async_scheduling,
         facts.num_layers or num_hidden_layers(facts.model), partition.layers)
@@ -191,11 +187,11 @@ def engine_core_plan(settings: PPCudaGraphSettings, vllm_config: VllmConfig) -> 
     scheduler hook or the engine check, whichever comes first) and shared after."""
     key = id(vllm_config)
     held = _engine_core_plans.get(key)
-    new_config = held is None or held[0]() is not vllm_config
-    if new_config or held[1] != settings:
-        plan = plan_engine(settings, EngineFacts.of(vllm_config))
-        held = (weakref.ref(vllm_config), settings, plan)
-        _engine_core_plans[key] = held
-    if new_config:  # dropped with its config, so a later config at this id plans afresh
+    if held is None or held[0]() is not vllm_config:
+        # Dropped with its config, so a later config at this id plans afresh.
         weakref.finalize(vllm_config, _engine_core_plans.pop, key, None)
-    return held[2]
+    elif held[1] == settings:
+        return held[2]
+    plan = plan_engine(settings, EngineFacts.of(vllm_config))
+    _engine_core_plans[key] = (weakref.ref(vllm_config), settings, plan)
+    return plan

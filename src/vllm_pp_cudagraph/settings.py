@@ -51,7 +51,7 @@ def _lower(value: Any) -> Any:
 def _partition_choice(value: Any) -> Any:
     """``vllm`` or ``auto``; a list of layer counts is pointed to vLLM's own variable."""
     value = _lower(value)
-    if isinstance(value, str) and re.fullmatch(r"[\d\s,]+", value) and any(c.isdigit() for c in value):
+    if isinstance(value, str) and re.fullmatch(r"[\d\s,]+", value) and re.search(r"\d", value):
         split = re.sub(r"\s", "", value)
         raise ValueError(
             "expected 'vllm' or 'auto'; a split set by hand goes in vLLM's own "
@@ -60,7 +60,14 @@ def _partition_choice(value: Any) -> Any:
     return value
 
 
-class DecodeCadence(str, Enum):
+class _Choice(str, Enum):
+    """A setting's choices; each prints as its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DecodeCadence(_Choice):
     """How often a running request may decode under PP (see ``decode_cadence.py``)."""
 
     AUTO = "auto"
@@ -69,18 +76,12 @@ class DecodeCadence(str, Enum):
     FILL = "fill"
     VLLM = "vllm"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class LayerPartition(str, Enum):
+class LayerPartition(_Choice):
     """How the decoder layers are split over the pipeline stages (see ``layer_partition.py``)."""
 
     VLLM = "vllm"
     AUTO = "auto"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: Settings that were replaced, with what to set instead.
@@ -258,27 +259,22 @@ class PPCudaGraphSettings(BaseModel):
         """Read every ``VLLM_PP_CUDAGRAPH_*`` variable; unknown names are errors."""
         environ = os.environ if environ is None else environ
         known = {cls.env_name(name): name for name in cls.model_fields}
-        values: dict[str, str] = {}
-        for key, raw in environ.items():
-            if not key.startswith(ENV_PREFIX):
-                continue
+        for key in environ:
             if key in REPLACED:
                 raise SettingsError(f"{key} was replaced: set {REPLACED[key]}.")
-            if key not in known:
+            if key.startswith(ENV_PREFIX) and key not in known:
                 raise SettingsError(
                     f"Unknown setting {key}. Known settings: {', '.join(sorted(known))}."
                 )
-            values[known[key]] = raw
+        values = {known[key]: raw for key, raw in environ.items() if key in known}
         try:
             return cls(**values)
         except ValidationError as exc:
             problems = []
             for err in exc.errors():
                 field = str(err["loc"][0])
-                problems.append(
-                    f"{cls.env_name(field)}={values.get(field)!r}: "
-                    f"{err['msg'].removeprefix('Value error, ')}"
-                )
+                message = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{cls.env_name(field)}={values.get(field)!r}: {message}")
             raise SettingsError("Invalid plugin setting: " + "; ".join(problems)) from None
 
     @classmethod
@@ -292,8 +288,5 @@ class PPCudaGraphSettings(BaseModel):
     @classmethod
     def describe(cls) -> list[tuple[str, str, str]]:
         """(variable, default, description) rows; the README's table must list them."""
-        rows = []
-        for name, field in cls.model_fields.items():
-            default = field.default.value if isinstance(field.default, Enum) else field.default
-            rows.append((cls.env_name(name), str(default), field.description or ""))
-        return rows
+        return [(cls.env_name(name), str(field.default), field.description or "")
+                for name, field in cls.model_fields.items()]

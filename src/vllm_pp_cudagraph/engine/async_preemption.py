@@ -11,9 +11,8 @@ UpdateFn = Callable[[Any, Any], None]
 def frames_in_flight(scheduler: Any, request: Any) -> int | None:
     """Output frames of ``request`` still in flight, or None if they cannot be counted
     (with draft tokens, whose frames hold varying numbers of placeholders)."""
-    if getattr(scheduler, "num_spec_tokens", 0) or getattr(
-        scheduler, "num_sampled_tokens_per_step", 1
-    ) != 1:
+    drafts = getattr(scheduler, "num_spec_tokens", 0)
+    if drafts or getattr(scheduler, "num_sampled_tokens_per_step", 1) != 1:
         return None
     return request.num_output_placeholders
 

@@ -11,7 +11,7 @@ import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm.logger import init_logger
 
@@ -62,14 +62,13 @@ def _similar_load(decoders: float, reference: float, share: float = SIMILAR_LOAD
 
 @dataclass
 class _Window:
-    """Steps measured under one cadence since ``start`` (clock seconds), in rounds of
-    ``round_steps`` (``pp_size``: every decode group's turn once)."""
+    """Steps measured under one cadence (at clock seconds ``times``, the first its start),
+    in rounds of ``round_steps`` (``pp_size``: every decode group's turn once)."""
 
-    start: float
     round_steps: int
-    times: list[float] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    decoders: list[int] = field(default_factory=list)
+    times: list[float]
+    tokens: list[int]
+    decoders: list[int]
 
     def add(self, now: float, tokens: int, decoders: int) -> None:
         self.times.append(now)
@@ -82,7 +81,7 @@ class _Window:
 
     @property
     def mean_decoders(self) -> float:
-        return statistics.fmean(self.decoders) if self.decoders else 0.0
+        return statistics.fmean(self.decoders)
 
     def token_interval(self, now: float) -> float | None:
         """Seconds a decoding request waited per token: the median over the window's
@@ -92,7 +91,7 @@ class _Window:
         By rounds, not steps: where groups are uneven, steps alternate between long and
         short (an empty step costs the scheduler a moment), and a round takes them all."""
         durations = [b - a for a, b in zip(self.times, [*self.times[1:], now])]
-        elapsed = now - self.start
+        elapsed = now - self.times[0]
         longest = max(durations)
         if elapsed <= 0 or (longest > 0.5 * elapsed
                             and longest > 4 * statistics.median(durations)):
@@ -141,35 +140,28 @@ class CadenceChooser:
     each load as at a steady one.
     """
 
-    def __init__(
-        self,
-        pp_size: int,
-        window_rounds: int = 3,
-        margin: float = MARGIN,
-        first_gap: int = 8,
-        growth: int = 4,
-        longest_gap: int = 128,
-        longest_backoff: int = 1024,
-        regroup: float = 0.5,
-        recent: int = 3,
-        clock: Callable[[], float] = time.monotonic,
-    ):
+    window_rounds = 3
+    margin = MARGIN
+    first_gap = 8
+    growth = 4
+    longest_gap = 128
+    longest_backoff = 1024
+    #: The share by which the decoding requests move before the load counts as moved.
+    regroup = 0.5
+    #: How many of the incumbent's latest windows its reference is the median of.
+    recent = 3
+
+    def __init__(self, pp_size: int, clock: Callable[[], float] = time.monotonic):
         self.pp_size = pp_size
         #: Steps per window: every group decodes ``window_rounds`` times in one.
-        self.window_steps = window_rounds * pp_size
-        self.margin = margin
-        self.first_gap = first_gap
-        self.growth = growth
-        self.longest_gap = longest_gap
-        self.longest_backoff = longest_backoff
-        self.regroup = regroup
+        self.window_steps = self.window_rounds * pp_size
         self.clock = clock
         self.incumbent = STOCK
         self.cadence = STOCK
         #: Whether the incumbent is merge only because too few requests decoded to form groups.
         self._forced = False
         #: Per other candidate: windows of the incumbent between its trials, and left now.
-        self._gap = {c: first_gap for c in CANDIDATES}
+        self._gap = {c: self.first_gap for c in CANDIDATES}
         self._windows_left = {c: 1 for c in CANDIDATES}
         #: Per candidate, its back-off at each load it lost at.
         self._back_offs: dict[DecodeCadence, list[_BackOff]] = {c: [] for c in CANDIDATES}
@@ -181,7 +173,7 @@ class CadenceChooser:
         #: A winning trial (cadence, token interval, decoding requests) awaiting confirmation.
         self._candidate: tuple[DecodeCadence, float, float] | None = None
         #: The incumbent's last windows (token interval, decoding requests), newest last.
-        self._recent: deque[tuple[float, float]] = deque(maxlen=recent)
+        self._recent: deque[tuple[float, float]] = deque(maxlen=self.recent)
         self._decided_decoders = 0.0
         #: Adopted switches: (step, cadence, its token interval, the incumbent's, decoding requests).
         self.switches: list[tuple[int, DecodeCadence, float, float, float]] = []
@@ -206,8 +198,7 @@ class CadenceChooser:
             return self.cadence
         window = self._window
         if window is None:
-            self._window = _Window(start=now, round_steps=self.pp_size)
-            self._window.add(now, tokens, decoders)
+            self._window = _Window(self.pp_size, [now], [tokens], [decoders])
             return self.cadence
         if window.steps < self.window_steps:
             if self._trial is not None and window.steps == self.pp_size:
@@ -219,32 +210,29 @@ class CadenceChooser:
             window.add(now, tokens, decoders)
             return self.cadence
         interval = window.token_interval(now)
-        self._window = _Window(start=now, round_steps=self.pp_size)
-        self._window.add(now, tokens, decoders)
+        self._window = _Window(self.pp_size, [now], [tokens], [decoders])
         if interval is not None:
             self._judge(interval, window.mean_decoders)
         return self.cadence
 
     def _judge(self, interval: float, decoders: float) -> None:
+        """Judge the window just measured: a trial's, the incumbent's after a trial that
+        won, or the incumbent's."""
         if self._trial is not None:
-            self._judge_trial(interval, decoders)
+            reference = self._reference()
+            if (reference is not None and _similar_load(decoders, reference[1])
+                    and self._wins(interval, reference[0])):
+                # Adopt only once the incumbent's window after the trial confirms it.
+                self._candidate = (self._trial, interval, decoders)
+                self._trial = None
+                self._use(self.incumbent)
+            else:
+                self._end_trial(interval, decoders)
         elif self._candidate is not None and _similar_load(decoders, self._candidate[2]):
             self._confirm(interval, decoders)
         else:
             self._candidate = None
             self._incumbent_window(interval, decoders)
-
-    def _judge_trial(self, interval: float, decoders: float) -> None:
-        trial, reference = self._trial, self._reference()
-        assert trial is not None
-        if (reference is not None and _similar_load(decoders, reference[1])
-                and self._wins(interval, reference[0])):
-            # Adopt only once the incumbent's window after the trial confirms it.
-            self._trial = None
-            self._candidate = (trial, interval, decoders)
-            self._use(self.incumbent)
-        else:
-            self._end_trial(interval, decoders)
 
     def _confirm(self, interval: float, decoders: float) -> None:
         trial, trial_interval, trial_decoders = self._candidate
@@ -268,9 +256,8 @@ class CadenceChooser:
             # had forced merge.
             resume = self._winner_at(decoders) or (STOCK if self._forced else self.incumbent)
             self._forced = False
-            if resume is not self.incumbent:
-                self.incumbent = resume
-                self._use(resume)
+            self.incumbent = resume
+            self._use(resume)
             self._recent.clear()
             self._decided_decoders = decoders
             self._reset_gaps(decoders, first_trial_in=1)
@@ -328,9 +315,7 @@ class CadenceChooser:
         self._verdict(trial, interval, reference[0], decoders, "lost widely" if wide else "held")
         if wide:
             self.wide_losses[trial.value] += 1
-            self._back_off(trial, self.longest_backoff)
-        else:
-            self._back_off(trial, self.longest_gap)
+        self._back_off(trial, self.longest_backoff if wide else self.longest_gap)
 
     def _verdict(self, trial: DecodeCadence, interval: float | None, against: float | None,
                  decoders: float, outcome: str) -> None:
@@ -382,8 +367,8 @@ class CadenceChooser:
 
     def _winner_at(self, decoders: float) -> DecodeCadence | None:
         """The cadence adopted last at about ``decoders`` decoding requests, if any."""
-        found = [cadence for load, cadence in self._winners if _similar_load(decoders, load)]
-        return found[-1] if found else None
+        return next((cadence for load, cadence in reversed(self._winners)
+                     if _similar_load(decoders, load)), None)
 
     def _reset_gaps(self, decoders: float, first_trial_in: int) -> None:
         """A new load or incumbent: every candidate is due again soon, except one that

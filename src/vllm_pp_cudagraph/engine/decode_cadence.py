@@ -37,21 +37,16 @@ def scheduler_state(scheduler: Any) -> _SchedulerState | None:
 def may_lift(request: Any) -> bool:
     """Whether ``request`` may decode sooner than vLLM's cadence lets it: not under
     structured output, nor when the outputs in flight already reach ``max_tokens``."""
-    if request.use_structured_output:
-        return False
-    in_flight = request.num_output_placeholders
-    return request.num_output_tokens + in_flight < request.max_tokens
+    return not request.use_structured_output and (
+        request.num_output_tokens + request.num_output_placeholders < request.max_tokens)
 
 
-def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
+def lift_idle_cadence(running: list[Any], step: int) -> int:
     """Let the soonest-eligible group decode at ``step`` if no request may; return its size
     (``step``: the ``current_step`` this ``schedule()`` call will have)."""
-    held = []
-    for request in running:
-        if request.next_decode_eligible_step <= step:
-            return 0
-        if may_lift(request):
-            held.append(request)
+    if any(r.next_decode_eligible_step <= step for r in running):
+        return 0
+    held = [r for r in running if may_lift(r)]
     if not held:
         return 0
     soonest = min(r.next_decode_eligible_step for r in held)
@@ -63,19 +58,16 @@ def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
 
 def merge_decode_groups(running: Iterable[Any], step: int) -> int:
     """Let every held request that :func:`may_lift` decode at ``step``; return how many."""
-    lifted = 0
-    for request in running:
-        if request.next_decode_eligible_step > step and may_lift(request):
-            request.next_decode_eligible_step = step
-            lifted += 1
-    return lifted
+    lifted = [r for r in running if r.next_decode_eligible_step > step and may_lift(r)]
+    for request in lifted:
+        request.next_decode_eligible_step = step
+    return len(lifted)
 
 
 def is_decoding(request: Any) -> bool:
     """Whether ``request`` has a token out or in flight and no prompt chunk left."""
-    if request.is_prefill_chunk:
-        return False
-    return request.num_output_tokens + request.num_output_placeholders > 0
+    return not request.is_prefill_chunk and (
+        request.num_output_tokens + request.num_output_placeholders > 0)
 
 
 def balance_decode_groups(running: Iterable[Any], step: int, pp_size: int) -> int:
@@ -97,19 +89,14 @@ def decode_phases(running: Iterable[Any], pp_size: int) -> dict[str, int]:
     return {r.request_id: r.next_decode_eligible_step % pp_size for r in running}
 
 
-def restore_decode_phases(running: Iterable[Any], phases: dict[str, int], pp_size: int) -> int:
+def restore_decode_phases(running: Iterable[Any], phases: dict[str, int], pp_size: int) -> None:
     """Delay each request in ``phases`` to the next step of its recorded group (never
-    sooner; structured outputs are left alone); return how many moved."""
-    moved = 0
+    sooner; structured outputs are left alone)."""
     for request in running:
         phase = phases.get(request.request_id)
-        if phase is None or request.use_structured_output:
-            continue
-        delay = (phase - request.next_decode_eligible_step) % pp_size
-        if delay:
+        if phase is not None and not request.use_structured_output:
+            delay = (phase - request.next_decode_eligible_step) % pp_size
             request.next_decode_eligible_step += delay
-            moved += 1
-    return moved
 
 
 def may_admit(scheduler: Any) -> bool:

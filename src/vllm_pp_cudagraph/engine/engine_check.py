@@ -76,14 +76,6 @@ def check_plans(plan: EnginePlan, workers: list[dict[str, Any] | None]) -> list[
     return problems
 
 
-def _record(vllm_config: VllmConfig, plan: EnginePlan, workers: list) -> None:
-    """Leave the engine's plan and its workers' where ``bench`` and ``check`` read them
-    (with the per-stage metrics on or off)."""
-    engine = getattr(vllm_config.parallel_config, "data_parallel_rank", 0)
-    write_snapshot(PlanRecord(f"engine-{engine}", {"engine": plan.record(),
-                                                   "workers": workers}))
-
-
 def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
                   plan: EnginePlan) -> None:
     """Refuse an engine whose workers cannot follow its ``plan``; otherwise log the one
@@ -102,8 +94,11 @@ def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
     try:
         problems = check_plans(plan, workers)
     finally:
-        _record(vllm_config, plan, workers)
-    layout = (f"PP={parallel.pipeline_parallel_size} x TP={parallel.tensor_parallel_size}")
+        # Where ``bench`` and ``check`` read the plans (with the per-stage metrics on or off).
+        engine = getattr(parallel, "data_parallel_rank", 0)
+        write_snapshot(PlanRecord(f"engine-{engine}", {"engine": plan.record(),
+                                                       "workers": workers}))
+    layout = f"PP={parallel.pipeline_parallel_size} x TP={parallel.tensor_parallel_size}"
     if len(problems) == len(workers):
         reason = plan.stand_aside or "no worker runs its runner"
         say = logger.info if plan.no_pipeline else logger.warning
