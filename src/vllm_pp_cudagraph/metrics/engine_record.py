@@ -5,7 +5,7 @@ scheduler hook."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,25 +26,22 @@ def group_sizes(running: Iterable[Any], pp_size: int) -> tuple[int, ...]:
 
 @dataclass
 class EngineRecord:
-    """Writes one engine's snapshot at most every ``interval_s`` seconds."""
+    """Writes one engine's snapshot at most every :data:`INTERVAL_S` seconds."""
 
     engine: int
     pp_size: int
     asked_cadence: str
     layer_split: tuple[int, ...]
     split_reason: str
-    interval_s: float = INTERVAL_S
-    clock: Callable[[], float] = time.monotonic
-    write: Callable[[EngineSnapshot], object] = write_snapshot
     _last: float | None = None
 
     def step(self, running: list, cadence: str, chooser: CadenceChooser | None) -> None:
-        now = self.clock()
-        if self._last is not None and now - self._last < self.interval_s:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < INTERVAL_S:
             return
         self._last = now
         switches = chooser.switches if chooser is not None else []
-        self.write(EngineSnapshot(
+        write_snapshot(EngineSnapshot(
             engine=self.engine, time=time.time(), pp_size=self.pp_size, cadence=cadence,
             asked_cadence=self.asked_cadence, cadence_switches_total=len(switches),
             last_switch_reason=_reason(switches[-1]) if switches else None,

@@ -12,10 +12,11 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -56,63 +57,34 @@ def metrics_dir() -> Path:
     return ensure_metrics_dir()
 
 
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
-    return value
-
-
-def _float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string, got {value!r}")
-    return value
-
-
-def _optional_float(value: Any) -> float | None:
-    # A non-finite prediction means no prediction; it must not drop the whole snapshot.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return None if value is None else _float(value)
-
-
-def _optional_str(value: Any) -> str | None:
-    return None if value is None else _str(value)
-
-
-def _ints(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"expected a list of integers, got {value!r}")
-    return tuple(_int(item) for item in value)
-
-
-def _records(value: Any) -> tuple[dict[str, Any], ...]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, dict) for v in value):
-        raise ValueError(f"expected a list of objects, got {value!r}")
-    return tuple(value)
-
-
-def _strs(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"expected a list of strings, got {value!r}")
-    return tuple(_str(item) for item in value)
-
-
-_READERS: dict[str, Callable[[Any], Any]] = {
-    "int": _int,
-    "float": _float,
-    "str": _str,
-    "float | None": _optional_float,
-    "str | None": _optional_str,
-    "tuple[int, ...]": _ints,
-    "tuple[str, ...]": _strs,
-    "tuple[dict[str, Any], ...]": _records,
+#: A field's type -> (the JSON values it takes, what an error calls it). The snapshots'
+#: other fields are ``X | None`` and ``tuple[X, ...]`` of these.
+_JSON_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "int": (int, "an integer"),
+    "float": ((int, float), "a finite number"),
+    "str": (str, "a string"),
+    "dict[str, Any]": (dict, "an object"),
 }
+
+
+def _read_field(type_name: str, value: Any) -> Any:
+    """``value`` as a field of type ``type_name``; ValueError where it is not one."""
+    # A non-finite prediction means no prediction; it must not drop the whole snapshot.
+    if type_name == "float | None" and isinstance(value, float) and not math.isfinite(value):
+        return None
+    if type_name.endswith(" | None"):
+        return None if value is None else _read_field(type_name.removesuffix(" | None"), value)
+    if type_name.startswith("tuple["):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"expected a list, got {value!r}")
+        item_type = type_name.removeprefix("tuple[").removesuffix(", ...]")
+        return tuple(_read_field(item_type, item) for item in value)
+    kinds, expected = _JSON_TYPES[type_name]
+    if (isinstance(value, bool) or not isinstance(value, kinds)
+            or isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"expected {expected}, got {value!r}")
+    return float(value) if type_name == "float" else value
+
 
 S = TypeVar("S", bound="_Snapshot")
 
@@ -138,7 +110,7 @@ class _Snapshot:
         for field in dataclasses.fields(cls):  # type: ignore[arg-type]
             if field.name in data:
                 try:
-                    values[field.name] = _READERS[str(field.type)](data[field.name])
+                    values[field.name] = _read_field(str(field.type), data[field.name])
                 except ValueError as exc:
                     raise ValueError(f"{field.name}: {exc}") from None
             elif field.default is dataclasses.MISSING:
@@ -205,10 +177,8 @@ class EngineSnapshot(_Snapshot):
 
     def __post_init__(self) -> None:
         # Callers pass lists; the frozen snapshot keeps tuples.
-        object.__setattr__(self, "group_sizes", tuple(self.group_sizes))
-        object.__setattr__(self, "cadences_adopted", tuple(self.cadences_adopted))
-        object.__setattr__(self, "recent_trials", tuple(self.recent_trials))
-        object.__setattr__(self, "layer_split", tuple(self.layer_split))
+        for name in ("group_sizes", "cadences_adopted", "recent_trials", "layer_split"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def filename(self) -> str:
@@ -247,11 +217,8 @@ def read_capture_records(directory: Path) -> dict[tuple[int, int], dict[str, Any
     out."""
     records = {}
     for name, record in _read_records(directory, CaptureRecord.kind).items():
-        try:
-            stage, tp_rank = (int(n) for n in name.split("-"))
-        except ValueError:
-            continue
-        records[stage, tp_rank] = record
+        if ranks := re.fullmatch(r"([0-9]+)-([0-9]+)", name):
+            records[int(ranks[1]), int(ranks[2])] = record
     return records
 
 

@@ -80,8 +80,7 @@ class StageClock:
             if self._last_end is not None:
                 self.idle_ms_total += max(0.0, self._last_end.elapsed_time(start))
             self._last_end = end
-        steps = self.timed_steps_total - window.steps
-        if now - window.start >= self.interval_s and steps:
+        if now - window.start >= self.interval_s and self.timed_steps_total > window.steps:
             self.write(self._snapshot(window, now))
             self._window = self._open_window(now)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from vllm.config import VllmConfig
@@ -23,7 +23,6 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.metrics.snapshots import (
-    DEFAULT_MAX_AGE_S,
     EngineSnapshot,
     StageSnapshot,
     metrics_dir,
@@ -68,8 +67,10 @@ STAGE_COUNTERS: dict[str, tuple[str, str]] = {
     "stage_eager_steps": ("Steps the stage ran eagerly.", "eager_steps_total"),
 }
 
-#: ``auto``'s probes of other cadences: what its trials cost (from the engine snapshot).
-CADENCE_PROBE_COUNTERS: dict[str, tuple[str, str]] = {
+#: Per-engine counters: name (without ``_total``) -> (help, cumulative engine snapshot field):
+#: the cadence's switches, and what ``auto``'s probes of other cadences cost.
+ENGINE_COUNTERS: dict[str, tuple[str, str]] = {
+    "cadence_switches": ("Switches of the decode cadence.", "cadence_switches_total"),
     "cadence_trials": ("Trials auto made of another decode cadence.", "cadence_trials_total"),
     "cadence_trial_steps": ("Steps scheduled under a trial cadence.",
                             "cadence_trial_steps_total"),
@@ -88,26 +89,19 @@ class PipelineView:
     engine_snapshot: EngineSnapshot | None = None
     #: (snapshot counter field, stage) -> total, for every stage ever seen (stage None:
     #: the engine's own counters).
-    stage_totals: Mapping[tuple[str, int], int] = field(default_factory=dict)
-    switches_total: int | None = None
+    totals: Mapping[tuple[str, int | None], int] = field(default_factory=dict)
     #: Every (cadence, asked cadence) pair reported so far, in order.
     cadences: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def has_reports(self) -> bool:
-        return bool(self.stages) or self.engine_snapshot is not None
 
-
-def metric_families(views: Iterable[PipelineView]) -> list[Metric]:
+def metric_families(views: list[PipelineView]) -> list[Metric]:
     """The Prometheus families for ``views``; every family, even without samples."""
-    views = list(views)
     families: list[Metric] = []
     for name, (doc, value_of) in STAGE_GAUGES.items():
         family = GaugeMetricFamily(PREFIX + name, doc, labels=_STAGE)
         for view in views:
             for stage, snap in sorted(view.stages.items()):
-                value = value_of(snap)
-                if value is not None:
+                if (value := value_of(snap)) is not None:
                     family.add_metric([str(view.engine), str(stage)], value)
         families.append(family)
     reporting = GaugeMetricFamily(
@@ -118,18 +112,28 @@ def metric_families(views: Iterable[PipelineView]) -> list[Metric]:
         for stage in range(view.pp_size):
             reporting.add_metric([str(view.engine), str(stage)], int(stage in view.stages))
     families.append(reporting)
-    for name, (doc, total_field) in STAGE_COUNTERS.items():
-        family = CounterMetricFamily(PREFIX + name, doc, labels=_STAGE)
-        for view in views:
-            for (key, stage), total in sorted(view.stage_totals.items()):
-                if key == total_field:
-                    family.add_metric([str(view.engine), str(stage)], total)
-        families.append(family)
-    families.extend(_engine_families(views))
+    families.extend(_counter_families(STAGE_COUNTERS, _STAGE, views))
+    families.extend(_engine_gauges(views))
+    families.extend(_counter_families(ENGINE_COUNTERS, ["engine"], views))
     return families
 
 
-def _engine_families(views: list[PipelineView]) -> list[Metric]:
+def _counter_families(counters: Mapping[str, tuple[str, str]], labels: list[str],
+                      views: list[PipelineView]) -> list[Metric]:
+    """A family per counter from ``views``' totals: a stage's, or the engine's (stage None)."""
+    families = []
+    for name, (doc, total_field) in counters.items():
+        family = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+        for view in views:
+            for (key, stage), total in sorted(view.totals.items()):
+                if key == total_field:
+                    stage_label = [] if stage is None else [str(stage)]
+                    family.add_metric([str(view.engine), *stage_label], total)
+        families.append(family)
+    return families
+
+
+def _engine_gauges(views: list[PipelineView]) -> list[Metric]:
     groups = GaugeMetricFamily(PREFIX + "decode_group_size",
                                "Running decode requests in each decode group, last step.",
                                labels=["engine", "group"])
@@ -139,10 +143,6 @@ def _engine_families(views: list[PipelineView]) -> list[Metric]:
     cadence = GaugeMetricFamily(PREFIX + "cadence",
                                 "1 for the decode cadence in effect, 0 for those before.",
                                 labels=["engine", "cadence", "asked"])
-    switches = CounterMetricFamily(PREFIX + "cadence_switches",
-                                   "Switches of the decode cadence.", labels=["engine"])
-    probes = [CounterMetricFamily(PREFIX + name, doc, labels=["engine"])
-              for name, (doc, _) in CADENCE_PROBE_COUNTERS.items()]
     for view in views:
         engine, snap = str(view.engine), view.engine_snapshot
         if snap is not None:
@@ -152,25 +152,18 @@ def _engine_families(views: list[PipelineView]) -> list[Metric]:
         current = None if snap is None else (snap.cadence, snap.asked_cadence)
         for pair in view.cadences:
             cadence.add_metric([engine, *pair], int(pair == current))
-        if view.switches_total is not None:
-            switches.add_metric([engine], view.switches_total)
-        for family, (_, key) in zip(probes, CADENCE_PROBE_COUNTERS.values()):
-            if (key, None) in view.stage_totals:
-                family.add_metric([engine], view.stage_totals[key, None])
-    return [groups, running, cadence, switches, *probes]
-
-
-def _sample_names(family: Metric) -> str:
-    return family.name + "_total" if family.type == "counter" else family.name
+    return [groups, running, cadence]
 
 
 #: Every series name the logger exposes, as written in the exposition text.
-METRIC_NAMES: tuple[str, ...] = tuple(_sample_names(f) for f in metric_families(()))
+METRIC_NAMES: tuple[str, ...] = tuple(
+    family.name + "_total" if family.type == "counter" else family.name
+    for family in metric_families([]))
 
 
 def format_log_line(view: PipelineView) -> str | None:
     """The one-line summary of ``view``, or None where nothing has reported."""
-    if not view.has_reports:
+    if not view.stages and view.engine_snapshot is None:
         return None
     parts = []
     for stage in range(max(view.pp_size, max(view.stages, default=-1) + 1)):
@@ -204,20 +197,6 @@ def idle_marked(snap: StageSnapshot, now: float) -> StageSnapshot:
                    wait_fraction=0.0, handoff_ms=None, predicted_step_ms=None)
 
 
-class _MonotonicTotal:
-    """A cumulative count that survives the writer restarting from zero."""
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.last: int | None = None
-
-    def observe(self, raw: int) -> int:
-        if self.last is not None and raw < self.last:
-            self.base += self.last
-        self.last = raw
-        return self.base + raw
-
-
 class _PipelineCollector(Collector):
     """Yields the families of every engine's latest view at scrape time.
 
@@ -232,10 +211,10 @@ class _PipelineCollector(Collector):
         loggers = list(self.loggers.values())
         for stat_logger in loggers:
             stat_logger.maybe_refresh()
-        return metric_families(stat_logger.view for stat_logger in loggers)
+        return metric_families([stat_logger.view for stat_logger in loggers])
 
     def describe(self) -> list[Metric]:
-        return metric_families(())
+        return metric_families([])
 
 
 _collectors: weakref.WeakKeyDictionary[CollectorRegistry, _PipelineCollector] = (
@@ -254,10 +233,8 @@ def _default_registry() -> CollectorRegistry | None:
     """vLLM's registry, or None where /metrics carries only multiprocess files."""
     if environment_value("PROMETHEUS_MULTIPROC_DIR"):
         return None
-    try:
-        from vllm.v1.metrics.prometheus import get_prometheus_registry
-    except ImportError:
-        return REGISTRY
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
     return get_prometheus_registry()
 
 
@@ -279,14 +256,15 @@ class PipelineStatLogger(StatLoggerBase):
     """
 
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0, *,
-                 registry: CollectorRegistry | None = None, directory: Path | None = None,
-                 max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
+                 registry: CollectorRegistry | None = None,
+                 directory: Path | None = None) -> None:
         parallel = vllm_config.parallel_config
         self.engine_index = engine_index
-        self.max_age_s = max_age_s
         self.view = PipelineView(engine=engine_index, pp_size=parallel.pipeline_parallel_size)
         self._prefix = f"Engine {engine_index:03d}: " if parallel.data_parallel_size > 1 else ""
-        self._totals: dict[tuple[str, int | None], _MonotonicTotal] = {}
+        #: (snapshot counter field, stage) -> (what the writer counted before its last
+        #: restart, its latest count).
+        self._totals: dict[tuple[str, int | None], tuple[int, int]] = {}
         self._cadences: dict[tuple[str, str], None] = {}
         self._lock = threading.Lock()
         self._next_refresh = 0.0
@@ -319,39 +297,35 @@ class PipelineStatLogger(StatLoggerBase):
             self._next_refresh = time.monotonic() + REFRESH_INTERVAL_S
             now = time.time()
             stages = {stage: idle_marked(snap, now) for stage, snap in
-                      read_stage_snapshots(self.engine_index, self.directory,
-                                           self.max_age_s).items()}
-            snap = read_engine_snapshot(self.engine_index, self.directory, self.max_age_s)
+                      read_stage_snapshots(self.engine_index, self.directory).items()}
+            snap = read_engine_snapshot(self.engine_index, self.directory)
             self.view = self._next_view(stages, snap)
 
-    def _total(self, key: str, stage: int | None, raw: int) -> int:
-        return self._totals.setdefault((key, stage), _MonotonicTotal()).observe(raw)
+    def _count(self, key: str, stage: int | None, raw: int) -> None:
+        """Take a writer's count; one below its last means the writer restarted from zero."""
+        base, last = self._totals.get((key, stage), (0, 0))
+        self._totals[key, stage] = (base + last if raw < last else base, raw)
 
     def _next_view(self, stages: dict[int, StageSnapshot],
                    snap: EngineSnapshot | None) -> PipelineView:
-        totals = dict(self.view.stage_totals)
         for stage, stage_snap in stages.items():
             for _, key in STAGE_COUNTERS.values():
-                totals[key, stage] = self._total(key, stage, getattr(stage_snap, key))
-        switches = self.view.switches_total
+                self._count(key, stage, getattr(stage_snap, key))
         pp_size = max([self.view.pp_size, *(s.pp_size for s in stages.values())])
         if snap is not None:
-            switches = self._total("cadence_switches_total", None, snap.cadence_switches_total)
-            for _, key in CADENCE_PROBE_COUNTERS.values():
-                totals[key, None] = self._total(key, None, getattr(snap, key))
+            for _, key in ENGINE_COUNTERS.values():
+                self._count(key, None, getattr(snap, key))
             self._cadences[snap.cadence, snap.asked_cadence] = None
             pp_size = max(pp_size, snap.pp_size)
+        totals = {key: base + last for key, (base, last) in self._totals.items()}
         return PipelineView(engine=self.engine_index, pp_size=pp_size, stages=stages,
-                            engine_snapshot=snap, stage_totals=totals,
-                            switches_total=switches, cadences=tuple(self._cadences))
+                            engine_snapshot=snap, totals=totals, cadences=tuple(self._cadences))
 
     def log(self) -> None:
-        if not self._logs_line:
-            return
-        self.maybe_refresh()
-        line = format_log_line(self.view)
-        if line is not None:
-            logger.info("%s%s", self._prefix, line)
+        if self._logs_line:
+            self.maybe_refresh()
+            if (line := format_log_line(self.view)) is not None:
+                logger.info("%s%s", self._prefix, line)
 
     def log_engine_initialized(self) -> None:
         if self.active:
