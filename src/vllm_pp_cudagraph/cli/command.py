@@ -44,20 +44,10 @@ FULL_ONLY = ("vLLM's import and the patch list: not tried (check --full imports 
 
 def _near_misses(value: str) -> list[str]:
     """Entries of VLLM_PLUGINS that look like a mistyped plugin name."""
-    misses = []
-    for entry in value.split(","):
-        if entry == PLUGIN_NAME:
-            continue
-        normalized = entry.strip().lower().replace("-", "_")
-        if normalized == PLUGIN_NAME or difflib.get_close_matches(
-            normalized, [PLUGIN_NAME], n=1, cutoff=0.75
-        ):
-            misses.append(entry)
-    return misses
-
-
-def _general_plugins() -> list[str]:
-    return sorted(ep.name for ep in metadata.entry_points(group="vllm.general_plugins"))
+    entries = [entry for entry in value.split(",") if entry != PLUGIN_NAME]
+    # The name itself, with spaces, capitals or '-', matches too (a ratio of 1).
+    return [entry for entry in entries if difflib.get_close_matches(
+        entry.strip().lower().replace("-", "_"), [PLUGIN_NAME], n=1, cutoff=0.75)]
 
 
 def _gpu_count() -> int | None:
@@ -75,34 +65,37 @@ def _output_held_back(held: list[str]) -> Iterator[None]:
     file descriptors 1 and 2 go to a temporary file whose text is appended to ``held``."""
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     with tempfile.TemporaryFile(mode="w+") as sink:
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
+        for fd in saved:
+            os.dup2(sink.fileno(), fd)
         try:
             yield
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
             sink.seek(0)
             held.append(sink.read())
 
 
 class _Report:
-    """The lines ``check`` prints and the exit codes of the problems found, in order."""
+    """The lines ``check`` prints, the exit codes of the problems found in order, and what
+    the imports printed meanwhile (``held``)."""
 
     def __init__(self, out) -> None:
         self.out = out
         self.problems: list[int] = []
+        self.held: list[str] = []
 
-    def say(self, line: str = "") -> None:
+    def say(self, line: str) -> None:
         print(line, file=self.out)
 
-    def problem(self, code: int) -> None:
+    def problem(self, code: int, line: str) -> None:
+        """Print ``line``, which names a problem, and record its exit status."""
+        self.say(line)
         self.problems.append(code)
 
 
@@ -129,10 +122,9 @@ def check(out=None, engine: EngineShape | None = None, full: bool = False) -> in
     except SettingsError as exc:
         settings_error = exc
     versions = compat.installed_versions()
-    held: list[str] = []
     report.say(f"vllm-pp-cudagraph {__version__}")
     _report_vllm(report, versions, settings)
-    broken = _report_imports(report, versions, full, held)
+    broken = _report_imports(report, versions, full)
     _report_plugins(report)
     _report_settings(report, settings, settings_error)
     if settings is not None:
@@ -142,20 +134,20 @@ def check(out=None, engine: EngineShape | None = None, full: bool = False) -> in
     elif not full:
         report.say(FULL_ONLY)
     elif versions.installed and settings is not None:
-        _report_patches(report, _patch_rows(report, settings, held))
+        _report_patches(report, settings)
     if versions.installed:
         _report_proven(report)
     _report_gpus(report)
-    if "".join(held).strip():
-        print("\n-- printed by the imports above --\n" + "".join(held).rstrip(), file=sys.stderr)
+    if "".join(report.held).strip():
+        print("\n-- printed by the imports above --\n" + "".join(report.held).rstrip(),
+              file=sys.stderr)
     return report.problems[0] if report.problems else EXIT_OK
 
 
 def _report_vllm(report: _Report, versions: compat.VersionInfo, settings) -> None:
-    where = f"{versions.vllm} (supported: {compat.SUPPORTED_RANGE})"
+    where = f"{versions.vllm or 'not installed'} (supported: {compat.SUPPORTED_RANGE})"
     if not versions.installed:
-        report.say(f"vLLM: not installed (supported: {compat.SUPPORTED_RANGE})  UNSUPPORTED")
-        report.problem(EXIT_UNSUPPORTED)
+        report.problem(EXIT_UNSUPPORTED, f"vLLM: {where}  UNSUPPORTED")
     elif versions.supported:
         report.say(f"vLLM: {where}  OK; {support.gpu_evidence(versions.vllm)}")
     elif settings is not None and settings.allow_unsupported_vllm:
@@ -163,28 +155,25 @@ def _report_vllm(report: _Report, versions: compat.VersionInfo, settings) -> Non
                    "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 (untested: the plugin's "
                    "overrides may not match this vLLM)")
     else:
-        report.say(f"vLLM: {where}  UNSUPPORTED: install a supported vLLM, or set "
-                   "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try anyway")
-        report.problem(EXIT_UNSUPPORTED)
+        report.problem(EXIT_UNSUPPORTED, f"vLLM: {where}  UNSUPPORTED: install a supported "
+                       "vLLM, or set VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try anyway")
     evidence = support.torch_evidence(versions.vllm, versions.torch)
     report.say(f"torch: {versions.torch or 'not installed'}"
                + (f"; {evidence}" if evidence else ""))
 
 
-def _report_imports(report: _Report, versions: compat.VersionInfo, full: bool,
-                    held: list[str]):
+def _report_imports(report: _Report, versions: compat.VersionInfo, full: bool):
     """Whether torch, torchvision (and with ``full`` vLLM) import; the failure, or None."""
     if not versions.installed:
         return None
     packages = install_check.PACKAGES if full else install_check.PACKAGES[:2]
-    with _output_held_back(held):
+    with _output_held_back(report.held):
         broken = install_check.import_failure(packages)
     names = ", ".join("vLLM" if p == "vllm" else p for p in packages)
     if broken is None:
         report.say(f"imports: {names} OK")
     else:
-        report.say(f"imports: BROKEN: {broken.message()}")
-        report.problem(EXIT_BROKEN_INSTALL)
+        report.problem(EXIT_BROKEN_INSTALL, f"imports: BROKEN: {broken.message()}")
     return broken
 
 
@@ -195,19 +184,19 @@ def _report_plugins(report: _Report) -> None:
         try:
             check_runner_choice()
         except PluginConfigError as exc:
-            report.say(f"  ERROR: {exc}")
-            report.problem(EXIT_MISCONFIGURED)
+            report.problem(EXIT_MISCONFIGURED, f"  ERROR: {exc}")
     elif plugins_value is None:
         report.say("VLLM_PLUGINS is unset: plugin INACTIVE (vLLM loads it, and it stays "
                    f"inert). Set VLLM_PLUGINS={PLUGIN_NAME} to enable it.")
     else:
         report.say(f"VLLM_PLUGINS={plugins_value!r}: plugin INACTIVE")
         for miss in _near_misses(plugins_value):
-            report.say(f"  ERROR: {miss!r} is not the plugin's name; did you mean "
-                       f"{PLUGIN_NAME!r}? vLLM splits VLLM_PLUGINS on ',' and matches "
-                       "names exactly (no spaces).")
-            report.problem(EXIT_MISCONFIGURED)
-    others = [name for name in _general_plugins() if name != PLUGIN_NAME]
+            report.problem(EXIT_MISCONFIGURED,
+                           f"  ERROR: {miss!r} is not the plugin's name; did you mean "
+                           f"{PLUGIN_NAME!r}? vLLM splits VLLM_PLUGINS on ',' and matches "
+                           "names exactly (no spaces).")
+    others = sorted(ep.name for ep in metadata.entry_points(group="vllm.general_plugins")
+                    if ep.name != PLUGIN_NAME)
     report.say("  note: VLLM_PLUGINS also filters every other vLLM plugin: only the names "
                "it lists are loaded."
                + (f" Other installed general plugins: {', '.join(others)}." if others else ""))
@@ -215,8 +204,7 @@ def _report_plugins(report: _Report) -> None:
 
 def _report_settings(report: _Report, settings, error) -> None:
     if error is not None:
-        report.say(f"settings: INVALID: {error}")
-        report.problem(EXIT_MISCONFIGURED)
+        report.problem(EXIT_MISCONFIGURED, f"settings: INVALID: {error}")
         return
     report.say("settings: OK")
     for name, value in settings.model_dump().items():
@@ -240,58 +228,41 @@ def _report_partition(report: _Report, settings: PPCudaGraphSettings,
         else:
             report.say("layer partition: vLLM's split (VLLM_PP_CUDAGRAPH_LAYER_PARTITION=vllm)")
         return
-    facts = engine.facts
+    facts, gpu_bytes = engine.facts, engine.gpu_memory_bytes
     unknown = ("auto cannot be predicted here: no GPU is visible to read its memory from; "
                "pass --gpu-memory-gib (the GPU's total memory in GiB, e.g. 141 for an H200)")
-
-    def decide(chosen: LayerPartition) -> layer_partition.Decision:
-        return planned_split(chosen, facts, engine.gpu_memory_bytes)
-
     try:
-        if (setting is LayerPartition.AUTO and facts.pp > 1
-                and engine.gpu_memory_bytes is None and not hand_set_partition()):
-            decide(setting)  # refuses more stages than layers all the same
-            report.say(f"layer partition: {unknown}")
-            return
-        decision = decide(setting)
-        lines = decision.describe()
+        decision = planned_split(setting, facts, gpu_bytes)
+        # Undecided: auto without the GPU's memory, which only the workers read.
+        lines = [unknown] if decision.undecided else decision.describe()
         if decision.layers is None and facts.pp > 1:
             # vLLM's own split, as its get_pp_indices gives it without a hand-set one.
             split = compat.vllm_split(num_hidden_layers(facts.model), facts.pp)
             lines[0] += f": layers {','.join(map(str, split))} per stage"
         if decision.source == "vllm" and setting is LayerPartition.VLLM and facts.pp > 1:
-            auto = (decide(LayerPartition.AUTO) if engine.gpu_memory_bytes is not None
-                    else None)
-            lines.append("with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: "
-                         + (auto.describe()[0] if auto else unknown))
+            auto = (unknown if gpu_bytes is None
+                    else planned_split(LayerPartition.AUTO, facts, gpu_bytes).describe()[0])
+            lines.append(f"with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto: {auto}")
     except layer_partition.LayerPartitionError as exc:
-        report.say(f"layer partition: REFUSED: {exc}")
-        report.problem(EXIT_MISCONFIGURED)
+        report.problem(EXIT_MISCONFIGURED, f"layer partition: REFUSED: {exc}")
         return
     report.say(f"layer partition: {lines[0]}")
     for line in lines[1:]:
         report.say(f"  {line}")
 
 
-def _patch_rows(report: _Report, settings: PPCudaGraphSettings, held: list[str]) -> list | None:
-    """Each patch and why it stands aside (None: it applies); None where vLLM's internals moved."""
-    from vllm_pp_cudagraph.compat.patches import standing
+def _report_patches(report: _Report, settings: PPCudaGraphSettings) -> None:
+    """Each patch and why it stands aside, if it does; a problem where vLLM's internals moved."""
+    from vllm_pp_cudagraph.compat.patches import PATCHES, standing
 
     try:
-        with _output_held_back(held):
-            return standing(settings)
+        with _output_held_back(report.held):
+            rows = standing(settings)
     except Exception as exc:  # a vLLM whose internals differ from SURFACE's
         missing = compat.missing_surface()
-        report.say(f"patches: could not be listed: {install_check.describe(exc)}"
-                   + (f". Missing from this vLLM: {'; '.join(missing)}" if missing else ""))
-        report.problem(EXIT_BROKEN_INSTALL)
-        return None
-
-
-def _report_patches(report: _Report, rows: list | None) -> None:
-    from vllm_pp_cudagraph.compat.patches import PATCHES
-
-    if rows is None:
+        report.problem(EXIT_BROKEN_INSTALL,
+                       f"patches: could not be listed: {install_check.describe(exc)}"
+                       + (f". Missing from this vLLM: {'; '.join(missing)}" if missing else ""))
         return
     report.say("patches when enabled, on this vLLM with these settings:")
     for patch, why in rows:
@@ -314,7 +285,8 @@ def _plan_gpu(name: str | None):
 
     if name is not None:
         return GPUS[name], "--gpu"
-    visible = _gpu_name()
+    first = _first_gpu()
+    visible = None if first is None else first.name
     if visible and (gpu := by_device_name(visible)) is not None:
         return gpu, f"the visible {visible}"
     return FITTED_ON, ("assumed: --gpu names yours" if not visible else
@@ -333,12 +305,6 @@ def _first_gpu():
     return None
 
 
-def _gpu_name() -> str | None:
-    """The first visible GPU's name; None where torch sees none."""
-    gpu = _first_gpu()
-    return None if gpu is None else gpu.name
-
-
 def _gpu_memory_bytes() -> int | None:
     """The first visible GPU's total memory; None where torch sees none."""
     gpu = _first_gpu()
@@ -350,9 +316,8 @@ def _report_gpus(report: _Report) -> None:
     if gpus is None:
         report.say("GPUs visible: unknown (torch is not installed or does not import)")
     elif gpus == 0:
-        report.say("GPUs visible: 0  PROBLEM: no NVIDIA GPU visible; vLLM cannot serve here "
-                   "(check the driver and CUDA_VISIBLE_DEVICES)")
-        report.problem(EXIT_NO_GPU)
+        report.problem(EXIT_NO_GPU, "GPUs visible: 0  PROBLEM: no NVIDIA GPU visible; vLLM "
+                       "cannot serve here (check the driver and CUDA_VISIBLE_DEVICES)")
     else:
         report.say(f"GPUs visible: {gpus}")
 
@@ -363,18 +328,14 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_pp_cudagraph.bench import cli as bench
 
         return bench.main(argv[1:])
-    parser = ArgumentParser(
-        prog="vllm-pp-cudagraph",
-        description="Pipeline-parallel CUDA graphs for vLLM Model Runner V2.",
-    )
+    parser = ArgumentParser(prog="vllm-pp-cudagraph",
+                            description="Pipeline-parallel CUDA graphs for vLLM Model Runner V2.")
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     check_parser = sub.add_parser(
-        "check",
+        "check", description="Report whether this install can run the plugin. " + TABLE,
         help="Report versions, whether torch and torchvision import, whether the plugin "
-        "is enabled, the settings, what is proven and the GPUs visible, in seconds. " + TABLE,
-        description="Report whether this install can run the plugin. " + TABLE,
-    )
+        "is enabled, the settings, what is proven and the GPUs visible, in seconds. " + TABLE)
     check_parser.add_argument("--full", action="store_true",
                               help="also import vLLM's model-runner stack and list which "
                               "patches apply or stand aside (10-20 s on 2 cores)")
@@ -398,11 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                               metavar="F", help="the engine's gpu_memory_utilization, with "
                               "--model (default 0.92, vLLM's)")
     plan_parser = _add_plan_parser(sub)
-    sub.add_parser(
-        "bench",
-        help="Throughput and latency per CUDA-graph mode at PP, plugin vs stock "
-        "(see 'bench --help').",
-    )
+    sub.add_parser("bench", help="Throughput and latency per CUDA-graph mode at PP, plugin "
+                   "vs stock (see 'bench --help').")
     args = parser.parse_args(argv)
     # Each command's errors name its own --help.
     if args.command == "plan":
@@ -419,8 +377,7 @@ def _add_plan_parser(sub) -> ArgumentParser:
         help="Predict what PP with the plugin, stock PP and TP deliver for a model on N "
         "GPUs, and which to choose (no GPU needed).",
         description="Predict each layout of a model over --gpus GPUs from what its parts "
-        "cost per decode step. " + TABLE,
-    )
+        "cost per decode step. " + TABLE)
     plan_parser.add_argument("--model", metavar="DIR", required=True,
                              help="a model directory (its config.json) or a built-in shape")
     plan_parser.add_argument("--gpus", type=int, required=True, metavar="N")
@@ -450,7 +407,7 @@ def _add_plan_parser(sub) -> ArgumentParser:
     return plan_parser
 
 
-def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
+def plan(parser: ArgumentParser, args: argparse.Namespace) -> int:
     """``vllm-pp-cudagraph plan``: print each layout's prediction; the exit status."""
     from vllm_pp_cudagraph.planning.gpus import rates
     from vllm_pp_cudagraph.planning.layer_partition import Memory
@@ -468,12 +425,9 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
     if not 0 < args.gpu_memory_utilization <= 1:
         parser.error("--gpu-memory-utilization must be in (0, 1]")
     gpu, gpu_said = _plan_gpu(args.gpu)
-    if args.gpu_memory_gib is not None:
-        gpu_bytes = int(args.gpu_memory_gib * 2**30)
-    elif args.gpu is not None:
-        gpu_bytes = int(gpu.memory_gib * 2**30)
-    else:
-        gpu_bytes = _gpu_memory_bytes()
+    # --gpu-memory-gib, else the memory of the GPU --gpu names, else the visible GPU's.
+    gib = gpu.memory_gib if args.gpu_memory_gib is None and args.gpu else args.gpu_memory_gib
+    gpu_bytes = _gpu_memory_bytes() if gib is None else int(gib * 2**30)
     if not gpu_bytes or gpu_bytes <= 0:
         parser.error("no GPU is visible to read its memory from; pass --gpu (e.g. "
                      "h100) or --gpu-memory-gib (e.g. 141 for an H200, 80 for an H100)")
@@ -489,21 +443,20 @@ def plan(parser: ArgumentParser, args: argparse.Namespace, out=None) -> int:
                                    settings.layer_partition, gpu_rates, stock.factor)
     except (ValueError, PlanError, SettingsError) as exc:
         parser.error(str(exc))
-    out = out or sys.stdout
     shape = ModelShape.from_config(config)
     source = stage_costs(shape, work.running, rates=gpu_rates).source
     print(f"{args.model} on {args.gpus} GPUs ({gpu_bytes / 2**30:.0f} GiB x "
           f"{args.gpu_memory_utilization}), {args.interconnect}; {work.running} requests "
-          f"decoding, {args.input_len} in / {args.output_len} out", file=out)
+          f"decoding, {args.input_len} in / {args.output_len} out")
     print(f"GPU: {gpu.name} ({gpu_said}; {gpu.bytes_per_s / 1e12:.2f} TB/s, "
-          f"{gpu.bf16_flops / 1e12:.0f} TFLOPS BF16 by its datasheet)", file=out)
-    print(f"PP={args.gpus} layer split: {decision.describe()[0]}", file=out)
+          f"{gpu.bf16_flops / 1e12:.0f} TFLOPS BF16 by its datasheet)")
+    print(f"PP={args.gpus} layer split: {decision.describe()[0]}")
     print(f"stock PP: {stock.factor:.2f}x the plugin's GPU time per step, as measured on vLLM "
-          f"{stock.vllm} ({stock.workload}: {stock.how}; {stock.source})", file=out)
+          f"{stock.vllm} ({stock.workload}: {stock.how}; {stock.source})")
     measured = matching(shape, args.gpus, work, args.interconnect,
                         lambda name: ModelShape.from_config(read_model_config(name)))
     for line in render(rows, work, source, args.model, measured):
-        print(line, file=out)
+        print(line)
     # A plan that fits nothing answers, and a script asking it must not read "in order".
     return EXIT_FAILED if recommended(rows, work) is None else EXIT_OK
 

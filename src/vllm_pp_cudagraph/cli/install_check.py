@@ -30,29 +30,21 @@ class ImportFailure:
     fix: str
 
     def message(self) -> str:
-        name = "vLLM" if self.package == "vllm" else self.package
         if self.package == "vllm":
-            why = "Install vLLM again from the package index alone"
+            name, why = "vLLM", "Install vLLM again from the package index alone"
         else:
-            why = (
+            name, why = self.package, (
                 "torch and torchvision must be the builds vLLM pins (a '+cpu' torch from a "
                 "local wheel folder or an extra index is the usual cause). Remove them and "
-                "install vLLM again from the package index alone, which brings them back"
-            )
+                "install vLLM again from the package index alone, which brings them back")
         return (f"{name} {self.version} is installed but does not import: {self.error}. "
                 f"{why}:\n    {self.fix}")
 
 
-def _release(version: str) -> str:
-    """``'2.13.0+cpu'`` -> ``'2.13.0'``: the same release, whichever build the index serves."""
-    return version.split("+", 1)[0]
-
-
 def describe(exc: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
 def fix_command(package: str) -> str:
@@ -60,7 +52,8 @@ def fix_command(package: str) -> str:
     uninstall, then reinstall vLLM, which brings back the builds it pins."""
     broken = ["vllm"] if package == "vllm" else [
         name for name in ("torch", "torchvision") if compat.dist_version(name) is not None]
-    vllm = _release(compat.dist_version("vllm") or "")
+    # '0.30.0+cu130' -> '0.30.0': the same release, whichever build the index serves.
+    vllm = (compat.dist_version("vllm") or "").split("+", 1)[0]
     return f'pip uninstall -y {" ".join(broken)} && {INDEX_ONLY_PIP} "vllm=={vllm}"'
 
 
