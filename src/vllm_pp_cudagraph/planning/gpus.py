@@ -35,10 +35,8 @@ FITTED_ON = GPUS["h200"]
 
 def by_device_name(device: str) -> Gpu | None:
     """The row for a device name as torch or a cost table gives it, or None."""
-    for gpu in GPUS.values():
-        if all(word.lower() in device.lower() for word in gpu.device_words):
-            return gpu
-    return None
+    return next((gpu for gpu in GPUS.values()
+                 if all(word.lower() in device.lower() for word in gpu.device_words)), None)
 
 
 def rates(gpu: Gpu) -> Rates:

@@ -5,6 +5,7 @@ within the KV-capacity rule; docs/performance.md ("Balanced stages") gives the r
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -64,8 +65,6 @@ class Memory:
         if self.kv_cache_bytes is not None:
             return (f"kv_cache_memory_bytes={self.kv_cache_bytes} "
                     f"({self.kv_cache_bytes / GIB:.2f} GiB) on every stage")
-        if self.gpu_bytes is None:
-            return "no GPU memory known"
         return (f"{self.gpu_bytes / GIB:.2f} GiB of GPU memory x gpu_memory_utilization "
                 f"{self.utilization}")
 
@@ -148,13 +147,8 @@ def balanced_split(costs: StageCosts, kv: KVRoom, num_layers: int, pp: int) -> t
         most = _most_layers(costs, kv, floor, pp, budget, num_layers)
         return most if min(most) >= 1 and sum(most) >= num_layers else None
 
-    low, high = 0, len(budgets) - 1  # vLLM's split fits its own slowest stage
-    while low < high:
-        mid = (low + high) // 2
-        if fits(budgets[mid]) is None:
-            low = mid + 1
-        else:
-            high = mid
+    # The least budget that fits (vLLM's split fits its own slowest stage: at most the last).
+    low = bisect_left(budgets, True, hi=len(budgets) - 1, key=lambda b: fits(b) is not None)
     most = fits(budgets[low])
     return base if most is None else _fill(costs, base, most)
 

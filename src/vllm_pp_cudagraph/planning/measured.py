@@ -123,13 +123,12 @@ def stock_calibration(vllm_version: str | None, workload: str) -> StockCalibrati
     row."""
     rows = [StockCalibration(**row) for row in _table()["stock_pp"]]
     releases = sorted({row.vllm for row in rows}, key=_minor)
-    installed = _minor(vllm_version) if vllm_version else _minor(releases[-1])
+    installed = _minor(vllm_version or releases[-1])
     at_or_below = [r for r in releases if _minor(r) <= installed] or releases[:1]
     release = at_or_below[-1]
     for want in (workload, "engine"):
-        for row in rows:
-            if (row.vllm, row.workload) == (release, want):
-                return row
+        if found := [row for row in rows if (row.vllm, row.workload) == (release, want)]:
+            return found[0]
     raise ValueError(f"no stock calibration for vLLM {release}")
 
 

@@ -118,7 +118,6 @@ class Prediction:
     output_tok_per_s: float
     busy: tuple[float, ...]
     """Each GPU's busy fraction (each stage's under PP)."""
-    split: tuple[int, ...] | None = None
     cadence: str | None = None
     api_ceiling: float | None = None
     """Output tokens/s the API servers held it to (:func:`~.plan.at_api_ceiling`), if any."""
@@ -162,32 +161,29 @@ _SHARDED_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_siz
 def tp_shard_config(config: dict, tp: int) -> dict:
     """A Hugging Face config of one TP rank's shard, as a model of its own: what a cost
     table of the shard is measured on (``benchmarks/tools/cost_table.py --tp``)."""
-    shape = ModelShape.from_config(config)
-    shard = dict(config, head_dim=shape.head_dim)
-    for key in _SHARDED_KEYS:
-        if config.get(key):
-            shard[key] = max(1, int(config[key]) // tp)
-    return shard
+    sharded = {key: max(1, int(config[key]) // tp) for key in _SHARDED_KEYS if config.get(key)}
+    return dict(config, head_dim=ModelShape.from_config(config).head_dim, **sharded)
 
 
 CostsAt = Callable[[int], StageCosts]
 
 
-def _step_costs(costs_at: CostsAt, shape: ModelShape, batch: float, prefill: float, tp: int,
-                rates: Rates = FITTED) -> StageCosts:
+def _step_costs(costs_at: CostsAt | None, shape: ModelShape, batch: float, prefill: float,
+                tp: int, rates: Rates = FITTED) -> StageCosts:
     """One rank's costs of a step decoding ``batch`` requests with ``prefill`` prompt
     tokens beside them: the layers carry every token, the LM head the decodes."""
+    costs_at = costs_at or (lambda b: stage_costs(shape, b, rates=rates))
+
     def at(tokens: float) -> StageCosts:
-        tokens_int = max(1, round(tokens))
-        return shard_costs(shape, tp, tokens_int, costs_at, rates) if tp > 1 else costs_at(
-            tokens_int)
+        size = max(1, round(tokens))
+        return shard_costs(shape, tp, size, costs_at, rates) if tp > 1 else costs_at(size)
 
     costs = at(batch)
     return replace(costs, layer_s=at(batch + prefill).layer_s) if prefill else costs
 
 
-def _stage_times(costs_at: CostsAt, shape: ModelShape, split: tuple[int, ...], batch: float,
-                 context: float, tp: int, link: Link, rates: Rates = FITTED,
+def _stage_times(costs_at: CostsAt | None, shape: ModelShape, split: tuple[int, ...],
+                 batch: float, context: float, tp: int, link: Link, rates: Rates = FITTED,
                  prefill: float = 0.0) -> list[float]:
     """Each stage's GPU time per decode step of ``batch`` requests (and ``prefill`` prompt
     tokens beside them); with ``tp`` > 1 one rank's, its shard's costs and two all-reduces
@@ -226,7 +222,6 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
     ``merge``, ``vllm`` (vLLM's cadence on the plugin's runner: groups and cost as
     ``balance``'s) or ``stock`` (groups as ``balance``, at ``stock_factor`` times the
     plugin's cost per step), on GPUs of ``rates``."""
-    costs_at = costs_at or (lambda b: stage_costs(shape, b, rates=rates))
     pp, running, context = len(split), work.running, work.mean_context
     group = running if cadence == "merge" else running / pp
     prefill = work.prefill_per_round * group / running
@@ -247,17 +242,17 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
     layout = f"{'stock' if cadence == 'stock' else 'plugin'} " + (
         f"TP={tp} x PP={pp}" if tp > 1 else f"PP={pp}")
     return _delivery(layout, work, shape, pp * tp, tpot, busy, rates, host > gpu, pp=pp,
-                     tp=tp, split=split, cadence=None if cadence == "stock" else cadence)
+                     tp=tp, cadence=None if cadence == "stock" else cadence)
 
 
 def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt,
                 rates: Rates = FITTED) -> StageCosts:
     """One TP rank's costs: the shard's measured table where one ships, else its modelled
     costs scaled by ``costs_at`` over the full shape's modelled ones."""
-    if (found := find_table(tp_shard(shape, tp))) is not None:
-        path, table = found
-        return table_costs(tp_shard(shape, tp), table, batch, path.name, rates)
-    shard, full, model = (modelled_costs(tp_shard(shape, tp), batch, rates), costs_at(batch),
+    shard_shape = tp_shard(shape, tp)
+    if (found := find_table(shard_shape)) is not None:
+        return table_costs(shard_shape, *found, batch, rates)
+    shard, full, model = (modelled_costs(shard_shape, batch, rates), costs_at(batch),
                           modelled_costs(shape, batch, rates))
     return replace(shard, layer_s=shard.layer_s * full.layer_s / model.layer_s,
                    head_s=shard.head_s * full.head_s / model.head_s, source=full.source)
@@ -267,8 +262,7 @@ def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
                     costs_at: CostsAt | None = None, rates: Rates = FITTED) -> Prediction:
     """TP over ``tp`` GPUs of ``rates``: every request every step, two all-reduces per layer."""
     shard, running, prefill = tp_shard(shape, tp), work.running, work.prefill_per_round
-    costs = _step_costs(costs_at or (lambda b: stage_costs(shape, b, rates=rates)), shape,
-                        running, prefill, tp, rates)
+    costs = _step_costs(costs_at, shape, running, prefill, tp, rates)
     gpu = (costs.stage_s(0, 1, shape.num_layers)
            + shape.num_layers * kv_read_s(shard, running, work.mean_context, rates)
            + 2 * shape.num_layers * link.all_reduce_s(

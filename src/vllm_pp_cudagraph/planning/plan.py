@@ -50,13 +50,10 @@ class Row:
     why_not: str = ""
 
 
-def _kv_bytes_per_token(shape: ModelShape, layers: int, tp: int) -> int:
-    return layers * 2 * tp_shard(shape, tp).num_kv_heads * shape.head_dim * shape.dtype_bytes
-
-
 def _room(shape: ModelShape, split: tuple[int, ...], tp: int, memory: Memory) -> tuple[int, str]:
     """KV tokens the engine holds (its fullest GPU's), or 0 and why it does not fit."""
     costs = stage_costs(shape, 1)
+    kv_per_layer = 2 * tp_shard(shape, tp).num_kv_heads * shape.head_dim * shape.dtype_bytes
     tokens = []
     for stage, layers in enumerate(split):
         weights = costs.stage_bytes(stage, len(split), layers) // tp
@@ -66,7 +63,7 @@ def _room(shape: ModelShape, split: tuple[int, ...], tp: int, memory: Memory) ->
             share = f", a 1/{tp} shard" if tp > 1 else ""
             return 0, (f"does not fit: {held} ({weights / 2**30:.1f} GiB per GPU{share}) "
                        f"leave no room in {memory.budget / 2**30:.1f} GiB")
-        tokens.append(room // _kv_bytes_per_token(shape, layers, tp))
+        tokens.append(room // (layers * kv_per_layer))
     return min(tokens), ""
 
 
@@ -80,9 +77,8 @@ def planned_split(setting: LayerPartition, facts: EngineFacts,
 
 def layouts(gpus: int) -> list[tuple[int, int]]:
     """(TP, PP) pairs over ``gpus``: PP=N, TP=N, and TP x PP with both above one."""
-    pairs = [(1, gpus), (gpus, 1)]
-    pairs += [(tp, gpus // tp) for tp in range(2, gpus) if gpus % tp == 0]
-    return pairs
+    both = [(tp, gpus // tp) for tp in range(2, gpus) if gpus % tp == 0]
+    return [(1, gpus), (gpus, 1), *both]
 
 
 def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,

@@ -46,10 +46,8 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4
 
 def config_value(config: Any, key: str, default: Any = None) -> Any:
     """``key`` of a Hugging Face config object or of its dict."""
-    if isinstance(config, Mapping):
-        value = config.get(key, default)
-    else:
-        value = getattr(config, key, default)
+    mapping = isinstance(config, Mapping)
+    value = config.get(key, default) if mapping else getattr(config, key, default)
     return default if value is None else value
 
 
@@ -148,19 +146,14 @@ class ModelShape:
                 f"-v{self.vocab_size}-b{self.dtype_bytes}")
 
     @property
-    def attention_params(self) -> int:
-        q = self.num_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        return self.hidden_size * (2 * q + 2 * kv)
-
-    @property
     def _dense_params(self) -> int:
         """A layer's parameters that every token reads: attention, router, shared expert."""
+        attention = 2 * self.hidden_size * self.head_dim * (self.num_heads + self.num_kv_heads)
         if not self.num_experts:
-            return self.attention_params + 3 * self.hidden_size * self.intermediate_size
+            return attention + 3 * self.hidden_size * self.intermediate_size
         router = self.hidden_size * self.num_experts
         shared = 3 * self.hidden_size * self.shared_expert_intermediate_size
-        return self.attention_params + router + shared
+        return attention + router + shared
 
     @property
     def _expert_params(self) -> int:
@@ -280,7 +273,7 @@ def _interpolate(rows: list[dict], batch: int, field: str) -> float:
     return float(rows[-1][field])
 
 
-def table_costs(shape: ModelShape, table: dict, batch: int, name: str = "",
+def table_costs(shape: ModelShape, path: Path, table: dict, batch: int,
                 rates: Rates = FITTED) -> StageCosts:
     """The costs a measured ``table`` gives at ``batch`` (its weight bytes from ``shape``);
     where ``rates`` convert from the table's GPU, scaled to theirs, and the source says so."""
@@ -291,7 +284,7 @@ def table_costs(shape: ModelShape, table: dict, batch: int, name: str = "",
         batch=batch, layer_s=scale * ms["layer_ms"], embedding_s=scale * ms["embedding_ms"],
         head_s=scale * ms["lm_head_ms"], layer_bytes=shape.layer_bytes,
         vocab_bytes=shape.vocab_bytes,
-        source=f"the cost table {name or table['signature']} (measured{how})",
+        source=f"the cost table {path.name} (measured{how})",
     )
 
 
@@ -301,8 +294,7 @@ def stage_costs(shape: ModelShape, batch: int, directory: Path = TABLES,
     found = find_table(shape, directory)
     if found is None:
         return modelled_costs(shape, batch, rates)
-    path, table = found
-    return table_costs(shape, table, batch, path.name, rates)
+    return table_costs(shape, *found, batch, rates)
 
 
 def shape_fields(shape: ModelShape) -> dict[str, Any]:
