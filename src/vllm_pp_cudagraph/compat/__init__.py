@@ -10,7 +10,7 @@ import functools
 import importlib
 import inspect
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -28,18 +28,10 @@ V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 #: Module of the GPU worker, and its method that builds the model runner (0.32+).
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 RUNNER_FACTORY = "_make_model_runner"
-#: Module holding MRV2's CUDA-graph manager.
-V2_CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
-#: Module of MRV2's pipeline hand-off of sampled tokens to the first stages.
-PP_UTILS_MODULE = "vllm.v1.worker.gpu.pp_utils"
 #: Modules whose attention ops are decorated for breakable graphs at import time.
 BREAKABLE_DECORATED_MODULES = ("vllm.model_executor.layers.attention.attention",)
-#: Module of the breakable-graph wrapper and decorator.
-BREAKABLE_MODULE = "vllm.compilation.breakable_cudagraph"
 #: Module of the scheduler used with async scheduling.
 ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
-#: Module of ``CompilationConfig``, which picks the piecewise split points.
-COMPILATION_CONFIG_MODULE = "vllm.config.compilation"
 #: Module of ``VllmConfig``, whose construction picks the split points.
 VLLM_CONFIG_MODULE = "vllm.config.vllm"
 #: Module of the engine core, whose KV-cache set-up the engine check runs after.
@@ -78,45 +70,34 @@ class Needed:
 
 
 SURFACE: tuple[Needed, ...] = (
-    Needed(
-        V2_RUNNER_MODULE,
-        "GPUModelRunner",
-        members=(
-            "load_model", "profile_run", "profile_cudagraph_memory", "initialize_kv_cache",
-            "capture_model", "execute_model", "prepare_inputs", "update_pp_decode_requests",
-            "postprocess_sampled",
-        ),
-        instance_attrs=(
-            "intermediate_tensors", "cudagraph_manager", "pp_handler", "req_states", "model",
-            "model_config", "parallel_config", "compilation_config", "vllm_config", "device",
-            "is_first_pp_rank", "is_last_pp_rank", "use_pp", "max_num_reqs", "input_buffers",
-            "model_state", "speculative_config",
-        ),
-    ),
-    Needed(
-        V2_CUDAGRAPH_MODULE,
-        "ModelCudaGraphManager",
-        members=("capture", "dispatch", "needs_capture", "_init_candidates",
-                 "init_breakable_cg_runner", "run_pw_graph"),
-        instance_attrs=(
-            "_capture_descs", "_candidates", "_graphs_captured", "graphs", "pool",
-            "breakable_cg_runner", "use_breakable_cg", "max_num_reqs", "vllm_config",
-            "device", "cudagraph_mode", "decode_query_len",
-        ),
-    ),
+    Needed(V2_RUNNER_MODULE, "GPUModelRunner",
+           members=("load_model", "profile_run", "profile_cudagraph_memory",
+                    "initialize_kv_cache", "capture_model", "execute_model", "prepare_inputs",
+                    "update_pp_decode_requests", "postprocess_sampled"),
+           instance_attrs=("intermediate_tensors", "cudagraph_manager", "pp_handler",
+                           "req_states", "model", "model_config", "parallel_config",
+                           "compilation_config", "vllm_config", "device", "is_first_pp_rank",
+                           "is_last_pp_rank", "use_pp", "max_num_reqs", "input_buffers",
+                           "model_state", "speculative_config")),
+    Needed("vllm.v1.worker.gpu.cudagraph_utils", "ModelCudaGraphManager",
+           members=("capture", "dispatch", "needs_capture", "_init_candidates",
+                    "init_breakable_cg_runner", "run_pw_graph"),
+           instance_attrs=("_capture_descs", "_candidates", "_graphs_captured", "graphs",
+                           "pool", "breakable_cg_runner", "use_breakable_cg", "max_num_reqs",
+                           "vllm_config", "device", "cudagraph_mode")),
     # The name initialize_kv_cache builds its manager by (managers_built_as).
     Needed(V2_RUNNER_MODULE, "ModelCudaGraphManager"),
-    Needed(V2_CUDAGRAPH_MODULE, "BatchExecutionDescriptor",
+    Needed("vllm.v1.worker.gpu.cudagraph_utils", "BatchExecutionDescriptor",
            members=("num_tokens", "num_reqs", "cg_mode", "uniform_token_count",
                     "num_active_loras")),
-    Needed(PP_UTILS_MODULE, "PPHandler", members=("get_prev_sampled_outputs",),
+    Needed("vllm.v1.worker.gpu.pp_utils", "PPHandler", members=("get_prev_sampled_outputs",),
            instance_attrs=("queue", "req_idx_gen_np", "is_last_rank")),
-    Needed(PP_UTILS_MODULE, "PendingRecv",
+    Needed("vllm.v1.worker.gpu.pp_utils", "PendingRecv",
            members=("idx_mapping_np", "gen_at_receive_np", "need_sampled_mask")),
-    Needed(BREAKABLE_MODULE, "BreakableCUDAGraphWrapper", members=("clear_graphs",),
-           instance_attrs=("graph_pool",)),
-    Needed(BREAKABLE_MODULE, "is_breakable_cudagraph_enabled"),
-    Needed(BREAKABLE_MODULE, "eager_break_during_capture"),
+    Needed("vllm.compilation.breakable_cudagraph", "BreakableCUDAGraphWrapper",
+           members=("clear_graphs",), instance_attrs=("graph_pool",)),
+    Needed("vllm.compilation.breakable_cudagraph", "is_breakable_cudagraph_enabled"),
+    Needed("vllm.compilation.breakable_cudagraph", "eager_break_during_capture"),
     Needed(ASYNC_SCHEDULER_MODULE, "AsyncScheduler",
            members=("schedule", "_update_after_schedule", "_update_request_with_output"),
            instance_attrs=("running", "requests", "current_step", "pp_size", "vllm_config",
@@ -147,8 +128,9 @@ SURFACE: tuple[Needed, ...] = (
     # Which of `vllm serve --api-server-count N`'s API servers a stat logger runs in.
     Needed("vllm.config", "ParallelConfig",
            instance_attrs=("pipeline_parallel_size", "_api_process_rank")),
-    # The layer partition's KV-capacity rule: batch sizes and the KV cache's memory.
-    Needed("vllm.config", "SchedulerConfig",
+    # The layer partition's KV-capacity rule: batch sizes and the KV cache's memory. The
+    # engine plan asks which scheduler runs the engine (the cadence needs the async one).
+    Needed("vllm.config", "SchedulerConfig", members=("get_scheduler_cls",),
            instance_attrs=("max_num_seqs", "max_num_batched_tokens")),
     Needed("vllm.config", "CacheConfig",
            instance_attrs=("gpu_memory_utilization", "kv_cache_memory_bytes")),
@@ -156,15 +138,13 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.model_executor.models.interfaces", "EagleModelMixin"),
     Needed("vllm.model_executor.models.interfaces", "SupportsPP",
            members=("make_empty_intermediate_tensors",)),
-    Needed(COMPILATION_CONFIG_MODULE, "CompilationConfig",
+    Needed("vllm.config.compilation", "CompilationConfig",
            members=("set_splitting_ops_for_v1",),
            # piecewise_split.py reads and writes the ops the piecewise graphs split at.
            instance_attrs=("splitting_ops", "cudagraph_mode")),
     # The runner factory the runner-factory patch wraps, where the worker has one (0.32+).
     Needed(WORKER_MODULE, "Worker", members=(RUNNER_FACTORY,),
-           used_where="worker_builds_runner_by_factory"),
-    # The engine plan asks which scheduler runs the engine (the cadence needs the async one).
-    Needed("vllm.config", "SchedulerConfig", members=("get_scheduler_cls",)),
+           used_where="worker_runner_factory"),
     # The engine check asks every worker for its plan, and shuts them down on a refusal.
     Needed("vllm.v1.executor.abstract", "Executor", members=("collective_rpc", "shutdown")),
     Needed(VLLM_CONFIG_MODULE, "VllmConfig", members=("__post_init__", "use_v2_model_runner")),
@@ -188,7 +168,7 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.logger", "init_logger"),
     Needed("vllm.config", "VllmConfig"),
     Needed("vllm.config", "CompilationMode", members=("VLLM_COMPILE",)),
-    Needed(COMPILATION_CONFIG_MODULE, "CUDAGraphMode",
+    Needed("vllm.config.compilation", "CUDAGraphMode",
            members=("NONE", "FULL", "mixed_mode", "decode_mode", "separate_routine")),
     Needed("vllm.v1.kv_cache_interface", "KVCacheConfig"),
     # Where the per-stage metrics reach /metrics (metrics/stat_logger.py).
@@ -228,18 +208,16 @@ def missing_surface(surface: tuple[Needed, ...] = SURFACE) -> list[str]:
         except ImportError as exc:
             missing.append(f"{need.module}: cannot import ({exc})")
             continue
+        where = f"{need.module}.{need.name}"
         obj = getattr(module, need.name, None)
         if obj is None:
-            missing.append(f"{need.module}.{need.name}")
+            missing.append(where)
             continue
-        for member in need.members:
-            if not hasattr(obj, member) and not (
-                isinstance(obj, type) and _assigned_in_source(obj, member)
-            ):
-                missing.append(f"{need.module}.{need.name}.{member}")
-        for attr in need.instance_attrs:
-            if not _assigned_in_source(obj, attr):
-                missing.append(f"{need.module}.{need.name}: instance attribute {attr}")
+        missing += [f"{where}.{member}" for member in need.members
+                    if not hasattr(obj, member)
+                    and not (isinstance(obj, type) and _assigned_in_source(obj, member))]
+        missing += [f"{where}: instance attribute {attr}"
+                    for attr in need.instance_attrs if not _assigned_in_source(obj, attr)]
     return missing
 
 
@@ -283,8 +261,9 @@ def installed_versions() -> VersionInfo:
     return VersionInfo(vllm=dist_version("vllm"), torch=dist_version("torch"))
 
 
-def _params(fn: Callable) -> dict[str, inspect.Parameter]:
-    return dict(inspect.signature(fn).parameters)
+@functools.cache
+def _params(fn: Callable) -> Mapping[str, inspect.Parameter]:
+    return inspect.signature(fn).parameters
 
 
 def worker_runner_factory() -> tuple[type, str] | None:
@@ -307,17 +286,11 @@ def managers_built_as(manager_cls: type) -> Iterator[None]:
         module.ModelCudaGraphManager = original
 
 
-@functools.cache
-def _takes(fn: Callable, name: str) -> bool:
-    return name in _params(fn)
-
-
 def prev_sampled_outputs(handler: Any, draft_tokens: Any = None) -> dict | None:
     """``PPHandler.get_prev_sampled_outputs``, passing draft tokens where it takes them (0.30+)."""
     method = handler.get_prev_sampled_outputs
-    if draft_tokens is not None and _takes(
-        getattr(method, "__func__", method), "draft_tokens_to_update"
-    ):
+    function = getattr(method, "__func__", method)
+    if draft_tokens is not None and "draft_tokens_to_update" in _params(function):
         return method(draft_tokens)
     return method()
 
@@ -332,11 +305,6 @@ def api_server_rank(vllm_config: VllmConfig) -> int:
     """This process's rank among ``vllm serve --api-server-count N``'s API servers (0 where
     there is one; vLLM gives engine cores -1 under that scale-out)."""
     return getattr(vllm_config.parallel_config, "_api_process_rank", 0)
-
-
-def worker_builds_runner_by_factory() -> bool:
-    """Whether vLLM's worker builds its runner through ``RUNNER_FACTORY`` (0.32+)."""
-    return hasattr(importlib.import_module(WORKER_MODULE).Worker, RUNNER_FACTORY)
 
 
 def async_preemption_fix_applies() -> bool:
@@ -395,9 +363,8 @@ def set_vllm_env(name: str, value: str | None) -> None:
     from vllm_pp_cudagraph.settings import set_variable
 
     set_variable(name, value)
-    cache_clear = getattr(envs.__getattr__, "cache_clear", None)
-    if cache_clear is not None:
-        cache_clear()
+    if hasattr(envs.__getattr__, "cache_clear"):  # cached once enable_envs_cache ran
+        envs.__getattr__.cache_clear()
     if getattr(envs, name) != value:
         raise RuntimeError(f"vLLM reads {name}={getattr(envs, name)!r} after it was set to "
                            f"{value!r} (vllm.envs changed; see compat.py)")
@@ -422,9 +389,7 @@ def layer_names_are_hoisted() -> bool:
 def stage_reserved_key_prefixes() -> tuple[str, ...]:
     """Prefixes of the input-buffer keys vLLM reserves on a receiving stage itself
     (EAGLE3's ``aux_hidden_states_<i>``, 0.33+); empty where vLLM has none."""
-    try:
-        from vllm.model_executor.models.interfaces import EagleModelMixin
-    except ImportError:
-        return ()
+    from vllm.model_executor.models.interfaces import EagleModelMixin
+
     prefix = getattr(EagleModelMixin, "AUX_HIDDEN_STATE_KEY", None)
-    return (prefix,) if isinstance(prefix, str) and prefix else ()
+    return (prefix,) if prefix else ()

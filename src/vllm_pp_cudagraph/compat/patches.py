@@ -38,49 +38,40 @@ def _always_applies(settings: PPCudaGraphSettings) -> None:
 
 @dataclass(frozen=True)
 class Patch:
-    """One documented modification of vLLM, with a way to undo it."""
+    """One documented modification of vLLM, with a way to undo it.
+
+    ``apply`` applies the patch where it does not stand aside and returns how to undo it,
+    or None when nothing changed (None for a patch that exists only inside ``scope``).
+    ``stands_aside`` says why the patch is not applied with these settings on this vLLM,
+    or None. ``off_from`` is the first vLLM release on which it stands aside because
+    upstream has the fix. ``scope``, for a patch the plugin applies later, to one object or
+    inside a context manager: the dotted name of what applies and reverts it
+    (``apply_all`` leaves it alone)."""
 
     name: str
     target: str
     why: str
     drop_when: str
     apply: Callable[[PPCudaGraphSettings], Undo | None] | None = None
-    """Apply the patch where it does not stand aside; return how to undo it, or None
-    when nothing changed. None for a patch that exists only inside ``scope``."""
     stands_aside: Callable[[PPCudaGraphSettings], str | None] = _always_applies
-    """Why the patch is not applied with these settings on this vLLM, or None."""
     off_from: str | None = None
-    """The first vLLM release on which it stands aside because upstream has the fix."""
     scope: str | None = None
-    """For a patch the plugin applies later, to one object or inside a context manager:
-    the dotted name of what applies and reverts it (``apply_all`` leaves it alone)."""
 
 
-def _swap_module_attr(module_name: str, attr: str, value: object) -> Undo:
-    module = importlib.import_module(module_name)
-    original = getattr(module, attr)
-    setattr(module, attr, value)
+def _wrap_attr(owner: object, attr: str, wrap: Callable[[Callable], Callable]) -> Undo:
+    """Replace ``owner.attr`` (of a class or module) by ``wrap`` of what it resolves to now.
 
-    def undo() -> None:
-        setattr(module, attr, original)
-
-    return undo
-
-
-def _wrap_class_attr(cls: type, attr: str, wrap: Callable[[Callable], Callable]) -> Undo:
-    """Replace ``cls.attr`` by ``wrap`` of what it resolves to now (own or inherited).
-
-    Undo restores the class's own attribute, or removes the wrapper when the
-    attribute was inherited, so the class is exactly as it was.
+    Undo restores the owner's own attribute, or removes the wrapper when a class's
+    attribute was inherited, so the owner is exactly as it was.
     """
-    own = cls.__dict__.get(attr)
-    setattr(cls, attr, wrap(getattr(cls, attr)))
+    own = owner.__dict__.get(attr)
+    setattr(owner, attr, wrap(getattr(owner, attr)))
 
     def undo() -> None:
         if own is None:
-            delattr(cls, attr)
+            delattr(owner, attr)
         else:
-            setattr(cls, attr, own)
+            setattr(owner, attr, own)
 
     return undo
 
@@ -114,15 +105,19 @@ def _making_runner(original: Callable) -> Callable:
     return _make_model_runner
 
 
-def _patch_runner_factory(settings: PPCudaGraphSettings) -> Undo:
-    if factory := compat.worker_runner_factory():
-        return _wrap_class_attr(*factory, _making_runner)
+def _building_runner(original: type) -> Callable:
+    """Up to 0.31: what the worker's inline import of MRV2's runner class gets instead."""
     from vllm_pp_cudagraph.worker.model_runner import build_runner
 
-    module = importlib.import_module(compat.V2_RUNNER_MODULE)
-    inline = functools.wraps(module.GPUModelRunner, updated=())(
+    return functools.wraps(original, updated=())(
         lambda vllm_config, device: build_runner(vllm_config, device))
-    return _swap_module_attr(compat.V2_RUNNER_MODULE, "GPUModelRunner", inline)
+
+
+def _patch_runner_factory(settings: PPCudaGraphSettings) -> Undo:
+    if factory := compat.worker_runner_factory():
+        return _wrap_attr(*factory, _making_runner)
+    module = importlib.import_module(compat.V2_RUNNER_MODULE)
+    return _wrap_attr(module, "GPUModelRunner", _building_runner)
 
 
 def _breakable_env_stands_aside(settings: PPCudaGraphSettings) -> str | None:
@@ -164,7 +159,7 @@ def _async_preemption_stands_aside(settings: PPCudaGraphSettings) -> str | None:
 def _patch_async_preemption(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.engine.async_preemption import wrap_update_after_schedule
 
-    return _wrap_class_attr(
+    return _wrap_attr(
         _async_scheduler_cls(), "_update_after_schedule", wrap_update_after_schedule
     )
 
@@ -179,7 +174,7 @@ def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.engine.decode_cadence import wrap_schedule
 
     wrap = functools.partial(wrap_schedule, settings=settings)
-    return _wrap_class_attr(_async_scheduler_cls(), "schedule", wrap)
+    return _wrap_attr(_async_scheduler_cls(), "schedule", wrap)
 
 
 def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
@@ -187,7 +182,7 @@ def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
 
     engine_core_cls = importlib.import_module(compat.ENGINE_CORE_MODULE).EngineCore
     wrap = functools.partial(wrap_initialize_kv_caches, settings=settings)
-    return _wrap_class_attr(engine_core_cls, "_initialize_kv_caches", wrap)
+    return _wrap_attr(engine_core_cls, "_initialize_kv_caches", wrap)
 
 
 def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
@@ -200,7 +195,7 @@ def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
     from vllm_pp_cudagraph.worker.graphs.piecewise_split import wrap_config_post_init
 
     config_cls = importlib.import_module(compat.VLLM_CONFIG_MODULE).VllmConfig
-    return _wrap_class_attr(config_cls, "__post_init__", wrap_config_post_init)
+    return _wrap_attr(config_cls, "__post_init__", wrap_config_post_init)
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -401,7 +396,7 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 
-_undo_stack: list[tuple[str, Undo]] = []
+_undo_stack: list[Undo] = []
 _applied = False
 
 
@@ -424,7 +419,7 @@ def apply_all(settings: PPCudaGraphSettings) -> list[str]:
         for patch in PATCHES:
             undo = apply_patch(patch, settings)
             if undo is not None:
-                _undo_stack.append((patch.name, undo))
+                _undo_stack.append(undo)
                 applied.append(patch.name)
     except BaseException:
         undo_all()
@@ -456,6 +451,6 @@ def undo_all() -> None:
     """Restore vLLM as it was before ``apply_all`` (used by tests)."""
     global _applied
     while _undo_stack:
-        _, undo = _undo_stack.pop()
+        undo = _undo_stack.pop()
         undo()
     _applied = False
