@@ -425,9 +425,12 @@ def plan(parser: ArgumentParser, args: argparse.Namespace) -> int:
     if not 0 < args.gpu_memory_utilization <= 1:
         parser.error("--gpu-memory-utilization must be in (0, 1]")
     gpu, gpu_said = _plan_gpu(args.gpu)
-    # --gpu-memory-gib, else the memory of the GPU --gpu names, else the visible GPU's.
-    gib = gpu.memory_gib if args.gpu_memory_gib is None and args.gpu else args.gpu_memory_gib
-    gpu_bytes = _gpu_memory_bytes() if gib is None else int(gib * 2**30)
+    if args.gpu_memory_gib is not None:
+        gpu_bytes = int(args.gpu_memory_gib * 2**30)
+    elif args.gpu is not None:
+        gpu_bytes = int(gpu.memory_gib * 2**30)
+    else:
+        gpu_bytes = _gpu_memory_bytes()
     if not gpu_bytes or gpu_bytes <= 0:
         parser.error("no GPU is visible to read its memory from; pass --gpu (e.g. "
                      "h100) or --gpu-memory-gib (e.g. 141 for an H200, 80 for an H100)")

@@ -41,12 +41,15 @@ def may_lift(request: Any) -> bool:
         request.num_output_tokens + request.num_output_placeholders < request.max_tokens)
 
 
-def lift_idle_cadence(running: list[Any], step: int) -> int:
+def lift_idle_cadence(running: Iterable[Any], step: int) -> int:
     """Let the soonest-eligible group decode at ``step`` if no request may; return its size
     (``step``: the ``current_step`` this ``schedule()`` call will have)."""
-    if any(r.next_decode_eligible_step <= step for r in running):
-        return 0
-    held = [r for r in running if may_lift(r)]
+    held = []
+    for request in running:  # one pass over the running requests, every step
+        if request.next_decode_eligible_step <= step:
+            return 0
+        if may_lift(request):
+            held.append(request)
     if not held:
         return 0
     soonest = min(r.next_decode_eligible_step for r in held)
