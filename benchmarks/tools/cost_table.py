@@ -20,13 +20,14 @@ import argparse
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from benchmarks.tools.stage_cost import DEFAULT_BATCHES, model_config
 from vllm_pp_cudagraph.bench.arguments import positive_int_list
 from vllm_pp_cudagraph.planning.pipeline_model import tp_shard_config
-from vllm_pp_cudagraph.planning.stage_costs import ModelShape, modelled_costs, shape_fields
+from vllm_pp_cudagraph.planning.stage_costs import ModelShape, modelled_costs
 
 DEFAULT_LAYERS = (4, 12)
 DEFAULT_CONTEXT = 64
@@ -78,7 +79,7 @@ def cost_table(config: dict[str, Any], runs: list[dict[str, Any]],
                measured: dict[str, Any]) -> dict[str, Any]:
     """The cost table ``stage_costs.read_table`` reads, for the model of ``config``."""
     shape = ModelShape.from_config(config)
-    return {"signature": shape.signature(), "shape": shape_fields(shape),
+    return {"signature": shape.signature(), "shape": asdict(shape),
             "measured": measured, "batches": fit_rows(runs, config)}
 
 

@@ -152,101 +152,62 @@ class PPCudaGraphSettings(BaseModel):
 
     allow_unsupported_vllm: EnvBool = Field(
         default=False,
-        description=(
-            "Activate even when the installed vLLM is outside the tested range "
-            "(the plugin's overrides may not match that vLLM's internals)."
-        ),
+        description="Activate on a vLLM outside the tested range (its internals may differ).",
     )
 
     allow_unproven: EnvBool = Field(
         default=False,
         description=(
-            "Run the plugin also with a speculative method or KV connector it has not "
-            "been proven with on this vLLM (support.py); without it such an engine runs "
-            "exactly as stock vLLM, and says so."
+            "Run the plugin with a speculative method or KV connector it is not proven with "
+            "on this vLLM; without it such an engine runs as stock."
         ),
     )
 
     breakable: EnvBool = Field(
         default=False,
-        description=(
-            "Use breakable CUDA graphs (no torch.compile: capture stops at each "
-            "attention / KV-cache op, runs it eagerly, and resumes). Same effect as "
-            "vLLM's VLLM_USE_BREAKABLE_CUDAGRAPH=1."
-        ),
+        description="Breakable CUDA graphs, as vLLM's VLLM_USE_BREAKABLE_CUDAGRAPH=1.",
     )
 
     decode_cadence: Annotated[DecodeCadence, BeforeValidator(_lower)] = Field(
         default=DecodeCadence.AUTO,
         description=(
-            "How often a request decodes under PP. vLLM lets each request decode once "
-            "every pp_size steps, so requests take turns in groups of whatever size "
-            "they arrived in, and a lone group leaves steps empty. merge: every "
-            "running request decodes at every step (best when host time dominates a "
-            "step). balance: requests take turns in pp_size groups of even size, so "
-            "the stages run at the same time (best when GPU time dominates). auto: "
-            "starts on vLLM's cadence and measures the time per token under it, "
-            "balance and merge as it serves, leaving vLLM's only for one that beats it "
-            "by 5%, re-checking as the batch changes (cadence_policy.py). "
-            "fill: only steps that would be empty get the group that can go first. "
-            "vllm: vLLM's cadence. Requests with structured output are never moved "
-            "sooner or later; nothing changes with speculative decoding."
+            "How often a request decodes under PP: auto, merge, balance, fill or vllm "
+            "(docs/settings.md, cadence_policy.py)."
         ),
     )
 
     kv_update_in_graphs: EnvBool = Field(
         default=True,
-        description=(
-            "Keep each layer's KV-cache write inside torch.compile's piecewise CUDA "
-            "graphs instead of running it eagerly between them (vLLM's default split). "
-            "Applies when vLLM picks the split points and torch hoists layer names "
-            "(2.11+). 0 keeps vLLM's split."
-        ),
+        description="Keep each layer's KV-cache write inside piecewise CUDA graphs.",
     )
 
     direct_handoff: EnvBool = Field(
         default=False,
         description=(
-            "Pass intermediate tensors to the next pipeline stage without vLLM's "
-            "per-step metadata exchange over gloo: the receiving stage derives the "
-            "shapes from the scheduler output and receives straight into its input "
-            "buffers (stage_handoff.py). Off by default until it has run on GPUs; "
-            "stands aside with speculative decoding."
+            "Hand tensors to the next stage without vLLM's per-step metadata "
+            "(stage_handoff.py; experimental)."
         ),
     )
 
     layer_partition: Annotated[LayerPartition, BeforeValidator(_partition_choice)] = Field(
         default=LayerPartition.VLLM,
         description=(
-            "How the decoder layers are split over the pipeline stages. vllm: vLLM's "
-            "own split (even, the remainder on the middle stages). auto: at start-up "
-            "every worker picks the split whose slowest stage has the shortest "
-            "predicted decode step at the engine's batch size (max_num_seqs), the LM "
-            "head and sampler counted on the last stage, from a cost table measured "
-            "for the model's shape or else a model of bytes read and FLOPs; the "
-            "engine's KV cache must keep at least 99% of the tokens it holds under "
-            "vLLM's split (each stage's room: the GPU's memory x gpu_memory_utilization "
-            "less its weights and, on the last stage, the sampler's logits, or "
-            "kv_cache_memory_bytes where set), and it keeps vLLM's split unless it "
-            "predicts at least 1% faster "
-            "(layer_partition.py). A split set by hand in VLLM_PP_LAYER_PARTITION "
-            "always wins."
+            "How the layers are split over the stages: vllm (vLLM's even split) or auto "
+            "(the fastest predicted, layer_partition.py). A hand-set "
+            "VLLM_PP_LAYER_PARTITION wins."
         ),
     )
 
     metrics: EnvBool = Field(
         default=True,
-        description=(
-            "Measure each pipeline stage (busy, waiting, hand-off, graph replays) and "
-            "report it in vllm serve's /metrics and the log (docs/metrics.md)."
-        ),
+        description="Per-stage figures in vllm serve's /metrics and the log (docs/metrics.md).",
     )
 
     metrics_dir: str = Field(
         default="",
         description=(
-            "Where the engine's processes leave their per-stage figures for the API "
-            "server; empty: a temporary directory made at start-up and removed at exit."
+            "Where the engine's processes leave those figures for the API server; empty: a "
+            "temporary directory."
         ),
     )
 

@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+from types import SimpleNamespace
+
 import pytest
 
 from vllm_pp_cudagraph import compat, settings
@@ -18,11 +20,14 @@ from vllm_pp_cudagraph.engine_plan import EngineFacts
 from vllm_pp_cudagraph.planning.shapes import read_model_config
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
+#: A GPU as torch describes it, for the commands that read the visible ones.
+GPU = SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30)
+
 
 @pytest.fixture
 def gpus(clean_env):
     """Two GPUs visible, unless a test says otherwise."""
-    clean_env.setattr(cli, "_gpu_count", lambda: 2)
+    clean_env.setattr(cli, "_visible_gpus", lambda: [GPU] * 2)
     return clean_env
 
 
@@ -56,7 +61,7 @@ def test_full_check_lists_the_patches(gpus):
 
 
 def test_no_gpu_visible_is_a_problem(gpus):
-    gpus.setattr(cli, "_gpu_count", lambda: 0)
+    gpus.setattr(cli, "_visible_gpus", lambda: [GPU] * 0)
     code, out = run_check()
     assert code == cli.EXIT_NO_GPU
     assert "no NVIDIA GPU visible" in out
@@ -330,7 +335,9 @@ def test_check_refuses_more_stages_than_layers_under_auto(gpus, model_dir):
 @pytest.mark.parametrize("argv, message", [
     (["check", "--pp", "2"], "--model and --pp go together"),
     (["check", "--model", "/nonexistent", "--pp", "2"], "no readable config.json"),
-    (["check", "--model", "M", "--pp", "0"], "at least 1"),
+    (["check", "--model", "M", "--pp", "0"], "--pp must be at least 1"),
+    (["check", "--model", "M", "--pp", "2", "--gpu-memory-gib", "0"],
+     "--gpu-memory-gib must be positive"),
     (["check", "--model", "M", "--pp", "2", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
     (["check", "--model", "M", "--pp", "2", "--max-num-batched-tokens", "8"],
      "at least --max-num-seqs"),

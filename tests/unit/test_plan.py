@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from vllm_pp_cudagraph.cli import command as cli
 from vllm_pp_cudagraph.planning.measured import MeasuredCell
 from vllm_pp_cudagraph.planning.pipeline_model import Prediction, Workload
 from vllm_pp_cudagraph.planning.plan import Row, recommendation
+
+#: A GPU as torch describes it, for the commands that read the visible ones.
+GPU = SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30)
 
 H200 = ["--gpu-memory-gib", "141"]
 
@@ -58,6 +63,9 @@ def test_a_layout_the_heads_do_not_divide_into_is_named(clean_env, capsys):
     (["--gpus", "2", "--concurrency", "0"], "--concurrency must be at least 1"),
     (["--gpus", "2", "--api-server-count", "0"], "--api-server-count must be at least 1"),
     (["--gpus", "2", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["--gpus", "2", "--prompts", "0"], "--prompts must be at least 1"),
+    # Not "no GPU is visible": the memory was given, wrongly.
+    (["--gpus", "2", "--gpu-memory-gib", "-5"], "--gpu-memory-gib must be positive"),
 ])
 def test_bad_layouts_are_refused_naming_the_flag(clean_env, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
@@ -75,7 +83,7 @@ def test_without_a_gpu_or_its_memory_the_flag_is_named(clean_env, capsys, monkey
 
 def test_plan_and_check_agree_on_the_layer_split(clean_env, capsys):
     clean_env.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
-    clean_env.setattr(cli, "_gpu_count", lambda: 1)
+    clean_env.setattr(cli, "_visible_gpus", lambda: [GPU] * 1)
     shape = ["--model", "qwen3-0.6b", "--max-num-seqs", "128", *H200]
     _, planned = run_plan(capsys, *shape, "--gpus", "3")
     cli.main(["check", *shape, "--pp", "3"])
@@ -256,6 +264,19 @@ def test_the_gpu_named_sets_its_memory_and_rates(clean_env, capsys):
     assert 0.65 < ratio < 0.8
     _, small = run_plan(capsys, *load, "--gpu", "h100", "--gpu-memory-gib", "60")
     assert "on 2 GPUs (60 GiB x 0.92)" in small
+
+
+def test_without_gpu_the_visible_gpu_sets_the_rates_and_memory(clean_env, capsys):
+    h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30)
+    clean_env.setattr(cli, "_visible_gpus", lambda: [h100, h100])
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2")
+    assert "GPU: H100 SXM (the visible NVIDIA H100 80GB HBM3;" in out
+    assert "on 2 GPUs (80 GiB x 0.92)" in out
+    clean_env.setattr(cli, "_visible_gpus", lambda: [SimpleNamespace(name="Some GPU",
+                                                                     total_memory=2**35)])
+    _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2")
+    assert "the visible Some GPU is not one plan knows; --gpu names one" in out
+    assert "on 2 GPUs (32 GiB x 0.92)" in out
 
 
 def test_a_cost_table_from_another_gpu_is_scaled_and_says_so(clean_env, capsys):

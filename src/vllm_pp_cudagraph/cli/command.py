@@ -50,13 +50,16 @@ def _near_misses(value: str) -> list[str]:
         entry.strip().lower().replace("-", "_"), [PLUGIN_NAME], n=1, cutoff=0.75)]
 
 
-def _gpu_count() -> int | None:
-    """GPUs torch sees; None where torch is not installed or does not import."""
+def _visible_gpus() -> list | None:
+    """Each visible GPU's properties as torch gives them; None where torch is not
+    installed or does not import."""
     try:
         import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [torch.cuda.get_device_properties(i) for i in range(count)]
     except Exception:  # a broken torch build raises more than ImportError
         return None
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @contextlib.contextmanager
@@ -285,41 +288,29 @@ def _plan_gpu(name: str | None):
 
     if name is not None:
         return GPUS[name], "--gpu"
-    first = _first_gpu()
-    visible = None if first is None else first.name
+    gpus = _visible_gpus()
+    visible = gpus[0].name if gpus else None
     if visible and (gpu := by_device_name(visible)) is not None:
         return gpu, f"the visible {visible}"
     return FITTED_ON, ("assumed: --gpu names yours" if not visible else
                        f"assumed: the visible {visible} is not one plan knows; --gpu names one")
 
 
-def _first_gpu():
-    """The first visible GPU's properties as torch gives them; None where it sees none."""
-    try:
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.device_count():
-            return torch.cuda.get_device_properties(0)
-    except Exception:  # a broken torch build raises more than ImportError
-        return None
-    return None
-
-
 def _gpu_memory_bytes() -> int | None:
     """The first visible GPU's total memory; None where torch sees none."""
-    gpu = _first_gpu()
-    return None if gpu is None else int(gpu.total_memory)
+    gpus = _visible_gpus()
+    return int(gpus[0].total_memory) if gpus else None
 
 
 def _report_gpus(report: _Report) -> None:
-    gpus = _gpu_count()
+    gpus = _visible_gpus()
     if gpus is None:
         report.say("GPUs visible: unknown (torch is not installed or does not import)")
-    elif gpus == 0:
+    elif not gpus:
         report.problem(EXIT_NO_GPU, "GPUs visible: 0  PROBLEM: no NVIDIA GPU visible; vLLM "
                        "cannot serve here (check the driver and CUDA_VISIBLE_DEVICES)")
     else:
-        report.say(f"GPUs visible: {gpus}")
+        report.say(f"GPUs visible: {len(gpus)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,19 +336,10 @@ def main(argv: list[str] | None = None) -> int:
                               "engine of it at --pp stages uses, and why")
     check_parser.add_argument("--pp", type=int, metavar="N",
                               help="the pipeline-parallel size, with --model")
-    check_parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
-                              metavar="N", help="the engine's max_num_seqs, with --model "
-                              f"(default {DEFAULT_MAX_NUM_SEQS}; vLLM's default is 1024 on "
-                              "H100 and H200)")
     check_parser.add_argument("--max-num-batched-tokens", type=int, metavar="N",
                               help="the engine's max_num_batched_tokens, with --model "
                               "(default: at least --max-num-seqs, as vLLM requires)")
-    check_parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
-                              help="each GPU's total memory in GiB, with --model (default: "
-                              "the first visible GPU's); auto's split depends on it")
-    check_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
-                              metavar="F", help="the engine's gpu_memory_utilization, with "
-                              "--model (default 0.92, vLLM's)")
+    _add_engine_arguments(check_parser)
     plan_parser = _add_plan_parser(sub)
     sub.add_parser("bench", help="Throughput and latency per CUDA-graph mode at PP, plugin "
                    "vs stock (see 'bench --help').")
@@ -366,6 +348,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return plan(plan_parser, args)
     return check(engine=_engine_shape(check_parser, args), full=args.full)
+
+
+def _add_engine_arguments(parser: ArgumentParser) -> None:
+    """The engine's batch and memory, which ``check --model`` and ``plan`` both read."""
+    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
+                        help=f"the engine's max_num_seqs (default {DEFAULT_MAX_NUM_SEQS}; "
+                        "vLLM's default is 1024 on H100 and H200)")
+    parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
+                        help="each GPU's total memory in GiB (default: plan's --gpu, else the "
+                        "first visible GPU's); auto's split depends on it")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.92, metavar="F",
+                        help="the engine's gpu_memory_utilization (default 0.92, vLLM's)")
 
 
 def _add_plan_parser(sub) -> ArgumentParser:
@@ -389,8 +383,6 @@ def _add_plan_parser(sub) -> ArgumentParser:
                       help="an offline batch of P requests instead (LLM.generate)")
     plan_parser.add_argument("--input-len", type=int, default=64, metavar="I")
     plan_parser.add_argument("--output-len", type=int, default=256, metavar="O")
-    plan_parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS,
-                             metavar="N", help=f"default {DEFAULT_MAX_NUM_SEQS}")
     plan_parser.add_argument(
         "--api-server-count", type=int, default=1, metavar="N",
         help="vllm serve --api-server-count (default 1): serving predictions are held to "
@@ -400,10 +392,7 @@ def _add_plan_parser(sub) -> ArgumentParser:
         "--gpu", choices=sorted(GPUS), default=None,
         help="the GPU model (its datasheet's memory, bandwidth and FLOPs); default: the "
         "visible GPU where it is one of these, else an H200")
-    plan_parser.add_argument("--gpu-memory-gib", type=float, metavar="GIB",
-                             help="each GPU's total memory (default: the first visible GPU's)")
-    plan_parser.add_argument("--gpu-memory-utilization", type=float, default=0.92,
-                             metavar="F", help="default 0.92, vLLM's")
+    _add_engine_arguments(plan_parser)
     return plan_parser
 
 
@@ -416,14 +405,8 @@ def plan(parser: ArgumentParser, args: argparse.Namespace) -> int:
     from vllm_pp_cudagraph.planning.plan import PlanError, make_plan, recommended, render
     from vllm_pp_cudagraph.planning.stage_costs import ModelShape, stage_costs
 
-    for flag, value in (("--gpus", args.gpus), ("--concurrency", args.concurrency),
-                        ("--prompts", args.prompts or 1), ("--input-len", args.input_len),
-                        ("--output-len", args.output_len), ("--max-num-seqs", args.max_num_seqs),
-                        ("--api-server-count", args.api_server_count)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        parser.error("--gpu-memory-utilization must be in (0, 1]")
+    _check_ranges(parser, args, ("gpus", "concurrency", "prompts", "input_len", "output_len",
+                                 "max_num_seqs", "api_server_count"))
     gpu, gpu_said = _plan_gpu(args.gpu)
     if args.gpu_memory_gib is not None:
         gpu_bytes = int(args.gpu_memory_gib * 2**30)
@@ -464,19 +447,27 @@ def plan(parser: ArgumentParser, args: argparse.Namespace) -> int:
     return EXIT_FAILED if recommended(rows, work) is None else EXIT_OK
 
 
+def _check_ranges(parser: ArgumentParser, args: argparse.Namespace,
+                  counts: tuple[str, ...]) -> None:
+    """Stop with the flag's name where a count given is below 1 or the memory flags, which
+    ``check`` and ``plan`` share, are out of range."""
+    for name in counts:
+        if (value := getattr(args, name)) is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        parser.error("--gpu-memory-utilization must be in (0, 1]")
+    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
+        parser.error("--gpu-memory-gib must be positive")
+
+
 def _engine_shape(parser: ArgumentParser, args: argparse.Namespace) -> EngineShape | None:
     if args.model is None and args.pp is None:
         return None
     if args.model is None or args.pp is None:
         parser.error("--model and --pp go together")
-    if args.pp < 1 or args.max_num_seqs < 1:
-        parser.error("--pp and --max-num-seqs must be at least 1")
+    _check_ranges(parser, args, ("pp", "max_num_seqs"))
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens < args.max_num_seqs:
         parser.error("--max-num-batched-tokens must be at least --max-num-seqs")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        parser.error("--gpu-memory-utilization must be in (0, 1]")
-    if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 0:
-        parser.error("--gpu-memory-gib must be positive")
     gpu_bytes = (_gpu_memory_bytes() if args.gpu_memory_gib is None
                  else int(args.gpu_memory_gib * 2**30))
     try:

@@ -271,18 +271,12 @@ PATCHES: tuple[Patch, ...] = (
             "(with VLLM_PP_CUDAGRAPH_DECODE_CADENCE, default auto)"
         ),
         why=(
-            "With MRV2 and PP a request may decode only every pp_size-th step: "
-            "requests take turns in groups of whatever size they arrived in, and a "
-            "lone group leaves steps empty. Before scheduling, requests are moved: "
-            "all made eligible now (merge), split into pp_size even groups by "
-            "delaying some a step (balance), whichever of vLLM's, balance and merge "
-            "measures faster as it serves, vLLM's unless beaten by a margin (auto, "
-            "the default), or, in a step that would be empty, "
-            "the group that would become eligible first (fill). Structured-output "
-            "requests are never moved and requests complete with what is in flight "
-            "never lifted; the plugin's runner applies the last stage's newer "
-            "tokens on the first stages before a lifted step. Details: "
-            "decode_cadence.py, cadence_policy.py, first_stage_tokens.py."
+            "With MRV2 and PP a request may decode only every pp_size-th step, so "
+            "requests take turns in groups of whatever size they arrived in and a lone "
+            "group leaves steps empty. Before scheduling, requests are moved as the "
+            "setting says (docs/settings.md); structured-output requests never are, and "
+            "the plugin's runner applies the last stage's newer tokens on the first "
+            "stages before a lifted step. Details: decode_cadence.py, cadence_policy.py."
         ),
         drop_when="vLLM's scheduler lets a request decode on consecutive steps under PP.",
         apply=_patch_decode_cadence,
@@ -312,13 +306,9 @@ PATCHES: tuple[Patch, ...] = (
         why=(
             "vLLM splits piecewise graphs at each layer's KV-cache write as well as at "
             "its attention, so the write runs eagerly: a host round trip per layer. "
-            "The split existed so Inductor could reuse one piece for every layer, "
-            "which torch 2.11's hoisted layer names allow with the write inside. Once "
-            "vLLM has picked the split points itself, the (non-MLA) write is left out "
-            "of them under pipeline parallelism without context parallelism, when "
-            "vLLM compiles piecewise itself, layer names are hoisted and no attention "
-            "backend is asked for beyond those proven with it (FLASH_ATTN, TRITON_ATTN, "
-            "FLASHINFER). Details: piecewise_split.py."
+            "With torch's hoisted layer names (2.11+) one piece serves every layer with "
+            "the write inside, so under PP the (non-MLA) write leaves vLLM's split "
+            "points, with the backends proven with it. Details: piecewise_split.py."
         ),
         drop_when=(
             "vLLM stops splitting at unified_kv_cache_update when layer names are "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +297,3 @@ def stage_costs(shape: ModelShape, batch: int, directory: Path = TABLES,
     return table_costs(shape, *found, batch, rates)
 
 
-def shape_fields(shape: ModelShape) -> dict[str, Any]:
-    """``shape`` as the plain dict a cost table records."""
-    return asdict(shape)
