@@ -16,8 +16,8 @@
 #                plugin must stand aside, so each pair should be level
 #   runner-pp1   one GPU, PP=1, random weights: stock then the plugin enabled, each in
 #                FULL_AND_PIECEWISE and PIECEWISE (smoke.py); greedy tokens compared
-#                per mode, and the plugin must stand aside (its line counted, its
-#                runner's absent: runner-pp1.json)
+#                per mode, and the plugin must stand aside (every rank's plan record
+#                says so and none ran the plugin's runner: runner-pp1.json)
 #   batch        PP=2, Qwen3-0.6B shape, random weights, --workload batch: the plugin's
 #                greedy tokens against stock's, FULL_AND_PIECEWISE then PIECEWISE;
 #                bench.json records plugin_stages and tokens_agree per run
@@ -229,25 +229,30 @@ step_smoke() {
 # PP=1 on one GPU: the plugin enabled stands aside, and the tokens are stock's.
 step_runner-pp1() {
   local r rc=0
+  rm -rf "$RES/pp1-plugin-records"
   for r in stock plugin; do
-    local plugins=""; [ "$r" = plugin ] && plugins=pp_cudagraph
-    CUDA_VISIBLE_DEVICES=0 VLLM_PLUGINS=$plugins timeout -k 10 540 python3 "$here/smoke.py" \
+    # The plugin's ranks leave their plan records where the check below reads them.
+    local env=(VLLM_PLUGINS=)
+    [ "$r" = plugin ] && env=(VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_METRICS_DIR="$RES/pp1-plugin-records")
+    env CUDA_VISIBLE_DEVICES=0 "${env[@]}" timeout -k 10 540 python3 "$here/smoke.py" \
       --random-weights "$RES/pp1-$r" full_and_piecewise piecewise 2>&1 | tee "$RES/pp1-$r.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
   python3 - "$RES" <<'EOF2' || rc=1
 import json, sys
 from pathlib import Path
+from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
 res = Path(sys.argv[1])
 runs = {r: json.loads((res / f"pp1-{r}/smoke.json").read_text())["runs"]
         for r in ("stock", "plugin") if (res / f"pp1-{r}/smoke.json").exists()}
-log = (res / "pp1-plugin.log").read_text() if (res / "pp1-plugin.log").exists() else ""
-report = {"plugin_runner_lines": log.count("PPCudaGraphModelRunner on pipeline stage"),
-          "stand_aside_lines": log.count("vllm-pp-cudagraph stands aside for this engine"),
-          "stock_runner_lines": (res / "pp1-stock.log").read_text().count("PPCudaGraphModelRunner")
-          if (res / "pp1-stock.log").exists() else None, "modes": {}}
-ok = (len(runs) == 2 and report["plugin_runner_lines"] == 0
-      and report["stand_aside_lines"] >= 2 and report["stock_runner_lines"] == 0)
+# One record per rank of each engine the plugin-enabled run built (the engine check's too).
+ranks = [r for name, r in read_plan_records(res / "pp1-plugin-records").items()
+         if not name.startswith("engine-")]
+report = {"plugin_ranks_recorded": len(ranks),
+          "ranks_on_the_plugins_runner": sum(bool(r.get("plugin_runner")) for r in ranks),
+          "stand_aside": sorted({r.get("stand_aside") or "" for r in ranks}), "modes": {}}
+ok = (len(runs) == 2 and ranks and report["ranks_on_the_plugins_runner"] == 0
+      and all(r.get("stand_aside") for r in ranks))
 for mode in ("full_and_piecewise", "piecewise"):
     s, p = (runs.get(r, {}).get(mode, {}) for r in ("stock", "plugin"))
     agree = bool(s.get("ok") and p.get("ok")) and s["tokens"] == p["tokens"]

@@ -44,7 +44,7 @@ def assert_served(runs: list[dict], ranks: int, console: str) -> None:
         if run["spec"]["runner"] == "stock":
             assert run.get("plugin_stages", 0) == 0, f"{name} ran with the plugin loaded"
         elif run["spec"]["pp"] == 1:
-            assert run["plugin_stages"] == 0 and run["stand_aside_lines"] >= ranks, (
+            assert run["plugin_stages"] == 0 and run["stand_aside_ranks"] >= ranks, (
                 f"{name}: at PP=1 the plugin must stand aside on every worker")
         else:
             assert run["plugin_stages"] == ranks, (

@@ -179,7 +179,7 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     write_snapshot(PlanRecord("engine-0", {"engine": {}, "workers": []}), tmp_path)
     found = record_findings(tmp_path)
     assert found == {
-        "plugin_stages": 2, "stand_aside_lines": 0, "direct_handoff_stages": 2,
+        "plugin_stages": 2, "stand_aside_ranks": 0, "direct_handoff_stages": 2,
         "layer_partition_used": [15, 13], "plan_records": 2, "cadence_choices": [],
         "stage_metrics": {}, "engine_metrics": None}
     # Each stage's last window, however old: bench reads it once the run is over.

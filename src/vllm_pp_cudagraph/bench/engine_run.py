@@ -527,7 +527,7 @@ ENGINE_METRIC_KEYS = ("cadence", "cadence_switches_total", "cadence_trials_total
 
 #: What a run without any plan record ran: vLLM alone (stock, V1), or a plugin run that
 #: stopped before its ranks built their runners.
-NO_RECORDS = {"plugin_stages": 0, "stand_aside_lines": 0, "direct_handoff_stages": 0,
+NO_RECORDS = {"plugin_stages": 0, "stand_aside_ranks": 0, "direct_handoff_stages": 0,
               "layer_partition_used": None, "plan_records": 0, "cadence_choices": []}
 
 
@@ -544,7 +544,7 @@ def record_findings(directory: Path) -> dict[str, Any]:
     engine = read_engine_snapshot(0, directory, max_age_s=math.inf)
     return {
         "plugin_stages": sum(1 for r in ranks if r.get("plugin_runner")),
-        "stand_aside_lines": sum(1 for r in ranks if not r.get("plugin_runner")),
+        "stand_aside_ranks": sum(1 for r in ranks if not r.get("plugin_runner")),
         "direct_handoff_stages": sum(1 for r in ranks if r.get("direct_handoff")),
         "layer_partition_used": first.get("layers") if first.get("split_noteworthy") else None,
         "plan_records": len(ranks),
