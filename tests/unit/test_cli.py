@@ -8,7 +8,6 @@ import re
 import shutil
 import subprocess
 import sys
-
 from types import SimpleNamespace
 
 import pytest
