@@ -24,6 +24,10 @@ from vllm_pp_cudagraph.planning.stage_costs import (
 #: Host time of one engine step, fitted to a host-bound 0.6B stage at PP=1 on one H200.
 HOST_STEP_S = 1.4e-3
 HOST_PER_REQUEST_S = 18e-6
+#: The same step's fixed part under ``vllm serve``, where the engine core also takes
+#: requests from the API servers and streams their outputs back: the median over the
+#: host-paced steps of the served 0.6B cells (PP=2, 32-512 requests a step).
+SERVE_HOST_STEP_S = 2.6e-3
 #: TTFT p50 under ``serve`` over one prefill of the running requests' prompts at the
 #: model's rates, fitted on the served 32B cells (benchmarks/results, 2026-11-27 check).
 TTFT_P50_SHARE = 0.69
@@ -134,8 +138,10 @@ def kv_read_s(shape: ModelShape, batch: float, context: float, rates: Rates = FI
     return batch * context * per_token / rates.bytes_per_s
 
 
-def host_s(batch: float) -> float:
-    return HOST_STEP_S + HOST_PER_REQUEST_S * batch
+def host_s(batch: float, work: Workload) -> float:
+    """The engine's host time for one step of ``batch`` requests under ``work``."""
+    fixed = SERVE_HOST_STEP_S if work.kind == "serve" else HOST_STEP_S
+    return fixed + HOST_PER_REQUEST_S * batch
 
 
 def prefill_s(shape: ModelShape, tokens: int, gpus: int, rates: Rates = FITTED) -> float:
@@ -229,13 +235,13 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
     handoff = link.transfer_s(2 * shape.hidden_size * shape.dtype_bytes * (group + prefill))
     times = _stage_times(costs_at, shape, split, group, context, tp, link, rates, prefill)
     if cadence == "merge":
-        gpu, host = sum(times) + (pp - 1) * handoff, host_s(running)
+        gpu, host = sum(times) + (pp - 1) * handoff, host_s(running, work)
         tpot = max(gpu, host)
         busy = [t / tpot for t in times]
     else:
         if cadence == "stock":
             times = [t * stock_factor for t in times]
-        gpu, host = max(times) + handoff, host_s(group)
+        gpu, host = max(times) + handoff, host_s(group, work)
         step = max(gpu, host)
         tpot = pp * step
         busy = [t / step for t in times]
@@ -267,9 +273,10 @@ def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
            + shape.num_layers * kv_read_s(shard, running, work.mean_context, rates)
            + 2 * shape.num_layers * link.all_reduce_s(
                (running + prefill) * shape.hidden_size * shape.dtype_bytes, tp))
-    tpot = max(gpu, host_s(running))
+    host = host_s(running, work)
+    tpot = max(gpu, host)
     return _delivery(f"stock TP={tp}", work, shape, tp, tpot, [gpu / tpot] * tp, rates,
-                     host_s(running) > gpu, pp=1, tp=tp)
+                     host > gpu, pp=1, tp=tp)
 
 
 def plugin_auto(shape: ModelShape, split: tuple[int, ...], work: Workload, link: Link,
