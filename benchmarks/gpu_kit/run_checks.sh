@@ -87,6 +87,8 @@
 #                per second, each point's concurrency the most in flight (--request-rate)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
+#   serve-pair   2 GPUs: served cells for plan's check, each layout in turn on GPUs
+#                0,1 (KIT_SMALL_MODEL, KIT_PAIR_POINTS, KIT_PAIR_MODES: plugin, stock, TP)
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
 #                (dummy weights), PP=2: the plugin's defaults on GPUs 0,1 beside stock on
 #                2,3, then a second stock server; 10,000 requests each (KIT_SOAK_REQUESTS)
@@ -191,7 +193,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -477,6 +479,19 @@ step_never-slower-32b() {
     --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
     --deadline "${KIT_DEADLINE_S:-1500}" --out "$RES/never-slower-32b" \
     --modes "${KIT_MODES:-plugin:$FAP,stock:$FAP,plugin-balance:$FAP,stock:$FAP,plugin:$FAP}"
+}
+
+# Served cells for plan's check on a 2-GPU host: each layout in turn on GPUs 0,1, one
+# server at a time (KIT_SMALL_MODEL, KIT_PAIR_POINTS, KIT_PAIR_MODES). Each run is a cell
+# of plan's model, not a ratio between runners: they ran at different minutes.
+step_serve-pair() {
+  local model=${KIT_SMALL_MODEL:-qwen3-0.6b}
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --tp 1 --port 8000 --model "$model" --weights dummy \
+    --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 \
+    --workload serve --num-requests "${KIT_PAIR_REQUESTS:-1024}" --output-len 256 \
+    --repeat 2 --api-server-count 4 --points "${KIT_PAIR_POINTS:-64:64}" \
+    --deadline "${KIT_DEADLINE_PAIR_S:-900}" --out "$RES/serve-pair-$model" \
+    --modes "${KIT_PAIR_MODES:-plugin:$FAP,stock:$FAP,tp:$FAP}"
 }
 
 # What the per-stage metrics cost: the plugin with and without them, in both orders, the
