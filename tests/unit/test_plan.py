@@ -137,6 +137,18 @@ def test_a_measured_winner_does_not_settle_a_layout_its_cell_did_not_measure(
     assert command[-1] == "plugin:full_and_piecewise,tp:full_and_piecewise"
 
 
+def test_of_two_cells_that_answer_the_question_the_one_with_more_layouts_decides(
+        clean_env, capsys):
+    """The 4B shape served at concurrency 64 was measured twice on 2x H200: the plugin
+    beside stock PP=2 (the plugin won), then TP=2, the plugin and stock one after another
+    (TP=2 won). Both are printed; the cell that also measured TP settles the question."""
+    _, out = run_plan(capsys, "--model", "qwen3-4b", "--gpus", "2", "--concurrency", "64",
+                      "--max-num-seqs", "1024", "--api-server-count", "4", "--gpu", "h200")
+    assert "plugin PP=2 47.52, stock PP=2 31.13 req/s; plugin PP=2 won" in out
+    assert "stock TP=2 59.03, plugin PP=2 49.23, stock PP=2 37.32 req/s; stock TP=2 won" in out
+    assert "recommended: stock TP=2 (measured on 2x H200" in out
+
+
 def test_a_served_prediction_is_held_to_what_its_api_servers_put_out(clean_env, capsys):
     """The 0.6B shape served at concurrency 1,024 put out at most 17.8k tokens/s through one
     API server, bound by it and the client; the GPUs alone would give 3x that. Plan holds
@@ -402,9 +414,21 @@ def test_a_host_paced_row_carries_the_error_of_host_paced_rows(clean_env, capsys
     rows = {line.split("  ")[0]: line for line in out.splitlines()}
     assert f"±{row_error('plugin', 'serve', host_paced=True):.0%}" in rows["plugin PP=2"]
     assert f"±{row_error('stock', 'serve', host_paced=True):.0%}" in rows["stock PP=2"]
-    # No TP row was served yet: it takes the largest host-paced error, not the median.
-    assert row_error("tp", "serve", host_paced=True) == row_error("plugin", "serve", True)
-    assert f"±{row_error('plugin', 'serve', host_paced=True):.0%}" in rows["stock TP=2"]
+    assert f"±{row_error('tp', 'serve', host_paced=True):.0%}" in rows["stock TP=2"]
+
+
+def test_a_host_paced_row_of_a_kind_never_measured_so_takes_the_largest_such_error(
+        monkeypatch):
+    """Host time is one term for every layout: a kind with no host-paced rows measured
+    takes the largest host-paced error of the kinds that have them, not the median."""
+    from vllm_pp_cudagraph.planning import measured
+
+    table = {"median_error": 0.15, "errors": {
+        "plugin": {"serve": 0.07, "serve, host-paced": 0.28},
+        "stock": {"serve": 0.04, "serve, host-paced": 0.09}, "tp": {"engine": 0.1}}}
+    monkeypatch.setattr(measured, "_table", lambda: table)
+    assert measured.row_error("tp", "serve", host_paced=True) == 0.28
+    assert measured.row_error("tp", "serve") == 0.15
 
 
 def test_two_layouts_are_too_close_within_the_larger_of_their_errors(monkeypatch):

@@ -195,7 +195,9 @@ def recommendation(rows: list[Row], work: Workload, model: str,
     predicted = best.prediction.layout
     choices = sorted((r.prediction for r in _choices(rows, work)),
                      key=lambda p: p.req_per_s, reverse=True)
-    if won := [cell for cell in measured if cell.winner]:
+    # Where cells disagree, the one that measured the most layouts decides.
+    if won := sorted((cell for cell in measured if cell.winner),
+                     key=lambda cell: len(cell.req_per_s), reverse=True):
         why, contenders = _unmeasured_rival(won[0], choices, work.kind)
         if not contenders:
             note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
