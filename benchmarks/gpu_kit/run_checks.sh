@@ -97,7 +97,9 @@
 #                load (GPU memory at the start and the end, every stage's snapshots,
 #                requests left: ../tools/soak_watch.py); KIT_SOAK_PLUGIN_RUNNER names
 #                the plugin's runner (default plugin; plugin-cadence: vLLM's cadence);
-#                KIT_SOAK_ARGS adds soak.py options (for example --no-token-check)
+#                KIT_SOAK_ARGS adds soak.py options (for example --no-token-check);
+#                KIT_SOAK_GROUPS="0,1" runs it, soak-30b-a3b and soak-preemption-32b
+#                on 2 GPUs, one server after another
 #   soak-30b-a3b 4 GPUs: the same with Qwen3-30B-A3B, without the adapter
 #   soak-32b-pp4 4 GPUs: the same at PP=4, one server at a time on GPUs 0-3
 #   soak-preemption-32b  4 GPUs: soak-32b's servers with a KV cache of 512 blocks, so
@@ -577,11 +579,17 @@ gpu_soak() {
     --requests "${KIT_SOAK_REQUESTS:-10000}" --gpu-memory-utilization 0.9 --port 9800 \
     --plugin-runner "${KIT_SOAK_PLUGIN_RUNNER:-plugin}" --resume "$@" ${KIT_SOAK_ARGS:-}
 }
-step_soak-32b() { gpu_soak soak-32b 2 0,1 2,3 --shape qwen3-32b --lora 1; }
-step_soak-30b-a3b() { gpu_soak soak-30b-a3b 2 0,1 2,3 --shape qwen3-30b-a3b; }
+# KIT_SOAK_GROUPS="0,1": the PP=2 soaks on a 2-GPU host, one server after another.
+pp2_groups=${KIT_SOAK_GROUPS:-0,1 2,3}
+# shellcheck disable=SC2086
+step_soak-32b() { gpu_soak soak-32b 2 $pp2_groups --shape qwen3-32b --lora 1; }
+# shellcheck disable=SC2086
+step_soak-30b-a3b() { gpu_soak soak-30b-a3b 2 $pp2_groups --shape qwen3-30b-a3b; }
 step_soak-32b-pp4() { gpu_soak soak-32b-pp4 4 0,1,2,3 --shape qwen3-32b; }
 step_soak-preemption-32b() {
-  KIT_SOAK_REQUESTS=2000 gpu_soak soak-preemption-32b 2 0,1 2,3 --shape qwen3-32b --preemption
+  # shellcheck disable=SC2086
+  KIT_SOAK_REQUESTS=2000 gpu_soak soak-preemption-32b 2 $pp2_groups --shape qwen3-32b \
+    --preemption
 }
 
 # faults: a stage that raises inside a step and a stage's worker killed (SIGKILL),
