@@ -194,6 +194,8 @@ export PYTHONPATH=$site PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
 FAP=full_and_piecewise
+#: What the served cells of the lanes, never-slower and serve-pair steps share.
+SERVED="--weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve"
 #: Every step, in the order they run.
 STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
@@ -438,8 +440,8 @@ lanes() {
 step_lanes-32b() {
   local a=${KIT_LANE_A:-plugin:$FAP,stock:$FAP,plugin-balance:$FAP,stock:$FAP}
   local b=${KIT_LANE_B:-stock:$FAP,plugin:$FAP,stock:$FAP,plugin-balance:$FAP}
-  lanes lanes-32b "$a" "$b" --model qwen3-32b --weights dummy --max-num-seqs 1024 \
-    --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
+  # shellcheck disable=SC2086
+  lanes lanes-32b "$a" "$b" --model qwen3-32b $SERVED \
     --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
     --deadline "${KIT_DEADLINE_S:-1500}"
 }
@@ -449,9 +451,9 @@ step_lanes-32b() {
 # one prefill cohort; a pass sends twice the concurrency, so two such waves), and the
 # launch-bound 0.6B shape at the never-slower cell's load.
 step_lanes-burst-32b() {
+  # shellcheck disable=SC2086
   lanes lanes-burst-32b "plugin:$FAP,stock:$FAP" "stock:$FAP,plugin:$FAP" --model qwen3-32b \
-    --weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
-    --timeout 600 --workload serve --num-requests 128 --output-len 512 --repeat 3 \
+    $SERVED --num-requests 128 --output-len 512 --repeat 3 \
     --points 2:128 --deadline "${KIT_DEADLINE_BURST_S:-900}"
 }
 step_lanes-0.6b() {
@@ -467,8 +469,8 @@ step_lanes-0.6b-api() {
     --points "${KIT_API_POINTS:-64:1024}" --deadline "${KIT_DEADLINE_API_S:-900}"
 }
 small_lanes() {
-  lanes "$1" "$2" "$3" --model "${KIT_SMALL_MODEL:-qwen3-0.6b}" --weights dummy --max-num-seqs 1024 \
-    --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
+  # shellcheck disable=SC2086
+  lanes "$1" "$2" "$3" --model "${KIT_SMALL_MODEL:-qwen3-0.6b}" $SERVED \
     --num-requests 2048 --output-len 256 --repeat 2 "${@:4}"
 }
 
@@ -476,8 +478,7 @@ small_lanes() {
 # fixed on balance (the old default's steady state), stock, the plugin again, so each plugin
 # runner has stock beside it in time (KIT_MODES: other runners).
 step_never-slower-32b() {
-  CUDA_VISIBLE_DEVICES=0,1 $BENCH --model qwen3-32b --weights dummy --max-num-seqs 1024 \
-    --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve \
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --model qwen3-32b $SERVED \
     --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
     --deadline "${KIT_DEADLINE_S:-1500}" --out "$RES/never-slower-32b" \
     --modes "${KIT_MODES:-plugin:$FAP,stock:$FAP,plugin-balance:$FAP,stock:$FAP,plugin:$FAP}"
@@ -488,9 +489,8 @@ step_never-slower-32b() {
 # of plan's model, not a ratio between runners: they ran at different minutes.
 step_serve-pair() {
   local model=${KIT_SMALL_MODEL:-qwen3-0.6b}
-  CUDA_VISIBLE_DEVICES=0,1 $BENCH --tp 1 --port 8000 --model "$model" --weights dummy \
-    --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 \
-    --workload serve --num-requests "${KIT_PAIR_REQUESTS:-1024}" --output-len 256 \
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --tp 1 --port 8000 --model "$model" $SERVED \
+    --num-requests "${KIT_PAIR_REQUESTS:-1024}" --output-len 256 \
     --repeat 2 --api-server-count 4 --points "${KIT_PAIR_POINTS:-64:64}" \
     --deadline "${KIT_DEADLINE_PAIR_S:-900}" --out "$RES/serve-pair-$model" \
     --modes "${KIT_PAIR_MODES:-plugin:$FAP,stock:$FAP,tp:$FAP}"
