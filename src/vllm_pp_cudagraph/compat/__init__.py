@@ -36,6 +36,8 @@ ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
 VLLM_CONFIG_MODULE = "vllm.config.vllm"
 #: Module of the engine core, whose KV-cache set-up the engine check runs after.
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
+#: Module of the message queues the executors read their workers' replies from.
+MESSAGE_QUEUE_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 #: Module of the process groups, whose pipeline group passes tensors between stages.
 PARALLEL_STATE_MODULE = "vllm.distributed.parallel_state"
 #: The (non-MLA) KV-cache-write op vLLM splits piecewise graphs at.
@@ -152,6 +154,10 @@ SURFACE: tuple[Needed, ...] = (
            instance_attrs=("model_executor", "vllm_config")),
     Needed("vllm.v1.core.sched.interface", "PauseState", members=("UNPAUSED",)),
     Needed("vllm.sequence", "IntermediateTensors", members=("tensors",)),
+    # The remote-reply patch: how a reader on another node waits, and its shutdown flag.
+    Needed(MESSAGE_QUEUE_MODULE, "MessageQueue", members=("dequeue", "shutdown"),
+           instance_attrs=("_is_local_reader", "_is_remote_reader", "remote_socket",
+                           "shutting_down")),
     Needed(PARALLEL_STATE_MODULE, "GroupCoordinator",
            members=("isend_tensor_dict", "irecv_tensor_dict", "_should_use_all_gather",
                     "all_gather"),

@@ -198,6 +198,22 @@ def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
     return _wrap_attr(config_cls, "__post_init__", wrap_config_post_init)
 
 
+def _message_queue_cls() -> type:
+    return importlib.import_module(compat.MESSAGE_QUEUE_MODULE).MessageQueue
+
+
+def _remote_reply_stands_aside(settings: PPCudaGraphSettings) -> str | None:
+    if callable(getattr(_message_queue_cls(), "shutdown", None)):
+        return None
+    return "this vLLM's MessageQueue cannot be shut down"
+
+
+def _patch_remote_reply(settings: PPCudaGraphSettings) -> Undo:
+    from vllm_pp_cudagraph.engine.remote_reply import wrap_dequeue
+
+    return _wrap_attr(_message_queue_cls(), "dequeue", wrap_dequeue)
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="env-names",
@@ -316,6 +332,23 @@ PATCHES: tuple[Patch, ...] = (
         ),
         apply=_patch_kv_update_in_graphs,
         stands_aside=_kv_update_stands_aside,
+    ),
+    Patch(
+        name="remote-reply",
+        target=f"{compat.MESSAGE_QUEUE_MODULE}.MessageQueue.dequeue (readers on another node)",
+        why=(
+            "A worker on another node replies through a zmq socket that dequeue polls "
+            "with no look at the queue's shutdown. When such a worker dies (PP over two "
+            "Ray nodes), the executor shuts its queues down, but the engine core's step "
+            "keeps waiting for the dead worker's reply, so the server holds its requests "
+            "and serves nothing for VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s). The "
+            "wrapper polls in slices and raises once the queue is shut down, as a "
+            "shared-memory reader does; every reply is still read by vLLM's dequeue. "
+            "Details: remote_reply.py."
+        ),
+        drop_when="vLLM's remote MessageQueue readers honour shutdown.",
+        apply=_patch_remote_reply,
+        stands_aside=_remote_reply_stands_aside,
     ),
     Patch(
         name="direct-handoff",
