@@ -115,7 +115,8 @@
 #   faults-two-nodes  2 GPUs: PP=2 over two Ray nodes on this host (ray_nodes.sh), the
 #                plugin's server under load; the second node's stage raises, then (a new
 #                server) its worker is killed (faults-two-nodes/: the same reports, and
-#                what is left on the GPUs after each)
+#                what is left on the GPUs after each); KIT_TWO_NODE_RUNNERS="plugin
+#                stock" adds stock's servers, KIT_TWO_NODE_HOWS=kill the kill alone
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
 #                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
@@ -635,20 +636,24 @@ step_faults() {
 
 # A stage on the second of two Ray nodes fails under load (ray_nodes.sh: the head owns
 # GPU 0, the second node GPU 1; RAY_ADDRESS makes vLLM's Ray executor use them).
+# KIT_TWO_NODE_RUNNERS (default plugin; "plugin stock" adds stock's server, one after
+# the other) and KIT_TWO_NODE_HOWS (default "raise kill") choose the cases.
 step_faults-two-nodes() {
   install_test_plugins
-  local rc=0 how
-  for how in raise kill; do
-    if ! bash "$here/ray_nodes.sh" start >> "$RES/ray-nodes.txt" 2>&1; then
-      tail -20 "$RES/ray-nodes.txt"
-      return 1
-    fi
-    RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} python3 -m benchmarks.tools.serve_checks fault \
-      --out "$RES/faults-two-nodes" --runner plugin --gpus 0,1 --port 8400 --stage last \
-      --how "$how" --ray || rc=1
-    echo "left on the GPUs after $how:"
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
-    bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
+  local rc=0 runner how
+  for runner in ${KIT_TWO_NODE_RUNNERS:-plugin}; do
+    for how in ${KIT_TWO_NODE_HOWS:-raise kill}; do
+      if ! bash "$here/ray_nodes.sh" start >> "$RES/ray-nodes.txt" 2>&1; then
+        tail -20 "$RES/ray-nodes.txt"
+        return 1
+      fi
+      RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} python3 -m benchmarks.tools.serve_checks fault \
+        --out "$RES/faults-two-nodes" --runner "$runner" --gpus 0,1 --port 8400 \
+        --stage last --how "$how" --ray || rc=1
+      echo "left on the GPUs after $runner $how:"
+      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+      bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
+    done
   done
   return $rc
 }
