@@ -37,11 +37,14 @@ def wrap_dequeue(original: DequeueFn) -> DequeueFn:
     """Wrap ``MessageQueue.dequeue``: a remote reader's wait ends at shutdown."""
 
     def dequeue(self: Any, timeout: float | None = None, indefinite: bool = False) -> Any:
-        if self._is_local_reader or not self._is_remote_reader:
+        # Read by name with defaults: a vLLM that renamed them keeps its own dequeue (the
+        # surface check in compat flags the rename).
+        remote = getattr(self, "_is_remote_reader", False)
+        if not remote or getattr(self, "_is_local_reader", True):
             return original(self, timeout, indefinite)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self.shutting_down:
+            if getattr(self, "shutting_down", False):
                 raise RuntimeError(CANCELLED)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait = POLL_SLICE_S if left is None else min(POLL_SLICE_S, left)
