@@ -170,7 +170,9 @@
 #                shard of the shapes in KIT_COST_TP_SHAPES (default qwen3-32b
 #                llama-3.1-70b; empty for none): the tables plan reads for TP
 #                (cost_table.py --tp 2). KIT_COST_BATCHES: the batch sizes (default
-#                1,32,64,128,256; add 512,1024 for the loads of the served cells)
+#                1,32,64,128,256; add 512,1024 for the loads of the served cells);
+#                KIT_COST_SHAPES empty: the TP shards alone; KIT_COST_GPU: the GPU
+#                (default 0), so two halves can run side by side on two GPUs
 #   stage-cost   one GPU: what one PP=2 stage of the 0.6B, 32B, 70B and 30B-A3B shapes
 #                costs per decode step, by batch size and context (../tools/stage_cost.py,
 #                stock vLLM at PP=1 with half the layers); about 15 minutes
@@ -729,12 +731,12 @@ step_shared-lora() {
 
 step_cost-tables() {
   local shape rc=0 batches=${KIT_COST_BATCHES:-1,32,64,128,256}
-  for shape in ${KIT_COST_SHAPES:-qwen3-4b qwen3-32b llama-3.1-70b}; do
-    CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.cost_table --batches "$batches" \
+  for shape in ${KIT_COST_SHAPES-qwen3-4b qwen3-32b llama-3.1-70b}; do
+    CUDA_VISIBLE_DEVICES=${KIT_COST_GPU:-0} python3 -m benchmarks.tools.cost_table --batches "$batches" \
       --out "$RES/cost-tables/$shape" --shape "$shape" || rc=1
   done
   for shape in ${KIT_COST_TP_SHAPES-qwen3-32b llama-3.1-70b}; do
-    CUDA_VISIBLE_DEVICES=0 python3 -m benchmarks.tools.cost_table --tp 2 --batches "$batches" \
+    CUDA_VISIBLE_DEVICES=${KIT_COST_GPU:-0} python3 -m benchmarks.tools.cost_table --tp 2 --batches "$batches" \
       --out "$RES/cost-tables/$shape-tp2" --shape "$shape" || rc=1
   done
   return $rc
