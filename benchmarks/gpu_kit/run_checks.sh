@@ -588,7 +588,7 @@ pp2_groups=${KIT_SOAK_GROUPS:-0,1 2,3}
 step_soak-32b() { gpu_soak soak-32b 2 $pp2_groups --shape qwen3-32b --lora 1; }
 # shellcheck disable=SC2086
 step_soak-30b-a3b() { gpu_soak soak-30b-a3b 2 $pp2_groups --shape qwen3-30b-a3b; }
-step_soak-32b-pp4() { gpu_soak soak-32b-pp4 4 0,1,2,3 --shape qwen3-32b; }
+step_soak-32b-pp4() { gpu_soak soak-32b-pp4 4 0,1,2,3 --shape qwen3-32b --lora 1; }
 step_soak-preemption-32b() {
   # shellcheck disable=SC2086
   KIT_SOAK_REQUESTS=2000 gpu_soak soak-preemption-32b 2 $pp2_groups --shape qwen3-32b \
