@@ -89,6 +89,11 @@
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   serve-pair   2 GPUs: served cells for plan's check, each layout in turn on GPUs
 #                0,1 (KIT_SMALL_MODEL, KIT_PAIR_POINTS, KIT_PAIR_MODES: plugin, stock, TP)
+#   serve-quad   4 GPUs: served cells for plan's check on four GPUs, each layout in turn
+#                on GPUs 0-3: the plugin PP=4, stock PP=4 and TP=4, then the plugin and
+#                stock at TP=2 x PP=2 (KIT_QUAD_MODEL, default qwen3-32b; KIT_QUAD_POINTS,
+#                default 64:256; KIT_QUAD_REQUESTS, default 1024 a pass; KIT_QUAD_PP4_MODES,
+#                KIT_QUAD_TP2PP2_MODES; KIT_DEADLINE_QUAD_S bounds each half, default 900)
 #   soak-32b     4 GPUs: the serving soak with a GPU per stage, Qwen3-32B dense shape
 #                (dummy weights), PP=2: the plugin's defaults on GPUs 0,1 beside stock on
 #                2,3, then a second stock server; 10,000 requests each (KIT_SOAK_REQUESTS)
@@ -200,7 +205,7 @@ FAP=full_and_piecewise
 #: What the served cells of the lanes, never-slower and serve-pair steps share.
 SERVED="--weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve"
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair serve-quad soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -497,6 +502,24 @@ step_serve-pair() {
     --repeat 2 --api-server-count 4 --points "${KIT_PAIR_POINTS:-64:64}" \
     --deadline "${KIT_DEADLINE_PAIR_S:-900}" --out "$RES/serve-pair-$model" \
     --modes "${KIT_PAIR_MODES:-plugin:$FAP,stock:$FAP,tp:$FAP}"
+}
+
+# Served cells for plan's check on a 4-GPU host, one server at a time on GPUs 0-3: PP=4
+# (the plugin, stock) and TP=4, then TP=2 x PP=2 (the plugin, stock). As serve-pair, each
+# run is a cell of plan's model, not a ratio between runners.
+step_serve-quad() {
+  local rc=0 model=${KIT_QUAD_MODEL:-qwen3-32b}
+  # shellcheck disable=SC2086
+  set -- --model "$model" $SERVED --num-requests "${KIT_QUAD_REQUESTS:-1024}" \
+    --output-len 256 --repeat 2 --points "${KIT_QUAD_POINTS:-64:256}" \
+    --deadline "${KIT_DEADLINE_QUAD_S:-900}"
+  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.bench --pp 4 --tp 1 "$@" \
+    --out "$RES/serve-quad-$model-pp4" \
+    --modes "${KIT_QUAD_PP4_MODES:-plugin:$FAP,stock:$FAP,tp:$FAP}" || rc=1
+  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.bench --pp 2 --tp 2 "$@" \
+    --out "$RES/serve-quad-$model-tp2pp2" \
+    --modes "${KIT_QUAD_TP2PP2_MODES:-plugin:$FAP,stock:$FAP}" || rc=1
+  return $rc
 }
 
 # What the per-stage metrics cost: the plugin with and without them, in both orders, the
