@@ -31,6 +31,11 @@ SERVE_HOST_STEP_S = 2.6e-3
 #: TTFT p50 under ``serve`` over one prefill of the running requests' prompts at the
 #: model's rates, fitted on the served 32B cells (benchmarks/results, 2026-11-27 check).
 TTFT_P50_SHARE = 0.69
+#: Under ``serve``, the time per request a closed loop's wave of new requests waits to be
+#: taken in (API servers and engine core), where that is longer than their prefills: the
+#: median over the served 0.6B and 4B runs with four API servers of TTFT p50 over
+#: ``TTFT_P50_SHARE`` x the requests running (32 runs, quartiles 1.02-1.27 ms).
+SERVE_INTAKE_S = 1.2e-3
 #: Stock MRV2's GPU time per PP step over the plugin's at the same group size, as measured
 #: on vLLM 0.26 (``plan`` takes the installed release's from measured_cells.json).
 STOCK_PP_GPU_FACTOR = 1.31
@@ -126,8 +131,7 @@ class Prediction:
     api_ceiling: float | None = None
     """Output tokens/s the API servers held it to (:func:`~.plan.at_api_ceiling`), if any."""
     ttft_s: float | None = None
-    """TTFT p50 under ``serve`` where the GPUs pace the steps; None for an offline batch
-    or where the host does (its TTFT is the API servers' and the scheduler's, not modelled)."""
+    """TTFT p50 under ``serve``; None for an offline batch."""
     host_paced: bool = False
     """Whether the model's host time per step, not its GPU time, sets the step."""
 
@@ -210,15 +214,18 @@ def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s:
               **extra) -> Prediction:
     """req/s of ``work`` where a token of every running request takes ``tpot_s``, each
     request also waiting its share of prefilling the running requests' prompts (under
-    ``serve`` their first tokens wait on it, though the prompts ride in the decode steps)."""
-    running = work.running
+    ``serve`` their first tokens wait on it, though the prompts ride in the decode steps,
+    or on being taken in, whichever is longer)."""
+    running, serve = work.running, work.kind == "serve"
     wait = running * prefill_s(shape, work.input_len, gpus, rates)
+    if serve:
+        wait = max(wait, running * SERVE_INTAKE_S)
     per_request = (work.output_len * tpot_s + wait) / running
     return Prediction(layout, tpot_s=tpot_s, req_per_s=1 / per_request,
                       output_tok_per_s=work.output_len / per_request,
                       busy=tuple(min(1.0, b) for b in busy),
-                      ttft_s=(TTFT_P50_SHARE * wait if work.kind == "serve" and not host_paced
-                              else None), host_paced=host_paced, **extra)
+                      ttft_s=TTFT_P50_SHARE * wait if serve else None, host_paced=host_paced,
+                      **extra)
 
 
 def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence: str,

@@ -133,10 +133,11 @@ def at_api_ceiling(prediction: Prediction, work: Workload) -> Prediction:
     if bound is None or prediction.output_tok_per_s <= bound[0]:
         return prediction
     share = bound[0] / prediction.output_tok_per_s
-    # TPOT stays the GPUs': the requests the API servers cannot take yet wait before their
-    # first token (TTFT p50 4-6 s there, against 0.6-0.7 s with four API servers).
+    # TPOT is left the GPUs' and no TTFT is given: where one API server held the 0.6B
+    # cell, both the wait for a first token and the tokens after it grew, in a split the
+    # model does not know.
     return replace(prediction, req_per_s=prediction.req_per_s * share,
-                   output_tok_per_s=bound[0], api_ceiling=bound[0])
+                   output_tok_per_s=bound[0], api_ceiling=bound[0], ttft_s=None)
 
 
 def _choices(rows: list[Row], work: Workload) -> list[Row]:
