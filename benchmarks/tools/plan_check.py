@@ -182,9 +182,9 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
               f"worst {max(errors):.0%}; {sum(r <= 0.15 for r in errors)} within 15%. "
               f"TPOT p50: median |error| {_median_abs(tpots)} over the {len(tpots)} runs "
               f"that recorded it. TTFT p50: median |error| {_median_abs(ttfts)} over the "
-              f"{len(ttfts)} served runs that recorded it. Fastest predicted (plugin, stock MRV2, TP; V1 left out) "
-              f"is the measured fastest in {sum(m == p for m, p in right.values())} of "
-              f"{len(right)} cells.",
+              f"{len(ttfts)} served runs that recorded it. Fastest predicted (plugin, stock "
+              f"MRV2, TP; V1 left out) is the measured fastest in "
+              f"{sum(m == p for m, p in right.values())} of {len(right)} cells.",
               "", f"Under plan's rule ({'each pair of layouts its median error' if error is None else f'{error:.0%}'} "
               f"allowed): {counts['right']} cells recommended right, {counts['too close']} "
               f"too close to call, {counts['wrong']} wrong"
