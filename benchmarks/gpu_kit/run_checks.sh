@@ -84,7 +84,8 @@
 #                Every lanes step takes KIT_MAX_CAPTURE: both lanes capture CUDA graphs up
 #                to that many tokens (--max-cudagraph-capture-size; vLLM's is 512 here)
 #                and KIT_REQUEST_RATE: requests arrive as a Poisson process at that many
-#                per second, each point's concurrency the most in flight (--request-rate)
+#                per second, each point's concurrency the most in flight (--request-rate),
+#                and KIT_INTERCONNECT: the link between the stages (--interconnect)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time: plugin, stock,
 #                plugin-balance, stock, plugin (KIT_MODES, KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   serve-pair   2 GPUs: served cells for plan's check, each layout in turn on GPUs
@@ -431,7 +432,8 @@ lanes() {
   shift 3
   mkdir -p "$dir"
   set -- "$@" ${KIT_MAX_CAPTURE:+--max-cudagraph-capture-size "$KIT_MAX_CAPTURE"} \
-    ${KIT_REQUEST_RATE:+--request-rate "$KIT_REQUEST_RATE"}
+    ${KIT_REQUEST_RATE:+--request-rate "$KIT_REQUEST_RATE"} \
+    ${KIT_INTERCONNECT:+--interconnect "$KIT_INTERCONNECT"}
   CUDA_VISIBLE_DEVICES=0,1 VLLM_PORT=29500 tagged "lane a" $BENCH --port 8000 \
     --out "$dir/lane-a" --modes "$modes_a" --lane-sync "$dir/sync" --lane a "$@" &
   local lane_a=$!
