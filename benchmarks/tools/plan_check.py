@@ -82,13 +82,30 @@ def _layouts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if not r["runner"].startswith("plugin-") or not defaults]
 
 
-def _by_runner(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
-    """Each runner's mean ``key`` over its runs in one cell (a runner measured twice, as
-    stock beside each plugin runner, counts once)."""
-    values: dict[str, list[float]] = {}
+def _layout(row: dict[str, Any]) -> str:
+    if row["runner"] == "tp":
+        return f"TP={row['tp'] * row['pp']}"
+    return f"TP={row['tp']} x PP={row['pp']}" if row["tp"] > 1 else f"PP={row['pp']}"
+
+
+def _named(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A cell's runs by runner, or by runner and layout where the cell measured a runner at
+    more than one layout (the plugin at PP=4 and at TP=2 x PP=2 are two contenders)."""
+    layouts: dict[str, set[str]] = {}
     for row in rows:
-        values.setdefault(row["runner"], []).append(row[key])
-    return {runner: statistics.fmean(v) for runner, v in values.items()}
+        layouts.setdefault(row["runner"], set()).add(_layout(row))
+    named: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        mixed = len(layouts[row["runner"]]) > 1
+        name = f"{row['runner']} {_layout(row)}" if mixed else row["runner"]
+        named.setdefault(name, []).append(row)
+    return named
+
+
+def _by_runner(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Each contender's mean ``key`` over its runs in one cell (a runner measured twice,
+    as stock beside each plugin runner, counts once)."""
+    return {name: statistics.fmean(r[key] for r in runs) for name, runs in _named(rows).items()}
 
 
 def winners(table: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
@@ -115,9 +132,10 @@ def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[s
             continue
         ranked = sorted(predicted, key=predicted.get, reverse=True)
         fastest = max(measured, key=measured.get)
-        paced = {r["runner"]: r["host_paced"] for r in rs}
+        first = {name: runs[0] for name, runs in _named(rs).items()}
         allowed = error if error is not None else max(
-            row_error(kind(runner), rs[0]["workload"], paced[runner]) for runner in ranked[:2])
+            row_error(kind(first[name]["runner"]), rs[0]["workload"], first[name]["host_paced"])
+            for name in ranked[:2])
         if predicted[ranked[1]] * (1 + allowed) > predicted[ranked[0]]:
             verdict, recommended = "too close", None
         else:
@@ -158,7 +176,7 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
              "TTFT p50 s, measured / predicted |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
-        layout = f"TP={r['tp'] * r['pp']}" if r["runner"] == "tp" else f"PP={r['pp']}"
+        layout = _layout(r)
         tpot = (f"{r['tpot_p50_ms']:.1f} / {r['predicted_tpot_ms']:.1f} ({r['tpot_error']:+.0%})"
                 if r["tpot_error"] is not None else "-")
         ttft = (f"{r['ttft_p50_ms'] / 1e3:.2f} / {r['predicted_ttft_ms'] / 1e3:.2f} "

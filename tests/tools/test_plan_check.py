@@ -111,3 +111,17 @@ def test_rows_the_host_paces_are_flagged_and_their_errors_pooled_apart():
              {**_predicted("plugin", 84.0, 60.0), "workload": "serve", "host_paced": True}]
     assert plan_check.errors_by_kind(table) == {
         "plugin": {"serve": 0.05, "serve, host-paced": 0.4}}
+
+
+def test_one_runner_at_two_layouts_in_a_cell_is_two_contenders():
+    """On four GPUs the plugin ran at PP=4 and at TP=2 x PP=2: each is judged on its own,
+    not averaged into one "plugin" that no layout measured."""
+    pp4 = {**_predicted("plugin", 41.7, 35.1), "pp": 4, "tp": 1}
+    tp2pp2 = {**_predicted("plugin", 54.6, 50.9), "pp": 2, "tp": 2}
+    stock = {**_predicted("stock", 41.7, 32.0), "pp": 4, "tp": 1}
+    assert plan_check.winners([pp4, tp2pp2, stock])["cell 256 x 64/256"] == (
+        "plugin TP=2 x PP=2", "plugin TP=2 x PP=2")
+    # TP=2 x PP=2 alone ahead of PP=4 beyond the error: recommended, and measured fastest.
+    decided = plan_check.decisions([pp4, tp2pp2, stock], error=0.10)["cell 256 x 64/256"]
+    assert decided == {"verdict": "right", "recommended": "plugin TP=2 x PP=2",
+                       "measured": "plugin TP=2 x PP=2"}
