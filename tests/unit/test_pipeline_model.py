@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
     SERVE_INTAKE_S,
+    intake_s,
     TTFT_P50_SHARE,
     Workload,
     pipeline,
@@ -144,8 +147,9 @@ def test_served_prompts_ride_in_the_decode_steps_an_offline_batchs_do_not(layout
     assert offline_long.tpot_s < 1.2 * offline_short.tpot_s
 
 
-def _served(shape, concurrency, input_len=64, prompts=None):
-    work = Workload(concurrency, input_len, 256, max_num_seqs=1024, prompts=prompts)
+def _served(shape, concurrency, input_len=64, prompts=None, api_servers=1):
+    work = Workload(concurrency, input_len, 256, max_num_seqs=1024, prompts=prompts,
+                    api_servers=api_servers)
     return pipeline(shape, (32, 32) if shape is SHAPE_32B else (14, 14), work, "balance",
                     NVLINK)
 
@@ -167,15 +171,34 @@ def test_a_small_models_served_requests_wait_to_be_taken_in_not_for_their_prefil
     0.58-0.97 s at 1,024 requests with four API servers), the same for longer prompts,
     and each request's time in the server holds it."""
     small = ModelShape.from_config(SHAPES["qwen3-0.6b"])
-    at_1024 = _served(small, 1024)
-    assert at_1024.ttft_s == pytest.approx(TTFT_P50_SHARE * 1024 * SERVE_INTAKE_S)
+    at_1024 = _served(small, 1024, api_servers=4)
+    assert at_1024.ttft_s == pytest.approx(TTFT_P50_SHARE * 1024 * SERVE_INTAKE_S[4])
     assert 0.6 < at_1024.ttft_s < 1.0
-    assert _served(small, 256).ttft_s == pytest.approx(at_1024.ttft_s / 4)
-    assert _served(small, 1024, input_len=128).ttft_s == pytest.approx(at_1024.ttft_s)
+    assert _served(small, 256, api_servers=4).ttft_s == pytest.approx(at_1024.ttft_s / 4)
+    assert _served(small, 1024, input_len=128, api_servers=4).ttft_s == pytest.approx(
+        at_1024.ttft_s)
     assert at_1024.req_per_s == pytest.approx(
-        1024 / (256 * at_1024.tpot_s + 1024 * SERVE_INTAKE_S))
+        1024 / (256 * at_1024.tpot_s + 1024 * SERVE_INTAKE_S[4]))
     # The 32B shape's prefills take longer than its intake: they set its TTFT.
-    assert _served(SHAPE_32B, 1024).ttft_s > TTFT_P50_SHARE * 1024 * SERVE_INTAKE_S
+    assert _served(SHAPE_32B, 1024, api_servers=4).ttft_s > (
+        TTFT_P50_SHARE * 1024 * SERVE_INTAKE_S[4])
+
+
+def test_one_api_server_takes_requests_in_slower_than_four():
+    """With one API server (vLLM's default) a wave of new requests waits about three times
+    as long to be taken in as with four: the 32B shape served at c256 on four H200s
+    measured TTFT p50 0.51-1.16 s (benchmarks/results/2026-11-28-vllm033-4xh200-serve-quad-
+    32b-c256-c1024), where its prefills alone would give 0.3 s."""
+    assert intake_s(1) == pytest.approx(SERVE_INTAKE_S[1])
+    assert intake_s(4) == pytest.approx(SERVE_INTAKE_S[4])
+    assert intake_s(1) > intake_s(2) > intake_s(4) > intake_s(8) > 0
+    tp2pp2 = Workload(256, 64, 256, max_num_seqs=1024)
+    one = pipeline(SHAPE_32B, (32, 32), tp2pp2, "balance", NVLINK, tp=2)
+    four = pipeline(SHAPE_32B, (32, 32), replace(tp2pp2, api_servers=4), "balance", NVLINK,
+                    tp=2)
+    assert 0.51 <= one.ttft_s <= 1.16
+    assert four.ttft_s < 0.5 * one.ttft_s
+    assert four.req_per_s > one.req_per_s
 
 
 @pytest.mark.parametrize(("cadence", "measured_ms"), [("merge", (3.7, 4.0)), ("stock", (6.3, 7.4))])

@@ -32,10 +32,11 @@ SERVE_HOST_STEP_S = 2.6e-3
 #: model's rates, fitted on the served 32B cells (benchmarks/results, 2026-11-27 check).
 TTFT_P50_SHARE = 0.69
 #: Under ``serve``, the time per request a closed loop's wave of new requests waits to be
-#: taken in (API servers and engine core), where that is longer than their prefills: the
-#: median over the served 0.6B and 4B runs with four API servers of TTFT p50 over
-#: ``TTFT_P50_SHARE`` x the requests running (32 runs, quartiles 1.02-1.27 ms).
-SERVE_INTAKE_S = 1.2e-3
+#: taken in (API servers and engine core), where that is longer than their prefills, by
+#: ``--api-server-count``: TTFT p50 over ``TTFT_P50_SHARE`` x the requests running, the
+#: median over the served runs with one API server (36 runs of the 32B shape, quartiles
+#: 3.4-3.9 ms) and with four (32 runs of the 0.6B and 4B shapes, quartiles 1.02-1.27 ms).
+SERVE_INTAKE_S = {1: 3.7e-3, 4: 1.2e-3}
 #: Stock MRV2's GPU time per PP step over the plugin's at the same group size, as measured
 #: on vLLM 0.26 (``plan`` takes the installed release's from measured_cells.json).
 STOCK_PP_GPU_FACTOR = 1.31
@@ -136,6 +137,13 @@ class Prediction:
     """Whether the model's host time per step, not its GPU time, sets the step."""
 
 
+def intake_s(api_servers: int) -> float:
+    """A served request's intake (:data:`SERVE_INTAKE_S`) with ``api_servers`` API servers:
+    a part every request pays and a part the API servers share, through both fits."""
+    shared = (SERVE_INTAKE_S[1] - SERVE_INTAKE_S[4]) * 4 / 3
+    return SERVE_INTAKE_S[1] - shared + shared / max(1, api_servers)
+
+
 def kv_read_s(shape: ModelShape, batch: float, context: float, rates: Rates = FITTED) -> float:
     """One layer's reads of the KV cache in a decode step of ``batch`` requests."""
     per_token = 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
@@ -219,7 +227,7 @@ def _delivery(layout: str, work: Workload, shape: ModelShape, gpus: int, tpot_s:
     running, serve = work.running, work.kind == "serve"
     wait = running * prefill_s(shape, work.input_len, gpus, rates)
     if serve:
-        wait = max(wait, running * SERVE_INTAKE_S)
+        wait = max(wait, running * intake_s(work.api_servers))
     per_request = (work.output_len * tpot_s + wait) / running
     return Prediction(layout, tpot_s=tpot_s, req_per_s=1 / per_request,
                       output_tok_per_s=work.output_len / per_request,
