@@ -10,9 +10,9 @@ from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.planning.pipeline_model import (
     LINKS,
     SERVE_INTAKE_S,
-    intake_s,
     TTFT_P50_SHARE,
     Workload,
+    intake_s,
     pipeline,
     plugin_auto,
     tensor_parallel,
