@@ -22,7 +22,7 @@ from typing import Any
 
 from vllm_pp_cudagraph.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.planning.measured import error_class, row_error
-from vllm_pp_cudagraph.planning.pipeline_model import Prediction
+from vllm_pp_cudagraph.planning.pipeline_model import Prediction, layout_name
 from vllm_pp_cudagraph.planning.plan import predict_run
 
 #: A recommended layout measured within this share of the fastest was level with it: no
@@ -83,9 +83,10 @@ def _layouts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _layout(row: dict[str, Any]) -> str:
+    # The bench's TP runner spreads --pp x --tp GPUs over TP alone.
     if row["runner"] == "tp":
-        return f"TP={row['tp'] * row['pp']}"
-    return f"TP={row['tp']} x PP={row['pp']}" if row["tp"] > 1 else f"PP={row['pp']}"
+        return layout_name(1, row["tp"] * row["pp"])
+    return layout_name(row["pp"], row["tp"])
 
 
 def _named(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -102,17 +103,18 @@ def _named(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return named
 
 
-def _by_runner(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+def _mean(named: dict[str, list[dict[str, Any]]], key: str) -> dict[str, float]:
     """Each contender's mean ``key`` over its runs in one cell (a runner measured twice,
     as stock beside each plugin runner, counts once)."""
-    return {name: statistics.fmean(r[key] for r in runs) for name, runs in _named(rows).items()}
+    return {name: statistics.fmean(r[key] for r in runs) for name, runs in named.items()}
 
 
 def winners(table: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     """Per cell (folder and load), the measured and the predicted fastest runner."""
     out = {}
     for cell, rs in _cells(table).items():
-        measured, predicted = _by_runner(rs, "req_per_s"), _by_runner(rs, "predicted")
+        named = _named(rs)
+        measured, predicted = _mean(named, "req_per_s"), _mean(named, "predicted")
         if len(measured) > 1:
             out[cell] = (max(measured, key=measured.get), max(predicted, key=predicted.get))
     return out
@@ -126,16 +128,15 @@ def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[s
     it), ``too close`` or ``wrong``."""
     out = {}
     for cell, rs in _cells(table).items():
-        rs = _layouts(rs)
-        measured, predicted = _by_runner(rs, "req_per_s"), _by_runner(rs, "predicted")
+        named = _named(_layouts(rs))
+        measured, predicted = _mean(named, "req_per_s"), _mean(named, "predicted")
         if len(measured) < 2:
             continue
         ranked = sorted(predicted, key=predicted.get, reverse=True)
         fastest = max(measured, key=measured.get)
-        first = {name: runs[0] for name, runs in _named(rs).items()}
         allowed = error if error is not None else max(
-            row_error(kind(first[name]["runner"]), rs[0]["workload"], first[name]["host_paced"])
-            for name in ranked[:2])
+            row_error(kind(named[name][0]["runner"]), named[name][0]["workload"],
+                      named[name][0]["host_paced"]) for name in ranked[:2])
         if predicted[ranked[1]] * (1 + allowed) > predicted[ranked[0]]:
             verdict, recommended = "too close", None
         else:

@@ -137,6 +137,14 @@ class Prediction:
     """Whether the model's host time per step, not its GPU time, sets the step."""
 
 
+def layout_name(pp: int, tp: int) -> str:
+    """How ``plan`` names a layout of ``pp`` stages of ``tp`` GPUs: ``PP=2``, ``TP=2``,
+    ``TP=2 x PP=2``."""
+    if pp == 1:
+        return f"TP={tp}"
+    return f"TP={tp} x PP={pp}" if tp > 1 else f"PP={pp}"
+
+
 def intake_s(api_servers: int) -> float:
     """A served request's intake (:data:`SERVE_INTAKE_S`) with ``api_servers`` API servers:
     a part every request pays and a part the API servers share, through both fits."""
@@ -260,8 +268,7 @@ def pipeline(shape: ModelShape, split: tuple[int, ...], work: Workload, cadence:
         step = max(gpu, host)
         tpot = pp * step
         busy = [t / step for t in times]
-    layout = f"{'stock' if cadence == 'stock' else 'plugin'} " + (
-        f"TP={tp} x PP={pp}" if tp > 1 else f"PP={pp}")
+    layout = f"{'stock' if cadence == 'stock' else 'plugin'} {layout_name(pp, tp)}"
     return _delivery(layout, work, shape, pp * tp, tpot, busy, rates, host > gpu, pp=pp,
                      tp=tp, cadence=None if cadence == "stock" else cadence)
 
@@ -290,7 +297,7 @@ def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
                (running + prefill) * shape.hidden_size * shape.dtype_bytes, tp))
     host = host_s(running, work)
     tpot = max(gpu, host)
-    return _delivery(f"stock TP={tp}", work, shape, tp, tpot, [gpu / tpot] * tp, rates,
+    return _delivery(f"stock {layout_name(1, tp)}", work, shape, tp, tpot, [gpu / tpot] * tp, rates,
                      host > gpu, pp=1, tp=tp)
 
 

@@ -21,6 +21,7 @@ from vllm_pp_cudagraph.planning.pipeline_model import (
     STOCK_PP_GPU_FACTOR,
     Prediction,
     Workload,
+    layout_name,
     pipeline,
     plugin_auto,
     tensor_parallel,
@@ -100,7 +101,7 @@ def make_plan(config: Any, gpus: int, work: Workload, memory: Memory,
     rows, decision = [], None
     for tp, pp in layouts(gpus):
         if shape.num_kv_heads % tp or shape.num_heads % tp:
-            skipped = Prediction(f"stock TP={tp}" + (f" x PP={pp}" if pp > 1 else ""),
+            skipped = Prediction(f"stock {layout_name(pp, tp)}",
                                  pp, tp, 0.0, 0.0, 0.0, ())
             why = (f"not possible: the model's {shape.num_heads} attention and "
                    f"{shape.num_kv_heads} KV heads do not divide by {tp}")
