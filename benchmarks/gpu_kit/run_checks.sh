@@ -68,6 +68,7 @@
 #                stock | plugin, plugin-balance | stock, stock | plugin-balance;
 #                lanes-32b/lanes.md pairs them (KIT_LANE_A / KIT_LANE_B: other runners,
 #                the same count in each; KIT_LANE_POINTS: other IN:CONCURRENCY points;
+#                KIT_LANE_REQUESTS: requests per pass, 2048 unless given;
 #                KIT_DEADLINE_S bounds each lane)
 #   lanes-burst-32b  4 GPUs: where stock leaves room, side by side (plugin | stock, stock |
 #                plugin): the seed's burst on the 32B shape, 128 requests of 2 tokens at
@@ -452,8 +453,8 @@ step_lanes-32b() {
   local b=${KIT_LANE_B:-stock:$FAP,plugin:$FAP,stock:$FAP,plugin-balance:$FAP}
   # shellcheck disable=SC2086
   lanes lanes-32b "$a" "$b" --model qwen3-32b $SERVED \
-    --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
-    --deadline "${KIT_DEADLINE_S:-1500}"
+    --num-requests "${KIT_LANE_REQUESTS:-2048}" --output-len 256 --repeat 2 \
+    --points "${KIT_LANE_POINTS:-64:1024}" --deadline "${KIT_DEADLINE_S:-1500}"
 }
 
 # Where stock leaves room, side by side in both lane orders (plugin | stock, stock |
