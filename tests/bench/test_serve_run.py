@@ -87,7 +87,7 @@ def test_a_profiled_serve_sweep_gives_each_concurrency_its_own_per_stage_profile
         return {**asyncio.run(run()), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name, request_rate=None):
+                    result_dir, result_name, request_rate=None, seed=0):
         calls.append(f"pass c{concurrency} n{num_prompts}")
         result = {"request_throughput": 10.0 + concurrency, "completed": num_prompts}
         return [sys.executable, "-c",
@@ -134,7 +134,7 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
         return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name, request_rate=None):
+                    result_dir, result_name, request_rate=None, seed=0):
         passes.append((input_len, concurrency, num_prompts))
         result = {"request_throughput": float(input_len + concurrency)}
         return [sys.executable, "-c",
@@ -154,6 +154,50 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
         (64, 256, 320.0), (64, 1024, 1088.0), (1024, 256, 1280.0)]
     # What each timed pass sent, beside the spec's --prompts.
     assert [r["requests_per_pass"] for r in reports] == [512, 2048, 512]
+
+
+def test_no_pass_finds_its_prompts_in_the_prefix_cache_and_every_runner_gets_the_same(
+        tmp_path, monkeypatch):
+    """vLLM caches prompt prefixes by default: a pass whose prompts an earlier pass on the
+    same server already sent skips most of its prefill, so each pass (warm-ups included,
+    across points) must draw its own prompts. The runners compared must draw the same."""
+    import asyncio
+    import sys
+
+    from vllm_pp_cudagraph.bench import serve_run
+
+    seeds: list[int] = []
+
+    def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
+                            extra_args=()):
+        log_path.write_text("")
+        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
+
+    def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
+                    result_dir, result_name, request_rate=None, seed=0):
+        seeds.append(seed)
+        return [sys.executable, "-c", f"open({str(result_dir / result_name)!r}, 'w').write('{{}}')"]
+
+    monkeypatch.setattr(serve_run, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
+    by_runner = {}
+    for runner in ("plugin", "stock"):
+        seeds.clear()
+        spec = RunSpec(runner, "full_and_piecewise", pp=2, repeat=2, workload="serve")
+        serve_run.run_vllm_bench_sweep(spec, str(tmp_path / runner), tmp_path / f"{runner}.log",
+                                       [(64, 64), (64, 256)], 512)
+        by_runner[runner] = list(seeds)
+    assert len(by_runner["plugin"]) == 6  # a warm-up and two timed passes per point
+    assert len(set(by_runner["plugin"])) == 6
+    assert by_runner["plugin"] == by_runner["stock"]
+
+
+def test_the_client_command_carries_the_passes_seed(tmp_path):
+    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
+
+    cmd = vllm_bench_serve_command("http://h:1", "/m", 8, 16, 64, 32, tmp_path, "r.json",
+                                   seed=12345)
+    assert cmd[cmd.index("--seed") + 1] == "12345"
 
 
 def test_each_timed_pass_reports_its_stages_step_time(tmp_path, monkeypatch):
@@ -177,7 +221,7 @@ def test_each_timed_pass_reports_its_stages_step_time(tmp_path, monkeypatch):
         return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name, request_rate=None):
+                    result_dir, result_name, request_rate=None, seed=0):
         # Each pass: 100 steps on each stage, at 40 ms, 41 ms, ... pass by pass.
         totals["busy"] += 100 * (40.0 + totals["steps"] // 100)
         totals["steps"] += 100
@@ -244,7 +288,7 @@ def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkey
         return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name, request_rate=None):
+                    result_dir, result_name, request_rate=None, seed=0):
         return [sys.executable, "-c", f"import json; json.dump({{'request_throughput': 1.0}}, "
                 f"open({str(result_dir / result_name)!r}, 'w'))"]
 
@@ -284,7 +328,7 @@ def test_a_runs_arrival_rate_reaches_each_pass(tmp_path, monkeypatch):
     rates = []
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
-                    result_dir, result_name, request_rate=None):
+                    result_dir, result_name, request_rate=None, seed=0):
         rates.append(request_rate)
         return [sys.executable, "-c", "pass"]
 

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,10 +206,11 @@ VLLM_BENCH_KEYS = {
 
 def vllm_bench_serve_command(base_url: str, model_dir: str, concurrency: int, num_prompts: int,
                              input_len: int, output_len: int, result_dir: Path,
-                             result_name: str, request_rate: float | None = None) -> list[str]:
+                             result_name: str, request_rate: float | None = None,
+                             seed: int = 0) -> list[str]:
     """vLLM's own serving client: random dataset, p50/p99 metrics; a closed loop of
     ``concurrency`` requests, or Poisson arrivals at ``request_rate`` with at most
-    ``concurrency`` in flight."""
+    ``concurrency`` in flight. ``seed`` draws the prompts (:func:`pass_seed`)."""
     arrivals = [] if request_rate is None else ["--request-rate", str(request_rate)]
     return [
         sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
@@ -216,10 +218,18 @@ def vllm_bench_serve_command(base_url: str, model_dir: str, concurrency: int, nu
         "--tokenizer", model_dir, "--dataset-name", "random",
         "--random-input-len", str(input_len), "--random-output-len", str(output_len),
         "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), *arrivals,
-        "--ignore-eos", "--seed", "0",
+        "--ignore-eos", "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
         "--save-result", "--result-dir", str(result_dir), "--result-filename", result_name,
     ]
+
+
+def pass_seed(name: str) -> int:
+    """The prompts' seed of the pass named ``name``: the same for every runner, so each
+    serves the same prompts, and another for each pass of one server, so that no pass
+    finds its prompts in the prefix cache an earlier one filled (vLLM caches prefixes by
+    default, and with one seed a second pass would skip most of its prefill)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
 def vllm_bench_summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -314,7 +324,8 @@ class BenchServeClient:
         result = self.result_dir / f"{name}.json"
         cmd = vllm_bench_serve_command(base_url, self.model_dir, concurrency, prompts,
                                        input_len, self.spec.output_len,
-                                       self.result_dir, result.name, self.spec.request_rate)
+                                       self.result_dir, result.name, self.spec.request_rate,
+                                       seed=pass_seed(name))
         started, stages_before = time.time(), self.stage_snapshots()
         with open(self.result_dir / f"{name}.log", "w") as client_log:
             proc = await asyncio.create_subprocess_exec(
