@@ -270,6 +270,20 @@ def start_engine(spec: RunSpec) -> tuple[Any, float]:
     return llm, time.perf_counter() - start
 
 
+def empty_prefix_cache(llm, tries: int = 50, wait_s: float = 0.1) -> bool:
+    """Empty vLLM's prefix cache before a pass; whether it was emptied.
+
+    Every pass sends the same prompts (each engine's tokens are compared pass by pass),
+    and vLLM caches prefixes by default: a pass after the first would otherwise find its
+    prompts cached and skip most of its prefill. vLLM refuses while a finished request's
+    blocks are still held, so it is asked again for a few seconds."""
+    for _ in range(tries):
+        if llm.reset_prefix_cache():
+            return True
+        time.sleep(wait_s)
+    return False
+
+
 def timed_pass(llm, spec: RunSpec, prompts: list, params: list) -> tuple[dict[str, Any], list]:
     """One pass over the workload: its elapsed seconds and request latencies, and outputs."""
     t0 = time.perf_counter()
@@ -308,12 +322,14 @@ def _child(spec: RunSpec) -> dict[str, Any]:
     warmup, outputs = timed_pass(llm, spec, prompts, params)
     if spec.tokens_file:
         record_of(outputs).save(Path(spec.tokens_file))
-    runs, run_digests = [], []
+    runs, run_digests, emptied = [], [], []
     for _ in range(spec.repeat):
+        emptied.append(empty_prefix_cache(llm))
         run, outs = timed_pass(llm, spec, prompts, params)
         runs.append(run)
         run_digests.append(output_digest(tokens_of(outs)))
     if spec.profile_dir:
+        emptied.append(empty_prefix_cache(llm))
         llm.start_profile()
         timed_pass(llm, spec, prompts, params)
         llm.stop_profile()
@@ -321,6 +337,8 @@ def _child(spec: RunSpec) -> dict[str, Any]:
         **child_report(spec, init_s, warmup, runs, tokens_of(outputs)),
         # the same engine must repeat its own tokens once batches are formed alike
         "run_digests": run_digests,
+        # False where a pass after the warm-up may have found its prompts cached
+        "prefix_cache_emptied": all(emptied),
         "spec_decode": spec_decode_stats(llm.get_metrics()) if spec.speculative_config else None,
     }
 

@@ -134,6 +134,10 @@ def print_findings(args: argparse.Namespace, reports: list[dict[str, Any]],
             print(f"layer partition: {r['spec']['runner']}:{r['spec']['mode']} used "
                   f"{','.join(map(str, used))} (vLLM's split: "
                   f"{','.join(map(str, vllm_split(sum(used), len(used))))})")
+        if r.get("prefix_cache_emptied") is False:
+            print(f"PREFIX CACHE KEPT: {r['spec']['runner']}:{r['spec']['mode']}: vLLM did not "
+                  "empty its prefix cache before a timed pass, so that pass may have found its "
+                  "prompts cached and skipped their prefill")
         if r.get("jit_compiles"):
             print(f"compiled while serving: {r['spec']['runner']}:{r['spec']['mode']}: "
                   f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")
