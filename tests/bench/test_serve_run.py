@@ -14,6 +14,14 @@ from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_command
 
 
+def _serve_in_process(spec, model_dir, log_path, call, port, startup_timeout_s, extra_args=()):
+    """Stands in for ``serve_and_call``: no server, the passes' client commands run as they are."""
+    import asyncio
+
+    log_path.write_text("")
+    return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
+
+
 def test_serve_command_carries_pp_and_graph_mode(tmp_path):
     cmd = serve_command(RunSpec("plugin", "full_decode_only", pp=2), str(tmp_path), 8123)
     assert cmd[cmd.index("--pipeline-parallel-size") + 1] == "2"
@@ -161,24 +169,18 @@ def test_no_pass_finds_its_prompts_in_the_prefix_cache_and_every_runner_gets_the
     """vLLM caches prompt prefixes by default: a pass whose prompts an earlier pass on the
     same server already sent skips most of its prefill, so each pass (warm-ups included,
     across points) must draw its own prompts. The runners compared must draw the same."""
-    import asyncio
     import sys
 
     from vllm_pp_cudagraph.bench import serve_run
 
     seeds: list[int] = []
 
-    def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
-                            extra_args=()):
-        log_path.write_text("")
-        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
-
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
                     result_dir, result_name, request_rate=None, seed=0):
         seeds.append(seed)
         return [sys.executable, "-c", f"open({str(result_dir / result_name)!r}, 'w').write('{{}}')"]
 
-    monkeypatch.setattr(serve_run, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(serve_run, "serve_and_call", _serve_in_process)
     monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
     by_runner = {}
     for runner in ("plugin", "stock"):
@@ -282,17 +284,12 @@ def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkey
 
     from vllm_pp_cudagraph.bench import lanes, serve_run
 
-    def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
-                            extra_args=()):
-        log_path.write_text("")
-        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
-
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
                     result_dir, result_name, request_rate=None, seed=0):
         return [sys.executable, "-c", f"import json; json.dump({{'request_throughput': 1.0}}, "
                 f"open({str(result_dir / result_name)!r}, 'w'))"]
 
-    monkeypatch.setattr(serve_run, "serve_and_call", fake_serve_and_call)
+    monkeypatch.setattr(serve_run, "serve_and_call", _serve_in_process)
     monkeypatch.setattr(serve_run, "vllm_bench_serve_command", fake_client)
     monkeypatch.setattr(lanes, "current", lanes.LaneSync(tmp_path / "sync", "a", lanes=1))
     spec = RunSpec("stock", "full_and_piecewise", pp=2, repeat=2, workload="serve", input_len=2)
