@@ -279,7 +279,6 @@ def test_lanes_meet_before_each_point_and_a_lane_left_alone_goes_on(tmp_path):
 
 
 def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkeypatch):
-    import asyncio
     import sys
 
     from vllm_pp_cudagraph.bench import lanes, serve_run
