@@ -108,9 +108,13 @@ from benchmarks.tools.soak_judge import (
     structured_problems,
     text_digests,
 )
+from benchmarks.tools.soak_latency import (
+    jit_monitor_args,
+    stream_stalls,
+    tpot_by_phase,
+)
 from benchmarks.tools.soak_store import load_report, run_settings, save_report
 from benchmarks.tools.soak_watch import (
-    SETTLE_S,
     ServerWatch,
     watch_problems,
     watch_summary,
@@ -127,10 +131,11 @@ from vllm_pp_cudagraph.bench.engine_run import (
     engine_env,
     records_dir_of,
     runner_cadence,
+    serving_jit_events,
 )
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, LoadSpec
+from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
-from vllm_pp_cudagraph.bench.stats import capture_stats, percentile
+from vllm_pp_cudagraph.bench.stats import capture_stats
 from vllm_pp_cudagraph.metrics.snapshots import read_capture_records
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
@@ -336,6 +341,7 @@ def serve_task(mode: str, runner: str, run_mode: str, tag: str, args: argparse.N
             log = log_path.read_text(errors="replace")
             report["graph_memory"] = graph_memory(log, records_dir_of(log_path))
             report["grammar_rejections"] = sum(log.count(line) for line in GRAMMAR_REJECTIONS)
+            report["jit_compiles"] = serving_jit_events(log)
         print(f"[{mode} {tag}] gpus {slot.gpus}: {report.get('load') or report.get('error')}"
               f", preemptions {report.get('preemptions')}, shutdown rc {report.get('shutdown_rc')}",
               flush=True)
@@ -412,19 +418,6 @@ def compared_pairs(runs: list[str]) -> dict[str, list[tuple[str, str]]]:
             "plugin_vs_plugin": list(itertools.combinations(plugin, 2))}
 
 
-def tpot_by_phase(report: LoadReport, settle_s: float = SETTLE_S) -> dict[str, dict]:
-    """TPOT (ms) of the streamed requests that finished, split by whether their first
-    token came in the load's first ``settle_s`` (from the first token of all) or later:
-    how many, p50 and p99 of each (a tail from the start shows apart from a steady one)."""
-    timed = [(r.chunk_times[0], r.tpot_s * 1000) for r in report.results
-             if r.stream and r.completed and r.tpot_s is not None]
-    start = min((first for first, _ in timed), default=0.0)
-    phases = {f"first_{settle_s:.0f}_s": [t for at, t in timed if at - start < settle_s],
-              f"after_{settle_s:.0f}_s": [t for at, t in timed if at - start >= settle_s]}
-    return {phase: {"requests": len(tpot), "p50": round(percentile(tpot, 50), 1),
-                    "p99": round(percentile(tpot, 99), 1)} for phase, tpot in phases.items()}
-
-
 def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
                 extra: list[str]) -> dict:
     """One mode's verdict from its runs' reports (keys as :func:`run_tags` names them)."""
@@ -439,11 +432,12 @@ def mode_result(mode: str, reports: dict[str, dict], args: argparse.Namespace,
     for name, rep in reports.items():
         result[name] = {k: rep.get(k) for k in ("load", "preemptions", "shutdown_rc",
                                                 "shutdown_clean", "error", "slot", "graph_memory",
-                                                "grammar_rejections")}
+                                                "grammar_rejections", "jit_compiles")}
     if all("load_report" in r for r in reports.values()):
         texts = {name: rep["load_report"] for name, rep in reports.items()}
         for name, report in texts.items():
             result[name]["tpot_ms_by_phase"] = tpot_by_phase(report)
+            result[name]["stalls"] = stream_stalls(report)
         # Each share is a mean over its pairs of runs: one comparison of 2,000
         # requests moves by several points from one run to the next, as much as
         # the margins the verdict is held to.
@@ -703,6 +697,7 @@ def main(argv: list[str] | None = None) -> int:
                                         weights=args.weights == "random"))
     model_config = byte_vocab_config(args.shape) if args.structured else SHAPES[args.shape]
     extra = ["--distributed-executor-backend", "ray"] if args.ray else []
+    extra += jit_monitor_args()
     if args.structured:
         extra += STRUCTURED_SERVE_ARGS
     args.lora_adapters = {

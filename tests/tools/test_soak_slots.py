@@ -26,10 +26,10 @@ from benchmarks.tools.soak import (
     run_in_slots,
     server_spec,
     token_check_result,
-    tpot_by_phase,
 )
 from benchmarks.tools.soak import main as serve_soak_main
 from benchmarks.tools.soak_judge import GreedyCheck
+from benchmarks.tools.soak_latency import tpot_by_phase
 from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
 from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
 from vllm_pp_cudagraph.bench.serve_run import serve_command

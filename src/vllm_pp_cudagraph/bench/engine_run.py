@@ -500,12 +500,22 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
     proc.wait()
 
 
-_SERVING_JIT = re.compile(r"JIT compilation during inference: (\w+)")
+#: vLLM's JIT monitor line, its process and time where the log's prefix has them.
+_SERVING_JIT = re.compile(
+    r"^(?:\((?P<process>[^ )]+)[^)\n]*\) )?(?:\w+ (?P<time>\d\d-\d\d \d\d:\d\d:\d\d) )?"
+    r".*?JIT compilation during inference: (?P<kernel>\w+)", re.MULTILINE)
+
+
+def serving_jit_events(log: str) -> list[dict]:
+    """Each kernel vLLM's JIT monitor saw compiled while serving, in order: process, time
+    and kernel. The monitor logs only a kernel's first compile on the first rank, unless
+    vLLM runs with ``--jit-monitor-verbose``."""
+    return [match.groupdict() for match in _SERVING_JIT.finditer(log)]
 
 
 def serving_jit_compiles(log: str) -> list[str]:
     """Kernels compiled while serving, in order, by vLLM's JIT monitor: each a latency spike."""
-    return _SERVING_JIT.findall(log)
+    return [event["kernel"] for event in serving_jit_events(log)]
 
 
 # Asked for: "Using AttentionBackendEnum.TRITON_ATTN backend."; vLLM's choice: "Using
