@@ -47,7 +47,7 @@ def test_waits_few_of_the_open_streams_had_are_no_stall():
     streams = [_stream(i, _ticks(0.0, 20.0, pause=(10.0, 3.0))) for i in range(2)]
     streams.append(_stream(2, _ticks(0.0, 20.0, pause=(15.0, 3.0))))
     streams += [_stream(i, _ticks(0.0, 20.0)) for i in range(3, 6)]
-    streams.append(_stream(5, [1.0, 9.0], cancelled=True))
+    streams.append(_stream(6, [1.0, 9.0], cancelled=True))  # its client went quiet, then cancelled
     assert stream_stalls(_load(*streams)) == []
     assert stream_stalls(_load(RequestResult(0, stream=False, text="a"))) == []
 
