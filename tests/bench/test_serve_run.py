@@ -128,7 +128,6 @@ def test_a_profiled_serve_sweep_gives_each_concurrency_its_own_per_stage_profile
 def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path, monkeypatch):
     """``--points IN:C,...``: each point's passes carry its own input length, a pass
     sends at least two requests per request in flight, and each report says its point."""
-    import asyncio
     import sys
 
     from vllm_pp_cudagraph.bench import serve_run
@@ -138,8 +137,7 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
     def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
                             extra_args=()):
         starts.append(spec.input_len)
-        log_path.write_text("")
-        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
+        return _serve_in_process(spec, model_dir, log_path, call, port, startup_timeout_s)
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
                     result_dir, result_name, request_rate=None, seed=0):
@@ -205,7 +203,6 @@ def test_the_client_command_carries_the_passes_seed(tmp_path):
 def test_each_timed_pass_reports_its_stages_step_time(tmp_path, monkeypatch):
     """The stages' snapshots read around each pass give that pass's mean step time and
     busy share per stage (what the last window, a run's drain, cannot say)."""
-    import asyncio
     import json
     import sys
 
@@ -218,9 +215,8 @@ def test_each_timed_pass_reports_its_stages_step_time(tmp_path, monkeypatch):
 
     def fake_serve_and_call(spec, model_dir, log_path, call, port, startup_timeout_s,
                             extra_args=()):
-        log_path.write_text("")
         records.mkdir(exist_ok=True)
-        return {**asyncio.run(call("http://unused")), "shutdown_rc": 0, "shutdown_clean": True}
+        return _serve_in_process(spec, model_dir, log_path, call, port, startup_timeout_s)
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
                     result_dir, result_name, request_rate=None, seed=0):
