@@ -26,6 +26,10 @@
 #                the plugin, stock and V1, profiled (each stage's GPU busy %)
 #   engine-32b   the same for the Qwen3-32B dense shape (256 x 64 in / 256 out)
 #   engine-70b, engine-30b-a3b  the same for Llama-3.1-70B (dense) and Qwen3-30B-A3B (MoE)
+#   engine-32b-1024  the 32B shape at the load of the served c1,024 cell, offline: 1,024
+#                prompts of 64 in / 256 out, max_num_seqs 1024, gpu_memory_utilization
+#                0.9, 2 timed passes: the plugin's defaults, stock MRV2, V1 and stock TP=2
+#                in one invocation (KIT_ENGINE_MODES, KIT_DEADLINE_S, default 900)
 #   direct       PP=2, VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1 (no per-step metadata between
 #                stages): greedy tokens against stock in FULL_AND_PIECEWISE and eager
 #                (batch), then the 0.6B engine cell beside the plugin's defaults and stock
@@ -207,7 +211,7 @@ FAP=full_and_piecewise
 #: What the served cells of the lanes, never-slower, serve-pair and serve-quad steps share.
 SERVED="--weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve"
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair serve-quad soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b engine-32b-1024 serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair serve-quad soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -327,6 +331,13 @@ step_engine-0.6b() { engine_cell qwen3-0.6b 128 2 512 128 600; }
 step_engine-32b() { engine_cell qwen3-32b 256 64 256 256 900; }
 step_engine-70b() { engine_cell llama-3.1-70b 256 64 256 256 1200; }
 step_engine-30b-a3b() { engine_cell qwen3-30b-a3b 256 64 256 256 900; }
+step_engine-32b-1024() {
+  CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-32b --weights dummy \
+    --prompts 1024 --input-len 64 --output-len 256 --max-num-seqs 1024 \
+    --gpu-memory-utilization 0.9 --max-model-len 2048 --repeat 2 --timeout 600 \
+    --deadline "${KIT_DEADLINE_S:-900}" --out "$RES/engine-32b-1024" \
+    --modes "${KIT_ENGINE_MODES:-plugin:$FAP,stock:$FAP,v1:$FAP,tp:$FAP}"
+}
 step_serve-0.6b() { serve_cell qwen3-0.6b 900; }
 step_serve-32b() { serve_cell qwen3-32b 1200; }
 step_serve-70b() { serve_cell llama-3.1-70b 1500; }
