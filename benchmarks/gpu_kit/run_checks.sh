@@ -151,6 +151,9 @@
 #                matrix's soak-30b-a3b job on 2 GPUs); about 20 minutes
 #   shared-soak-32b  the same soak on the Qwen3-32B dense shape (over 30 minutes there:
 #                longer than a machine is lent; see KIT_PREVIOUS below)
+#   shared-soak-32b-pp4  the LoRA soak of the 32B shape at PP=4, every rank on GPU 0, 1,000
+#                requests a server: which kernels compile while serving, on which rank and
+#                when (the PP=4 soak's stalls), the plugin beside two stock servers
 #   shared-soak-lora  the sampling-mix soak of the 0.6B shape with 3 LoRA adapters served
 #                beside it, both stages on GPU 0, with the token check (memory use is
 #                not a LoRA finding here: the shim fixes each stage's KV cache)
@@ -211,7 +214,7 @@ FAP=full_and_piecewise
 #: What the served cells of the lanes, never-slower, serve-pair and serve-quad steps share.
 SERVED="--weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve"
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b engine-32b-1024 serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair serve-quad soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-32b-pp4 shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b engine-32b-1024 serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair serve-quad soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -606,6 +609,15 @@ shared_soak() {
 }
 step_shared-soak-30b-a3b() { shared_soak 30b-a3b; }
 step_shared-soak-32b() { shared_soak 32b; }
+# The 32B soak at PP=4 with every rank on one GPU: behaviour only (which kernels compile
+# while serving, on which rank and when: jit_compiles in soak.json), the plugin beside two
+# stock servers, LoRA and the sampling mix as in soak-32b-pp4 (KIT_SOAK_REQUESTS, 1000).
+step_shared-soak-32b-pp4() {
+  install_test_plugins
+  KIT_SHARED_GPU_STAGES=4 shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-32b-pp4" \
+    --pp 4 --gpus 0 --shape qwen3-32b --lora 1 --modes full_and_piecewise --sampling-mix \
+    --structured --requests "${KIT_SOAK_REQUESTS:-1000}" --port 9700 --resume
+}
 
 # gpu_soak NAME PP GPU-GROUP... [soak options]: the soak with a GPU per stage.
 gpu_soak() {
