@@ -214,3 +214,26 @@ def test_every_vllm_method_a_patch_wraps_is_in_the_surface():
                 if not any((need.module, need.name) == (module, cls) and member in need.members
                            for need in compat.SURFACE)]
     assert unlisted == []
+
+
+def test_sampling_warm_ups_are_registered_in_the_runners_registry(monkeypatch):
+    """vLLM's registration runs with the runner's registry active, so what it registers
+    lands there and vLLM's kernel warm-up compiles it; where the release has no such
+    registration, nothing is registered."""
+    import importlib
+
+    module_name, name = compat.SAMPLING_WARM_UPS
+    module = importlib.import_module(module_name)
+    kernel = object()
+    if hasattr(module, name):
+        from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+        # vLLM's kernels register themselves only with Triton on a GPU: one stands in.
+        monkeypatch.setattr(module, name, lambda: JitWarmupRegistry.register(kernel))
+        registry = JitWarmupRegistry(None)
+        assert compat.register_sampling_warm_ups(registry)
+        assert len(registry) == 1
+        assert not compat.register_sampling_warm_ups(None)
+    else:
+        registry = SimpleNamespace(activate=lambda: pytest.fail("nothing to register"))
+        assert not compat.register_sampling_warm_ups(registry)

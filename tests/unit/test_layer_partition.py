@@ -488,6 +488,7 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
                         lambda self, *a, **k: seen.append(envs.VLLM_PP_LAYER_PARTITION))
     monkeypatch.setattr(PPCudaGraphModelRunner, "_check_stage_handoffs", lambda self: None)
     monkeypatch.setattr(PPCudaGraphModelRunner, "_start_stage_clock", lambda self: None)
+    monkeypatch.setattr(PPCudaGraphModelRunner, "_register_sampling_warm_ups", lambda self: None)
     monkeypatch.setattr("vllm_pp_cudagraph.worker.model_runner.get_tp_group",
                         lambda: type("TP", (), {"rank_in_group": 0})())
     runner = PPCudaGraphModelRunner.__new__(PPCudaGraphModelRunner)
@@ -516,6 +517,7 @@ def test_stage_zero_logs_the_split_and_the_bench_reads_it_from_the_records(
     monkeypatch.setattr(GPUModelRunner, "load_model", lambda self, *a, **k: None)
     monkeypatch.setattr(PPCudaGraphModelRunner, "_check_stage_handoffs", lambda self: None)
     monkeypatch.setattr(PPCudaGraphModelRunner, "_start_stage_clock", lambda self: None)
+    monkeypatch.setattr(PPCudaGraphModelRunner, "_register_sampling_warm_ups", lambda self: None)
     monkeypatch.setattr("vllm_pp_cudagraph.worker.model_runner.get_tp_group",
                         lambda: type("TP", (), {"rank_in_group": 0})())
     config = engine_config(tmp_path, pp=pp)

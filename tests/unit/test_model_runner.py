@@ -301,3 +301,38 @@ def test_a_stage_hands_on_directly_where_its_plan_and_group_allow(direct, blocke
     assert runner.direct_handoff is expected
     assert ("irecv_tensor_dict" in vars(group)) is expected
     assert ("isend_tensor_dict" in vars(group)) is expected
+
+
+@pytest.fixture
+def sampling_registrations(monkeypatch):
+    """The registries the runner hands compat's sampling warm-up, recorded."""
+    registries = []
+    monkeypatch.setattr(model_runner.compat, "register_sampling_warm_ups", registries.append)
+    return registries
+
+
+@pytest.mark.parametrize("last, sampler, registered", [
+    (True, "sampler", True),
+    (False, None, False),  # no sampler before the last stage
+    (True, None, False),  # a pooling model's last stage samples nothing
+], ids=["last-stage", "first-stage", "pooling"])
+def test_the_last_stage_has_vllms_warm_up_compile_the_sampling_kernels(
+        sampling_registrations, last, sampler, registered):
+    registry = object()
+    runner = bare_runner(is_last_pp_rank=last, jit_warmup_registry=registry)
+    if sampler:
+        runner.sampler = sampler
+    runner._register_sampling_warm_ups()
+    assert sampling_registrations == ([registry] if registered else [])
+
+
+def test_loading_under_pp_registers_the_sampling_warm_ups(monkeypatch, sampling_registrations):
+    monkeypatch.setattr(GPUModelRunner, "load_model", lambda self, *a, **k: None)
+    for name in ("_apply_layer_split", "_check_stage_handoffs", "_start_stage_clock"):
+        monkeypatch.setattr(PPCudaGraphModelRunner, name, lambda self: None)
+    monkeypatch.setattr(model_runner, "write_plan_record", lambda record: None)
+    plan = SimpleNamespace(record=dict)
+    runner = bare_runner(use_pp=True, is_last_pp_rank=True, sampler="sampler",
+                         jit_warmup_registry="registry", plan=plan)
+    runner.load_model()
+    assert sampling_registrations == ["registry"]

@@ -399,3 +399,24 @@ def stage_reserved_key_prefixes() -> tuple[str, ...]:
 
     prefix = getattr(EagleModelMixin, "AUX_HIDDEN_STATE_KEY", None)
     return (prefix,) if prefix else ()
+
+
+#: Where MRV2 keeps the registration of its top-k/top-p Triton kernels for JIT warm-up (0.33).
+SAMPLING_WARM_UPS = ("vllm.v1.sample.ops.topk_topp_sampler", "register_top_k_top_p_warmups")
+
+
+def register_sampling_warm_ups(registry: Any) -> bool:
+    """Add vLLM's top-k/top-p Triton kernels to a runner's JIT warm-up registry (MRV2's
+    ``jit_warmup_registry``), so that vLLM's own kernel warm-up compiles them before
+    serving. False, registering nothing, where the release has no such warm-up."""
+    module_name, name = SAMPLING_WARM_UPS
+    try:
+        register = getattr(importlib.import_module(module_name), name, None)
+    except ImportError:
+        return False
+    if registry is None or register is None:
+        return False
+    # vLLM drops a registration it already holds (it makes this one with speculative decoding).
+    with registry.activate():
+        register()
+    return True

@@ -238,7 +238,21 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         if self.use_pp:
             self._check_stage_handoffs()
             self._start_stage_clock()
+            self._register_sampling_warm_ups()
         write_plan_record({**self.plan.record(), "direct_handoff": self.direct_handoff})
+
+    def _register_sampling_warm_ups(self) -> None:
+        """Have vLLM's kernel warm-up compile the sampler's top-k/top-p kernels on the last stage.
+
+        MRV2 masks top-k/top-p with Triton kernels whenever FlashInfer's sampler stands
+        aside (it is off, or the batch holds a greedy or seeded request) but registers them
+        for warm-up only with speculative decoding, so Triton compiles a variant the first
+        time a batch of a new size class samples while serving, and every stream waits. The
+        plugin's cadences vary the last stage's batch sizes more than vLLM's, so they meet
+        more of those variants, later in a load.
+        """
+        if self.is_last_pp_rank and getattr(self, "sampler", None) is not None:
+            compat.register_sampling_warm_ups(getattr(self, "jit_warmup_registry", None))
 
     def _start_stage_clock(self) -> None:
         if not PPCudaGraphSettings.current().metrics or get_tp_group().rank_in_group != 0:
