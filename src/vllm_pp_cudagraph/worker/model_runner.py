@@ -248,8 +248,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         aside (it is off, or the batch holds a greedy or seeded request) but registers them
         for warm-up only with speculative decoding, so Triton compiles a variant the first
         time a batch of a new size class samples while serving, and every stream waits. The
-        plugin's cadences vary the last stage's batch sizes more than vLLM's, so they meet
-        more of those variants, later in a load.
+        plugin's cadences regroup requests, so such a batch size can first come well into a
+        load.
         """
         if self.is_last_pp_rank and getattr(self, "sampler", None) is not None:
             compat.register_sampling_warm_ups(getattr(self, "jit_warmup_registry", None))
