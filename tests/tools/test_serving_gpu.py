@@ -14,6 +14,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_gpus")]
 #: The test-only vLLM plugins in tests/e2e/soak_plugins, by entry-point name.
 TEST_PLUGINS = ("pp_e2e_models", "pp_e2e_preemption_fix")
 
+#: vLLM's top-k/top-p Triton kernels (0.33), by name prefix.
+SAMPLER_KERNELS = ("_topk_topp", "_topp_sb_")
+
 
 @pytest.fixture
 def two_gpus() -> None:
@@ -87,7 +90,9 @@ def test_lora_adapters_at_high_memory_use_serve_cleanly_with_their_graphs_in_bud
     0.95, the short soak's load with the sampling mix: every server starts, serves
     without error and shuts down cleanly; where the plugin sizes its graphs' memory
     (vLLM 0.26-0.28), no stage's capture takes more than it reserved (the soak fails
-    the run otherwise); base-model tokens are on the model's top choice."""
+    the run otherwise); base-model tokens are on the model's top choice; and no top-k/
+    top-p kernel of the sampler compiled while the plugin's server sampled the mix
+    (the plugin has vLLM's warm-up compile them first)."""
     from benchmarks.tools.soak import main
 
     code = main(["--out", str(tmp_path), "--modes", "full_and_piecewise", "--lora", "3",
@@ -96,6 +101,8 @@ def test_lora_adapters_at_high_memory_use_serve_cleanly_with_their_graphs_in_bud
     [result] = json.loads((tmp_path / "soak.json").read_text())
     assert result["lora"] == 3
     assert result["token_check"]["problems"] == [], result["token_check"]
+    compiled = {event["kernel"] for event in result["plugin"]["jit_compiles"]}
+    assert not {k for k in compiled if k.startswith(SAMPLER_KERNELS)}, compiled
     assert code == 0, result.get("problems")
 
 
