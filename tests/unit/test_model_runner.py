@@ -305,10 +305,10 @@ def test_a_stage_hands_on_directly_where_its_plan_and_group_allow(direct, blocke
 
 @pytest.fixture
 def sampling_registrations(monkeypatch):
-    """The registries the runner hands compat's sampling warm-up, recorded."""
-    registries = []
-    monkeypatch.setattr(model_runner.compat, "register_sampling_warm_ups", registries.append)
-    return registries
+    """The runners handed to compat's sampling warm-up, recorded."""
+    runners = []
+    monkeypatch.setattr(model_runner.compat, "register_sampling_warm_ups", runners.append)
+    return runners
 
 
 @pytest.mark.parametrize("last, sampler, registered", [
@@ -318,12 +318,11 @@ def sampling_registrations(monkeypatch):
 ], ids=["last-stage", "first-stage", "pooling"])
 def test_the_last_stage_has_vllms_warm_up_compile_the_sampling_kernels(
         sampling_registrations, last, sampler, registered):
-    registry = object()
-    runner = bare_runner(is_last_pp_rank=last, jit_warmup_registry=registry)
+    runner = bare_runner(is_last_pp_rank=last)
     if sampler:
         runner.sampler = sampler
     runner._register_sampling_warm_ups()
-    assert sampling_registrations == ([registry] if registered else [])
+    assert sampling_registrations == ([runner] if registered else [])
 
 
 def test_loading_under_pp_registers_the_sampling_warm_ups(monkeypatch, sampling_registrations):
@@ -332,7 +331,6 @@ def test_loading_under_pp_registers_the_sampling_warm_ups(monkeypatch, sampling_
         monkeypatch.setattr(PPCudaGraphModelRunner, name, lambda self: None)
     monkeypatch.setattr(model_runner, "write_plan_record", lambda record: None)
     plan = SimpleNamespace(record=dict)
-    runner = bare_runner(use_pp=True, is_last_pp_rank=True, sampler="sampler",
-                         jit_warmup_registry="registry", plan=plan)
+    runner = bare_runner(use_pp=True, is_last_pp_rank=True, sampler="sampler", plan=plan)
     runner.load_model()
-    assert sampling_registrations == ["registry"]
+    assert sampling_registrations == [runner]

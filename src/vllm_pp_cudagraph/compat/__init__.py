@@ -405,10 +405,11 @@ def stage_reserved_key_prefixes() -> tuple[str, ...]:
 SAMPLING_WARM_UPS = ("vllm.v1.sample.ops.topk_topp_sampler", "register_top_k_top_p_warmups")
 
 
-def register_sampling_warm_ups(registry: Any) -> bool:
-    """Add vLLM's top-k/top-p Triton kernels to a runner's JIT warm-up registry (MRV2's
-    ``jit_warmup_registry``), so that vLLM's own kernel warm-up compiles them before
-    serving. False, registering nothing, where the release has no such warm-up."""
+def register_sampling_warm_ups(runner: Any) -> bool:
+    """Add vLLM's top-k/top-p Triton kernels to ``runner``'s JIT warm-up registry (MRV2's
+    ``jit_warmup_registry``, 0.33+), so that vLLM's own kernel warm-up compiles them
+    before serving. False, registering nothing, where the release has no such warm-up."""
+    registry = getattr(runner, "jit_warmup_registry", None)
     module_name, name = SAMPLING_WARM_UPS
     try:
         register = getattr(importlib.import_module(module_name), name, None)

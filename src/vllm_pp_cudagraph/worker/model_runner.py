@@ -252,7 +252,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         load.
         """
         if self.is_last_pp_rank and getattr(self, "sampler", None) is not None:
-            compat.register_sampling_warm_ups(getattr(self, "jit_warmup_registry", None))
+            compat.register_sampling_warm_ups(self)
 
     def _start_stage_clock(self) -> None:
         if not PPCudaGraphSettings.current().metrics or get_tp_group().rank_in_group != 0:
