@@ -40,6 +40,9 @@ JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "item", "sc
 SAMPLING_MIX: dict[str, dict[str, Any]] = {
     "greedy": {},
     "seeded-top-p-top-k": {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 7},
+    # Top-p alone, as most OpenAI clients send it: vLLM masks such rows with kernels of
+    # their own (split by batch size), which top-k rows never reach.
+    "seeded-top-p": {"temperature": 0.9, "top_p": 0.95, "seed": 5},
     "penalties": {"presence_penalty": 0.5, "repetition_penalty": 1.2,
                   "frequency_penalty": 0.3},
     # Stop tokens masked until the 24th token (the load sets ignore_eos, so only the

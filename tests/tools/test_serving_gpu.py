@@ -18,6 +18,11 @@ TEST_PLUGINS = ("pp_e2e_models", "pp_e2e_preemption_fix")
 SAMPLER_KERNELS = ("_topk_topp", "_topp_sb_")
 
 
+def sampler_kernels_launched(server: dict) -> set[str]:
+    """The sampler's top-k/top-p kernels that ``server`` (a soak run) launched while serving."""
+    return {e["kernel"] for e in server["jit_compiles"] if e["kernel"].startswith(SAMPLER_KERNELS)}
+
+
 @pytest.fixture
 def two_gpus() -> None:
     """Skip unless 2 CUDA devices are visible: every check runs PP=2, one GPU per stage
@@ -90,9 +95,9 @@ def test_lora_adapters_at_high_memory_use_serve_cleanly_with_their_graphs_in_bud
     0.95, the short soak's load with the sampling mix: every server starts, serves
     without error and shuts down cleanly; where the plugin sizes its graphs' memory
     (vLLM 0.26-0.28), no stage's capture takes more than it reserved (the soak fails
-    the run otherwise); base-model tokens are on the model's top choice; and no top-k/
-    top-p kernel of the sampler compiled while the plugin's server sampled the mix
-    (the plugin has vLLM's warm-up compile them first)."""
+    the run otherwise); base-model tokens are on the model's top choice; and while the
+    plugin's server sampled the mix it launched none of the sampler's top-k/top-p kernels
+    for the first time where stock's did (the plugin has vLLM's warm-up compile them)."""
     from benchmarks.tools.soak import main
 
     code = main(["--out", str(tmp_path), "--modes", "full_and_piecewise", "--lora", "3",
@@ -101,8 +106,12 @@ def test_lora_adapters_at_high_memory_use_serve_cleanly_with_their_graphs_in_bud
     [result] = json.loads((tmp_path / "soak.json").read_text())
     assert result["lora"] == 3
     assert result["token_check"]["problems"] == [], result["token_check"]
-    compiled = {event["kernel"] for event in result["plugin"]["jit_compiles"]}
-    assert not {k for k in compiled if k.startswith(SAMPLER_KERNELS)}, compiled
+    # vLLM's monitor reports a kernel's first launch in each server process, from the
+    # Triton cache or compiled: stock's servers, which warm none of these up, show that
+    # the load reached them.
+    assert sampler_kernels_launched(result["stock_a"]) | sampler_kernels_launched(
+        result["stock_b"]), "stock never masked top-k/top-p with vLLM's kernels here"
+    assert not sampler_kernels_launched(result["plugin"]), result["plugin"]["jit_compiles"]
     assert code == 0, result.get("problems")
 
 
