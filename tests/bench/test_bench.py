@@ -991,3 +991,17 @@ def test_each_run_with_a_speed_carries_plans_prediction(tmp_path, monkeypatch, c
     assert all(r["predicted"]["req_per_s"] > 10 for r in runs)
     assert all(r["predicted"]["ttft_ms"] is None for r in runs)  # offline: no TTFT
     assert "plan predicted tp:full_and_piecewise [TP 2]" in capsys.readouterr().out
+
+
+def test_each_run_records_the_other_processes_on_its_gpus(tmp_path, monkeypatch, capsys):
+    """A process computing on the GPUs before or after a run is that run's neighbour: it
+    lands in bench.json and the console calls the run not comparable."""
+    looks = iter([[], [], [], [{"pid": 4100, "used_mib": 1536}]])
+    monkeypatch.setattr(bench_runs, "gpu_neighbours", lambda: next(looks))
+    argv = ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+            "--modes", "stock:eager,plugin:eager"]
+    assert _bench_with_engines_faked(monkeypatch, argv, "t1") == 0
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [r["gpu_neighbours"] for r in runs] == [[], [{"pid": 4100, "used_mib": 1536}]]
+    console = capsys.readouterr().out
+    assert "GPU SHARED: plugin:eager" in console and "GPU SHARED: stock:eager" not in console

@@ -138,6 +138,12 @@ def print_findings(args: argparse.Namespace, reports: list[dict[str, Any]],
             print(f"PREFIX CACHE KEPT: {r['spec']['runner']}:{r['spec']['mode']}: vLLM did not "
                   "empty its prefix cache before a timed pass, so that pass may have found its "
                   "prompts cached and skipped their prefill")
+        if r.get("gpu_neighbours"):
+            print(f"GPU SHARED: {r['spec']['runner']}:{r['spec']['mode']}: other processes "
+                  f"computed on its GPUs before or after it ran ("
+                  + ", ".join(f"pid {n['pid']}" for n in r["gpu_neighbours"])
+                  + "); its speed, and in compiled graph modes its tokens, are not "
+                  "comparable with another run's")
         if r.get("jit_compiles"):
             print(f"compiled while serving: {r['spec']['runner']}:{r['spec']['mode']}: "
                   f"{', '.join(r['jit_compiles'])} (vLLM's JIT monitor; each is a latency spike)")

@@ -18,6 +18,7 @@ from vllm_pp_cudagraph.bench.engine_run import (
     run_in_subprocess,
     runner_layout,
 )
+from vllm_pp_cudagraph.bench.gpu_neighbours import gpu_neighbours, merged
 from vllm_pp_cudagraph.bench.report import layout_label, write_results
 from vllm_pp_cudagraph.bench.serve_load import LoadSpec
 from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, run_vllm_bench_sweep
@@ -72,7 +73,12 @@ def run_engines(args: argparse.Namespace, shape: str, model: str | None) -> list
                 continue
         spec = run_spec(args, runner, mode, utilization, shape, model, log_name)
         print(f"[{i}/{len(args.modes)}] {spec.name}{layout_label(asdict(spec))} ...", flush=True)
-        reports += run_one(args, spec, model, args.out / f"{log_name}.log", timeout)
+        before = gpu_neighbours()
+        runs = run_one(args, spec, model, args.out / f"{log_name}.log", timeout)
+        neighbours = merged(before, gpu_neighbours())
+        for report in runs:
+            report["gpu_neighbours"] = neighbours
+        reports += runs
         write_results(args, reports, complete=False)
         elapsed = time.monotonic() - started
         print(f"    {engine_status(reports[-1], log_name)}  [{elapsed:.0f} s elapsed]", flush=True)
