@@ -860,13 +860,17 @@ run_all() {
   for s in $STEPS; do
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
+    # Another job on the GPUs moves a step's timings, and its compiled-mode tokens.
+    { echo "on the GPUs before $s:"
+      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; } >>"$RES/steps.txt" 2>&1
     local t0=$SECONDS
     # Not a pipe: the smoke step may export VLLM_USE_FLASHINFER_SAMPLER for the later ones.
     "step_$s" > >(tee "$RES/$s.txt") 2>&1
     local rc=$?
     echo "$s rc=$rc ${VLLM_USE_FLASHINFER_SAMPLER:+VLLM_USE_FLASHINFER_SAMPLER=$VLLM_USE_FLASHINFER_SAMPLER }$((SECONDS - t0))s" \
       | tee -a "$RES/steps.txt"
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >>"$RES/steps.txt" 2>&1
+    { echo "left on the GPUs after $s:"
+      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; } >>"$RES/steps.txt" 2>&1
     summary
   done
   summary
