@@ -33,6 +33,7 @@ from vllm_pp_cudagraph.metrics.snapshots import (read_engine_snapshot, read_plan
                                                  read_stage_snapshots)
 from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph.bench.interconnect import INTERCONNECT_ENV, merge_options
+from vllm_pp_cudagraph.bench.nvidia_smi import query_visible_gpus
 from vllm_pp_cudagraph.bench.token_judge import record_of
 from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, stage_busy
 from vllm_pp_cudagraph.bench.stats import (
@@ -197,22 +198,8 @@ class RunSpec:
 
 
 def gpu_model() -> str | None:
-    """Model name of the NVIDIA GPUs this process may use (distinct names joined), or None.
-
-    Read with ``nvidia-smi``, which initialises no CUDA context in the bench's own
-    process; ``CUDA_VISIBLE_DEVICES`` picks the GPUs as it does for the engines.
-    """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and not visible.strip():
-        return None
-    cmd = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-    if visible:
-        cmd += ["-i", visible]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    names = dict.fromkeys(line.strip() for line in out.splitlines() if line.strip())
+    """Model name of the NVIDIA GPUs this process may use (distinct names joined), or None."""
+    names = dict.fromkeys(query_visible_gpus("name") or [])
     return ", ".join(names) or None
 
 

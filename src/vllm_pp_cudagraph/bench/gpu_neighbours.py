@@ -3,30 +3,19 @@
 Another job's kernels take the GPU's time from a run's, and in the compiled graph modes
 even greedy tokens moved by near-ties on a GPU shared with another job, so ``bench``
 looks before each engine starts and after it ends, when none of the run's own processes
-hold the GPUs. Read with ``nvidia-smi`` (no CUDA context in the bench's process), for the
-GPUs ``CUDA_VISIBLE_DEVICES`` gives the engines.
+hold the GPUs (read with ``nvidia-smi``).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from typing import Any
+
+from vllm_pp_cudagraph.bench.nvidia_smi import query, query_visible_gpus
 
 #: Seconds before looking again at processes found on the GPUs: an engine's workers can
 #: still hold them a moment after its process ended, and only those still there count.
 SETTLE_S = 5.0
-
-
-def _nvidia_smi(*args: str) -> list[list[str]] | None:
-    """``nvidia-smi``'s CSV rows for ``args``, or None where it cannot be run."""
-    try:
-        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [[cell.strip() for cell in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
 def gpu_neighbours(settle_s: float = SETTLE_S) -> list[dict[str, Any]]:
@@ -42,16 +31,13 @@ def gpu_neighbours(settle_s: float = SETTLE_S) -> list[dict[str, Any]]:
 
 def _computing() -> list[dict[str, Any]]:
     """Each process computing on the visible GPUs: its pid and GPU memory (MiB)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and not visible.strip():
+    uuids = query_visible_gpus("uuid")
+    apps = query("--query-compute-apps=gpu_uuid,pid,used_memory") if uuids else None
+    if not uuids or not apps:
         return []
-    gpus = _nvidia_smi("--query-gpu=uuid", *(["-i", visible] if visible else []))
-    apps = _nvidia_smi("--query-compute-apps=gpu_uuid,pid,used_memory")
-    if not gpus or not apps:
-        return []
-    uuids = {row[0] for row in gpus}
+    rows = ([cell.strip() for cell in line.split(",")] for line in apps)
     return [{"pid": int(pid), "used_mib": int(mib) if mib.isdigit() else None}
-            for uuid, pid, mib in (row[:3] for row in apps if len(row) >= 3)
+            for uuid, pid, mib in (row[:3] for row in rows if len(row) >= 3)
             if uuid in uuids and pid.isdigit()]
 
 
