@@ -996,7 +996,8 @@ def test_each_run_with_a_speed_carries_plans_prediction(tmp_path, monkeypatch, c
 def test_each_run_records_the_other_processes_on_its_gpus(tmp_path, monkeypatch, capsys):
     """A process computing on the GPUs before or after a run is that run's neighbour: it
     lands in bench.json and the console calls the run not comparable."""
-    looks = iter([[], [], [], [{"pid": 4100, "used_mib": 1536}]])
+    # Before the first run, between the two, after the second.
+    looks = iter([[], [], [{"pid": 4100, "used_mib": 1536}]])
     monkeypatch.setattr(bench_runs, "gpu_neighbours", lambda: next(looks))
     argv = ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
             "--modes", "stock:eager,plugin:eager"]
@@ -1005,3 +1006,14 @@ def test_each_run_records_the_other_processes_on_its_gpus(tmp_path, monkeypatch,
     assert [r["gpu_neighbours"] for r in runs] == [[], [{"pid": 4100, "used_mib": 1536}]]
     console = capsys.readouterr().out
     assert "GPU SHARED: plugin:eager" in console and "GPU SHARED: stock:eager" not in console
+
+
+def test_a_process_seen_only_before_a_run_is_its_neighbour(tmp_path, monkeypatch):
+    """A job that held the GPUs as a run started and ended during it still shared them."""
+    looks = iter([[{"pid": 4100, "used_mib": 1536}], [], []])
+    monkeypatch.setattr(bench_runs, "gpu_neighbours", lambda: next(looks))
+    argv = ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
+            "--modes", "stock:eager,plugin:eager"]
+    assert _bench_with_engines_faked(monkeypatch, argv, "t1") == 0
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    assert [r["gpu_neighbours"] for r in runs] == [[{"pid": 4100, "used_mib": 1536}], []]

@@ -63,6 +63,8 @@ def run_engines(args: argparse.Namespace, shape: str, model: str | None) -> list
     """
     reports: list[dict[str, Any]] = []
     started = time.monotonic()
+    # One look at the GPUs between two runs serves as the first's after and the next's before.
+    look = gpu_neighbours()
     for i, ((runner, mode, utilization), log_name) in enumerate(
             zip(args.modes, log_names(args.modes)), 1):
         timeout = args.timeout
@@ -73,9 +75,10 @@ def run_engines(args: argparse.Namespace, shape: str, model: str | None) -> list
                 continue
         spec = run_spec(args, runner, mode, utilization, shape, model, log_name)
         print(f"[{i}/{len(args.modes)}] {spec.name}{layout_label(asdict(spec))} ...", flush=True)
-        before = gpu_neighbours()
+        before = look
         runs = run_one(args, spec, model, args.out / f"{log_name}.log", timeout)
-        neighbours = merged(before, gpu_neighbours())
+        look = gpu_neighbours()
+        neighbours = merged(before, look)
         for report in runs:
             report["gpu_neighbours"] = neighbours
         reports += runs
