@@ -126,8 +126,7 @@ def register() -> None:
     if settings.metrics:
         from vllm_pp_cudagraph.metrics.snapshots import ensure_metrics_dir
 
-        # Before the engine's processes start, so they inherit it, and before the
-        # env-names patch declares the plugin's variables to vLLM.
+        # Before the engine's processes start, so they inherit it.
         ensure_metrics_dir()
     applied = patches.apply_all(settings)
     _logger().info(

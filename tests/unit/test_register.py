@@ -201,7 +201,8 @@ def test_the_plugins_settings_are_no_unknown_vllm_variables(name, value, clean_e
         _validate_vllm_environ()
         from vllm import envs
 
-        assert envs.environment_variables[name]() == value
+        # Known for the check alone: vLLM's table is what its compile-cache key hashes.
+        assert name not in envs.environment_variables
     finally:
         patches.undo_all()
     with pytest.raises(ValueError, match=name):

@@ -118,7 +118,8 @@ SURFACE: tuple[Needed, ...] = (
     Needed("vllm.v1.worker.gpu.states", "RequestState", instance_attrs=("req_id_to_index",)),
     Needed("vllm.v1.worker.gpu.model_states.interface", "ModelState",
            members=("prepare_dummy_inputs",)),
-    # The table of VLLM_* variables vLLM knows; the env-names patch adds the plugin's.
+    # The table of VLLM_* variables vLLM knows; the env-names patch adds the plugin's for
+    # vLLM's check of the environment (compat.environ_check) alone.
     Needed("vllm", "envs"),
     Needed("vllm.envs", "environment_variables"),
     # The layer partition: read through vllm.envs, whose __getattr__ enable_envs_cache caches.
@@ -270,6 +271,15 @@ def installed_versions() -> VersionInfo:
 @functools.cache
 def _params(fn: Callable) -> Mapping[str, inspect.Parameter]:
     return inspect.signature(fn).parameters
+
+
+def environ_check() -> tuple[object, str]:
+    """Where vLLM checks the ``VLLM_*`` variables set against its table: the platform's
+    ``validate_environ`` classmethod (0.33) or ``vllm.envs.validate_environ`` (earlier)."""
+    platform_cls = importlib.import_module("vllm.platforms.interface").Platform
+    if "validate_environ" in vars(platform_cls):
+        return platform_cls, "validate_environ"
+    return importlib.import_module("vllm.envs"), "validate_environ"
 
 
 def worker_runner_factory() -> tuple[type, str] | None:

@@ -76,21 +76,31 @@ def _wrap_attr(owner: object, attr: str, wrap: Callable[[Callable], Callable]) -
     return undo
 
 
-def _patch_env_names(settings: PPCudaGraphSettings) -> Undo | None:
-    """Declare the plugin's variables set in this process to vLLM (see the patch's why)."""
+def _declaring_plugin_variables(original: Callable) -> Callable:
+    """vLLM's environment check, run with the plugin's variables set here in vLLM's table."""
     from vllm import envs
 
-    names = [n for n in plugin_variables_set() if n not in envs.environment_variables]
-    if not names:
-        return None
-    for name in names:
-        envs.environment_variables[name] = functools.partial(environment_value, name)
-
-    def undo() -> None:
+    @functools.wraps(original)
+    def check(*args, **kwargs):
+        names = [n for n in plugin_variables_set() if n not in envs.environment_variables]
         for name in names:
-            envs.environment_variables.pop(name, None)
+            envs.environment_variables[name] = functools.partial(environment_value, name)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for name in names:
+                envs.environment_variables.pop(name, None)
 
-    return undo
+    return check
+
+
+def _patch_env_names(settings: PPCudaGraphSettings) -> Undo:
+    owner, attr = compat.environ_check()
+    if isinstance(vars(owner).get(attr), classmethod):  # the platform's (0.33)
+        own = vars(owner)[attr]
+        setattr(owner, attr, classmethod(_declaring_plugin_variables(own.__func__)))
+        return lambda: setattr(owner, attr, own)
+    return _wrap_attr(owner, attr, _declaring_plugin_variables)
 
 
 def _making_runner(original: Callable) -> Callable:
@@ -217,15 +227,20 @@ def _patch_remote_reply(settings: PPCudaGraphSettings) -> Undo:
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="env-names",
-        target="vllm.envs.environment_variables (the VLLM_PP_CUDAGRAPH_* variables that are set)",
+        target="vLLM's check of the VLLM_* variables set (Platform.validate_environ, 0.33; "
+               "before that vllm.envs.validate_environ)",
         why=(
             "vLLM treats every VLLM_* variable it does not define as unknown: it warns "
             "about each (\"Unknown vLLM environment variable detected\"), and with "
-            "fail_on_environ_validation refuses to start. The plugin's settings that "
-            "are set in this process are added to vLLM's table, read from the "
-            "environment as vLLM reads its own."
+            "fail_on_environ_validation refuses to start. For that check alone the "
+            "plugin's settings set in this process are in vLLM's table. Kept there, they "
+            "would enter vLLM's compile-cache key (compile_factors hashes every variable "
+            "of the table), so a metrics directory made afresh on each start would make "
+            "every restart recompile; what the settings change in the compiled graph "
+            "reaches vLLM through its own config and variables, which it hashes itself."
         ),
-        drop_when="vLLM lets a plugin declare its environment variables.",
+        drop_when="vLLM lets a plugin declare its environment variables, outside its "
+                  "compile-cache key.",
         apply=_patch_env_names,
     ),
     Patch(
