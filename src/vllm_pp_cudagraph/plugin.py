@@ -123,11 +123,11 @@ def register() -> None:
     settings = PPCudaGraphSettings.current()
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()
-    if settings.metrics:
-        from vllm_pp_cudagraph.metrics.snapshots import ensure_metrics_dir
+    from vllm_pp_cudagraph.metrics.snapshots import ensure_metrics_dir
 
-        # Before the engine's processes start, so they inherit it.
-        ensure_metrics_dir()
+    # Before the engine's processes start, so they inherit it: the workers leave their
+    # plans and heartbeats there, with the per-stage metrics on or off.
+    ensure_metrics_dir()
     applied = patches.apply_all(settings)
     _logger().info(
         "vllm-pp-cudagraph active in process %d: patched %s",

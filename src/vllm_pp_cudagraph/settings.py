@@ -198,6 +198,15 @@ class PPCudaGraphSettings(BaseModel):
         ),
     )
 
+    stall_limit_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds a pipeline step may stay out, with work in flight, before the server "
+            "names the stuck stage and stops; at least 5x the longest step seen; 0: off."
+        ),
+    )
+
     metrics: EnvBool = Field(
         default=True,
         description="Per-stage figures in vllm serve's /metrics and the log (docs/metrics.md).",

@@ -1,6 +1,7 @@
 """The engine core checks, once its workers exist, that they can follow the engine's plan:
 each worker returns its runner's plan, and an engine whose schedule or layer split needs
-the plugin's runner on a worker without it is refused (docs/architecture.md)."""
+the plugin's runner on a worker without it is refused (docs/architecture.md). Under PP,
+an engine whose workers all run the plugin's runner then gets its stall watch."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 
 from vllm_pp_cudagraph.compat import support
+from vllm_pp_cudagraph.engine.stall_watch import SETTING as STALL_SETTING
+from vllm_pp_cudagraph.engine.stall_watch import StallWatch
 from vllm_pp_cudagraph.engine_plan import LIFTING, EnginePlan, engine_core_plan
-from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
+from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, metrics_dir, write_snapshot
 from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
 
@@ -77,9 +80,9 @@ def check_plans(plan: EnginePlan, workers: list[dict[str, Any] | None]) -> list[
 
 
 def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
-                  plan: EnginePlan) -> None:
+                  plan: EnginePlan) -> bool:
     """Refuse an engine whose workers cannot follow its ``plan``; otherwise log the one
-    line that says what the plugin does for it."""
+    line that says what the plugin does for it. True where every worker runs the plugin."""
     parallel = vllm_config.parallel_config
     if not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
@@ -89,7 +92,7 @@ def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
             "V2 with the plugin's CUDA graphs (see the README's supported models).",
             architectures[0],
         )
-        return
+        return False
     workers = _ask_workers(collective_rpc)
     try:
         problems = check_plans(plan, workers)
@@ -103,16 +106,36 @@ def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
         reason = plan.stand_aside or "no worker runs its runner"
         say = logger.info if plan.no_pipeline else logger.warning
         say("%s (%s): %s; it runs as stock vLLM.", support.STAND_ASIDE, layout, reason)
-        return
+        return False
     if problems:
         logger.warning("vllm-pp-cudagraph runs on %d of %d workers (%s); without it: %s",
                        len(workers) - len(problems), len(workers), layout, "; ".join(problems))
-        return
+        return False
     logger.info("vllm-pp-cudagraph active on all %d workers (%s): decode cadence %s "
                 "(VLLM_PP_CUDAGRAPH_DECODE_CADENCE=%s), CUDA graphs %s%s", len(workers),
                 layout, plan.cadence, plan.asked_cadence,
                 vllm_config.compilation_config.cudagraph_mode,
                 ", breakable" if is_breakable_cudagraph_enabled() else "")
+    return True
+
+
+def start_stall_watch(engine_core: Any, settings: PPCudaGraphSettings) -> StallWatch | None:
+    """Watch this engine core's pipeline steps (stall_watch.py), under PP and unless the
+    limit is 0; the thread holds the watch."""
+    parallel = engine_core.vllm_config.parallel_config
+    if parallel.pipeline_parallel_size < 2 or settings.stall_limit_s == 0:
+        return None
+
+    def in_flight() -> list[tuple]:
+        # vLLM's batch queue (0.33: EngineCore.batch_queue, set after the KV caches).
+        return list(getattr(engine_core, "batch_queue", None) or ())
+
+    watch = StallWatch(in_flight, metrics_dir(), getattr(parallel, "data_parallel_rank", 0),
+                       parallel.pipeline_parallel_size, parallel.tensor_parallel_size,
+                       settings.stall_limit_s)
+    logger.info("vllm-pp-cudagraph watches the pipeline for stuck stages (stall limit %.0f s, "
+                "%s)", settings.stall_limit_s, STALL_SETTING)
+    return watch.start()
 
 
 def wrap_initialize_kv_caches(original: Callable[..., Any],
@@ -124,11 +147,13 @@ def wrap_initialize_kv_caches(original: Callable[..., Any],
     def _initialize_kv_caches(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         try:
-            check_workers(self.vllm_config, self.model_executor.collective_rpc,
-                          engine_core_plan(settings, self.vllm_config))
+            active = check_workers(self.vllm_config, self.model_executor.collective_rpc,
+                                   engine_core_plan(settings, self.vllm_config))
         except WorkerRunnerError:
             self.model_executor.shutdown()
             raise
+        if active:
+            start_stall_watch(self, settings)
         return result
 
     return _initialize_kv_caches

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
@@ -18,7 +19,8 @@ from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 from vllm_pp_cudagraph import compat
 from vllm_pp_cudagraph.compat import support
 from vllm_pp_cudagraph.engine_plan import EngineFacts, EnginePlan, plan_engine
-from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
+from vllm_pp_cudagraph.metrics.heartbeats import STACKS_SIGNAL, Heartbeat, Phase, heartbeat_path
+from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, metrics_dir, write_snapshot
 from vllm_pp_cudagraph.metrics.stage_clock import StageClock
 from vllm_pp_cudagraph.planning import layer_partition
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings
@@ -185,6 +187,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         )
         if self.use_pp:
             self._watch_engine_core()
+            self._start_heartbeat()
             # Before any exchange with its peers: they check for it (check_peer_runners).
             announce_runner(torch.distributed.get_rank())
             self._choose_handoff()
@@ -194,6 +197,15 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         # worker, which would then hold its GPU (stage_failure.py).
         if self.parallel_config.distributed_executor_backend == "mp":
             end_with_parent()
+
+    def _start_heartbeat(self) -> None:
+        """Show the engine core's stall watch where this rank is in its steps, and dump
+        this process's stacks when it asks (engine/stall_watch.py)."""
+        tp_rank = get_tp_group().rank_in_group
+        engine = getattr(self.parallel_config, "data_parallel_rank", 0)
+        self.heartbeat = Heartbeat(heartbeat_path(metrics_dir(), engine, self.pp_stage, tp_rank),
+                                   self.pp_stage, tp_rank)
+        faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
 
     def _init_stage_state(self) -> None:
         # Before vLLM's __init__, which may call the overrides that read it.
@@ -213,6 +225,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         self.replies_to_engine = False
         # Times this stage's serving steps for the metrics (TP rank 0 of each stage).
         self.stage_clock: StageClock | None = None
+        # Where this rank is in its serving steps, for the stall watch (under PP).
+        self.heartbeat: Heartbeat | None = None
 
     def _choose_handoff(self) -> None:
         """Hand tensors on without per-step metadata where the plan and this stage's
@@ -384,9 +398,16 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         clock = None if dummy_run else self.stage_clock
         if clock is not None:
             clock.step_started()
+        heartbeat = None if dummy_run else self.heartbeat
+        if heartbeat is not None:
+            heartbeat.begin()
         with self._serving_step("execute_model", serving=not dummy_run):
             output = self._execute_step(scheduler_output, intermediate_tensors, dummy_run,
                                         *args, **kwargs)
+        # The last stage's step ends with its sampling, which an empty step has none of.
+        if heartbeat is not None and (not self.is_last_pp_rank
+                                      or scheduler_output.total_num_scheduled_tokens == 0):
+            heartbeat.step_done()
         if clock is not None and isinstance(output, IntermediateTensors):
             clock.step_ended(self._replayed(), sum(t.nbytes for t in output.tensors.values()))
         return output
@@ -423,8 +444,12 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def sample_tokens(self, grammar_output: GrammarOutput | None
                       ) -> AsyncModelRunnerOutput | ModelRunnerOutput | None:
+        if self.heartbeat is not None and self.heartbeat.in_step:
+            self.heartbeat.enter(Phase.SAMPLING)
         with self._serving_step("sample_tokens"):
             output = super().sample_tokens(grammar_output)
+        if self.heartbeat is not None and self.heartbeat.in_step:
+            self.heartbeat.step_done()
         if self.stage_clock is not None and self.is_last_pp_rank:
             self.stage_clock.step_ended(self._replayed())
         return output
@@ -439,7 +464,12 @@ class PPCudaGraphModelRunner(GPUModelRunner):
     def update_pp_decode_requests(self) -> None:
         # vLLM applies the tokens sampled pp_size steps ago; a request that
         # decodes again sooner (decode_cadence.py) needs its newer ones too.
+        heartbeat = self.heartbeat if self.heartbeat and self.heartbeat.in_step else None
+        if heartbeat is not None:
+            heartbeat.enter(Phase.RECEIVING_TOKENS)
         super().update_pp_decode_requests()
+        if heartbeat is not None:
+            heartbeat.enter(Phase.FORWARD)
         handler = self.pp_handler
         if handler is None or handler.is_last_rank or not self._step_cached_req_ids:
             return
