@@ -139,6 +139,12 @@
 #                plugin in PIECEWISE. Tokens and plugin_stages only: no speed
 #   shared-modes the same for FULL_DECODE_ONLY and breakable (stock and the plugin,
 #                eager the breakable reference) and the direct hand-off in eager
+#   shared-restart  start-up, both stages on GPU 0: each runner on fresh caches, then on
+#                the same caches (the compile cache reused?), the plugin first, one server
+#                at a time (about 9 minutes); shared-restart-reversed: stock first
+#   shared-stuck-stage  a stage's worker stopped by SIGSTOP under load: the plugin at
+#                PP=2 and TP=2 x PP=2 (stall limit KIT_STALL_LIMIT_S, 20) beside stock at
+#                PP=2 (waits out vLLM's 300 s execute timeout; about 7 minutes in all)
 #   shared-serve the GPU tests that serve, both stages on GPU 0: structured outputs
 #                and a fault in the first and in the last stage (mp executor)
 #   shared-moe   Qwen3-30B-A3B (dummy weights, 64 x 128), both stages on GPU 0 (an
@@ -214,7 +220,7 @@ FAP=full_and_piecewise
 #: What the served cells of the lanes, never-slower, serve-pair and serve-quad steps share.
 SERVED="--weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve"
 #: Every step, in the order they run.
-STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-32b-pp4 shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b engine-32b-1024 serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair serve-quad soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
+STEPS="smoke runner-pp1 engine-pp1 links batch batch-pp4 direct shared-restart shared-stuck-stage shared-restart-reversed shared-batch shared-modes shared-serve shared-moe shared-soak-30b-a3b shared-soak-32b shared-soak-32b-pp4 shared-soak-lora shared-ray-fault cost-tables stage-cost shared-lora engine-0.6b engine-32b engine-70b engine-30b-a3b engine-32b-1024 serve-0.6b serve-32b serve-70b serve-30b-a3b scoreboard-32b scoreboard-ray ray-pp2 lanes-32b lanes-burst-32b lanes-0.6b lanes-0.6b-api never-slower-32b serve-pair serve-quad soak-32b soak-30b-a3b soak-32b-pp4 soak-preemption-32b faults faults-two-nodes storm gpu-tests shared-gpu-tests metrics-cost shared-layouts"
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 
@@ -599,6 +605,41 @@ step_shared-serve() {
   install_test_plugins
   shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/shared-serve" \
     --junitxml "$RES/shared-serve.xml" -k "structured or (stage_fault and not ray)" tests
+}
+
+# Start-up as an operator restarting a server sees it (../tools/restart_check.py): each
+# runner on fresh caches, then on the same caches again, one server at a time; the
+# plugin first (shared-restart) or stock first (shared-restart-reversed).
+step_shared-restart() {
+  shared python3 -m benchmarks.tools.restart_check --out "$RES/shared-restart" \
+    --order "${KIT_RESTART_ORDER:-plugin,stock}" --port 9700
+}
+step_shared-restart-reversed() {
+  shared python3 -m benchmarks.tools.restart_check --out "$RES/shared-restart-reversed" \
+    --order stock,plugin --port 9700
+}
+
+# A stage's worker stopped by SIGSTOP under load (../tools/serve_checks.py --how stop):
+# stock's server at PP=2 (given vLLM's 300 s execute timeout and a minute more) beside
+# the plugin's at PP=2, then the plugin's at TP=2 x PP=2, each with a stall limit of
+# KIT_STALL_LIMIT_S (20) and KIT_STALL_LIMIT_S + 10 s to exit.
+step_shared-stuck-stage() {
+  install_test_plugins
+  local limit=${KIT_STALL_LIMIT_S:-20} rc=0 out="$RES/shared-stuck-stage"
+  shared python3 -m benchmarks.tools.serve_checks fault --out "$out" --runner stock \
+    --stage last --how stop --exit-within 360 --beside --port 9710 \
+    >"$out-stock.txt" 2>&1 &
+  local stock=$!
+  sleep 5
+  shared python3 -m benchmarks.tools.serve_checks fault --out "$out" --runner plugin \
+    --stage last --how stop --stall-limit "$limit" --exit-within $((limit + 10)) --beside \
+    --port 9720 || rc=1
+  KIT_SHARED_GPU_STAGES=4 shared python3 -m benchmarks.tools.serve_checks fault --out "$out" \
+    --runner plugin --stage first --tp 2 --how stop --stall-limit "$limit" \
+    --exit-within $((limit + 10)) --beside --port 9730 || rc=1
+  wait $stock
+  cat "$out-stock.txt"
+  return $rc
 }
 
 shared_soak() {

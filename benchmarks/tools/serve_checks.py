@@ -10,7 +10,9 @@ so its grammar can spell JSON.
 inside a serving step on request (the test-only ``pp_e2e_models`` plugin,
 ``tests/e2e/soak_plugins``), under vLLM's multiprocess executor or, with
 ``--ray``, Ray's; with ``--how kill``, that stage's worker process is killed
-(SIGKILL) mid-serving instead; with ``--how kill-engine``, the engine core is, as
+(SIGKILL) mid-serving instead; with ``--how stop``, it is stopped (SIGSTOP), alive and
+silent, which the plugin's stall watch must name and stop within its limit
+(``--stall-limit``) plus 10 s; with ``--how kill-engine``, the engine core is, as
 vLLM's API server kills it when it shuts down (its workers must not outlive it). The
 server must exit within ``--exit-within``
 seconds of the fault, with the stage's error in its log (for a raise) and no
@@ -22,7 +24,7 @@ did is recorded.
     python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
         [--shape qwen3-32b ...]
     python -m benchmarks.tools.serve_checks fault --out DIR [--runner plugin|stock]
-        [--stage first|last] [--ray] [--how raise|kill|kill-engine]
+        [--stage first|last] [--ray] [--how raise|kill|stop|kill-engine] [--tp 2]
 """
 
 from __future__ import annotations
@@ -252,6 +254,27 @@ def _compute_apps() -> list[tuple[str, int]] | None:
     return [(index_of.get(bus, bus), int(mib)) for bus, mib in apps]
 
 
+def gpu_memory_of_group(pgid: int) -> int | None:
+    """MiB that the processes of group ``pgid`` hold on any GPU (for a server run beside
+    another on the same GPU), or None without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    held = 0
+    for line in out.splitlines():
+        pid, _, mib = (field.strip() for field in line.partition(","))
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[2]) == pgid:
+            held += int(mib)
+    return held
+
+
 def fault_env(flag: Path, stage: str) -> dict[str, str]:
     """What the fault model reads, and has Ray carry to its workers (Ray copies only
     vLLM's own variables unless told otherwise)."""
@@ -265,6 +288,7 @@ def fault_name(args: argparse.Namespace) -> str:
     same case already ran into ``--out``."""
     name = f"fault-{args.runner}-{args.stage}-{'ray' if args.ray else 'mp'}"
     name += "" if args.how == "raise" else f"-{args.how}"
+    name += f"-tp{args.tp}" if getattr(args, "tp", 1) > 1 else ""
     run, taken = 1, {path.stem for path in Path(args.out).glob("fault-*.json")}
     while (name if run == 1 else f"{name}-run{run}") in taken:
         run += 1
@@ -296,7 +320,7 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
     report: dict[str, Any] = {"runner": args.runner, "stage": args.stage,
                               "executor": "ray" if args.ray else "mp", "how": args.how,
                               "exit_within_s": args.exit_within}
-    if held := gpu_memory_held(args.gpus):
+    if not args.beside and (held := gpu_memory_held(args.gpus)):
         # What a case leaves behind would be read as this one's (an earlier orphan).
         report["error"] = f"GPUs already hold memory before the server starts: {held} MiB"
         report["passed"] = False
@@ -309,10 +333,12 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
     flag = Path(tempfile.mkdtemp(prefix="fault-flag-")) / "now"
     # When the fault happened: the model's flag for a raise; a kill leaves the model be.
     fault_marker = flag if args.how == "raise" else flag.with_name("killed")
-    spec = RunSpec(args.runner, "eager", pp=2, max_num_seqs=64, weights="dummy",
+    spec = RunSpec(args.runner, "eager", pp=2, tp=args.tp, max_num_seqs=64, weights="dummy",
                    attention_backend="TRITON_ATTN", gpu_memory_utilization=0.4,
                    extra_env={**fault_env(flag, args.stage),
-                              **({"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})})
+                              **({"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {}),
+                              **({"VLLM_PP_CUDAGRAPH_STALL_LIMIT_S": str(args.stall_limit)}
+                                 if args.stall_limit is not None else {})})
     env = engine_env(spec)
     env["VLLM_PLUGINS"] = ",".join(p for p in (env.get("VLLM_PLUGINS"), "pp_e2e_models") if p)
     log_path = out / f"{name}.log"
@@ -335,22 +361,28 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
                         "ignore_eos": True}
                 timeout = aiohttp.ClientTimeout(total=args.exit_within + 60)
                 async with aiohttp.ClientSession(timeout=timeout) as session:
-                    async def one() -> bool:
+                    async def one() -> str:
                         try:
                             async with session.post(f"{base_url}/v1/completions",
                                                     json=body) as r:
-                                return r.status == 200
-                        except (aiohttp.ClientError, asyncio.TimeoutError):
-                            return False
+                                await r.read()
+                                return "ok" if r.status == 200 else "error"
+                        except asyncio.TimeoutError:
+                            return "no answer"
+                        except aiohttp.ClientError:
+                            return "error"
                     tasks = [asyncio.create_task(one()) for _ in range(32)]
                     await asyncio.sleep(2.0)  # mid-serving
-                    if args.how == "kill":
-                        report["killed_pid"] = kill_stage_worker(records, log_path, stage_index)
+                    if args.how in ("kill", "stop"):
+                        report["killed_pid"] = kill_stage_worker(
+                            records, log_path, stage_index,
+                            signal.SIGSTOP if args.how == "stop" else signal.SIGKILL)
                     elif args.how == "kill-engine":
                         report["killed_pid"] = kill_engine_core(proc.pid)
                     fault_marker.touch()
                     results = await asyncio.gather(*tasks)
-                return sum(results)
+                report["request_outcomes"] = {o: results.count(o) for o in set(results)}
+                return results.count("ok")
 
             started = time.monotonic()
             loop_result: dict[str, Any] = {}
@@ -377,7 +409,9 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
             report["group_ended_s"] = seconds_until_gone(proc.pid, 3, LINGER_LIMIT_S)
             # Ray's workers live outside the server's process group: what still holds
             # the server's GPUs once the group has had its time.
-            report["gpu_memory_held_mib"] = gpu_memory_held(args.gpus)
+            report["gpu_memory_held_mib"] = (
+                {"server's processes": gpu_memory_of_group(proc.pid)} if args.beside
+                else gpu_memory_held(args.gpus))
             thread.join(timeout=5)
             report["requests_ok"] = loop_result.get("ok")
         finally:
@@ -393,6 +427,14 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
     # killed it; what counts is that it exits, promptly, leaving nothing behind.
     stopped = (report.get("exit_s") is not None and report["group_ended_s"] is not None
                and not any((report["gpu_memory_held_mib"] or {}).values()))
+    if args.how == "stop":
+        report["stuck_stage_named"] = f"pipeline stage {stage_index} (TP rank" in log \
+            and "is stuck" in log
+        report["answered_every_request"] = "no answer" not in report.get("request_outcomes", {})
+        report["passed"] = bool(stopped and report.get("killed_pid")
+                                and report["stuck_stage_named"]
+                                and report["answered_every_request"])
+        return report
     if args.how != "raise":
         report["passed"] = bool(stopped and report.get("killed_pid"))
         return report
@@ -402,12 +444,13 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
     return report
 
 
-def kill_stage_worker(records: Path, log_path: Path, stage: int) -> int | None:
-    """SIGKILL ``stage``'s worker; its pid, or None where it was not found."""
+def kill_stage_worker(records: Path, log_path: Path, stage: int,
+                      sig: int = signal.SIGKILL) -> int | None:
+    """Send ``sig`` (SIGKILL) to ``stage``'s worker; its pid, or None where it was not found."""
     pid = stage_worker_pid(records, log_path.read_text(errors="replace"), stage)
     if pid is not None:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             return None
     return pid
@@ -451,9 +494,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the stage that fails (fault)")
     parser.add_argument("--ray", action="store_true",
                         help="serve with --distributed-executor-backend ray (fault)")
-    parser.add_argument("--how", choices=("raise", "kill", "kill-engine"), default="raise",
+    parser.add_argument("--how", choices=("raise", "kill", "stop", "kill-engine"),
+                        default="raise",
                         help="the stage raises inside a step, or its worker is killed, or "
-                             "the engine core is killed (fault)")
+                             "stopped (SIGSTOP), or the engine core is killed (fault)")
+    parser.add_argument("--tp", type=int, default=1, help="TP ranks per stage (fault)")
+    parser.add_argument("--beside", action="store_true",
+                        help="another server shares the GPUs: count only the memory this "
+                             "server's processes hold (fault)")
+    parser.add_argument("--stall-limit", type=float, default=None,
+                        help="VLLM_PP_CUDAGRAPH_STALL_LIMIT_S for the server (fault)")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.check == "structured":
