@@ -101,9 +101,13 @@ def test_is_a_vllm_stat_logger(env) -> None:
 
 
 def test_every_series_for_both_stages(env) -> None:
+    from vllm_pp_cudagraph.metrics.heartbeats import Heartbeat, heartbeat_path
+
     write_snapshot(stage(0), env.dir)
     write_snapshot(stage(1), env.dir)
     write_snapshot(engine(), env.dir)
+    for n in (0, 1):
+        Heartbeat(heartbeat_path(env.dir, 0, n, 0), n, 0)
     env.make()
     samples = scrape(env.registry)
     for name in STAGE_SERIES:
@@ -391,3 +395,23 @@ def test_dashboard_queries_only_series_the_logger_exposes() -> None:
     variables = {v["name"]: v["type"] for v in dashboard["templating"]["list"]}
     assert variables["DS_PROMETHEUS"] == "datasource"
     assert {p["datasource"]["uid"] for p in dashboard["panels"]} == {"${DS_PROMETHEUS}"}
+
+
+def test_each_stage_shows_the_seconds_since_its_slowest_rank_completed_a_step(env) -> None:
+    from vllm_pp_cudagraph.metrics.heartbeats import Heartbeat, heartbeat_path
+
+    clock = [100.0]
+    ranks = {(stage, tp): Heartbeat(heartbeat_path(env.dir, 0, stage, tp), stage, tp,
+                                    clock=lambda: clock[0])
+             for stage in (0, 1) for tp in (0, 1)}
+    clock[0] = time.monotonic() - 30.0  # stage 1's TP rank 1 finished its step 30 s ago
+    ranks[1, 1].begin()
+    ranks[1, 1].step_done()
+    for key in ((0, 0), (0, 1), (1, 0)):
+        clock[0] = time.monotonic() - 2.0
+        ranks[key].begin()
+        ranks[key].step_done()
+    env.make()
+    samples = scrape(env.registry)
+    assert value(samples, "stage_seconds_since_step", stage="0") == pytest.approx(2.0, abs=1.0)
+    assert value(samples, "stage_seconds_since_step", stage="1") == pytest.approx(30.0, abs=1.0)

@@ -74,6 +74,7 @@ def test_unrelated_variables_are_ignored_and_leave_every_default():
         "kv_update_in_graphs": True,
         "direct_handoff": False,
         "layer_partition": LayerPartition.VLLM,
+        "stall_limit_s": 60.0,
         "metrics": True,
         "metrics_dir": "",
     }

@@ -209,3 +209,17 @@ def test_the_limit_grows_with_the_longest_step_seen():
     assert watch.limit() == 60.0
     watch.longest_s = 30.0
     assert watch.limit() == stall_watch.LONGEST_STEP_FACTOR * 30.0
+
+
+def test_stopping_kills_the_stuck_stage_and_dumps_the_stacks_that_can_be_dumped():
+    beats = [beat(0, tp_rank=0), beat(0, tp_rank=1), beat(1)]
+    for why, dumped in (("in its forward pass of step 6", [110]),
+                        ("its process is stopped by a signal (state T)", [100, 101])):
+        sent: list[tuple[int, int]] = []
+        exits: list[int] = []
+        stall_watch.stop_engine(Verdict(1, 0, beats[2], why), beats,
+                                send=lambda pid, sig: sent.append((pid, sig)),
+                                sleep=lambda s: None, exit_process=exits.append)
+        assert [pid for pid, sig in sent if sig == stall_watch.STACKS_SIGNAL] == dumped
+        assert [pid for pid, sig in sent if sig == signal.SIGKILL] == [110]
+        assert exits == [stall_watch.EXIT_CODE]

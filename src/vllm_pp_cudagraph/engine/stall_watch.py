@@ -113,18 +113,21 @@ def stop_engine(verdict: Verdict, beats: Iterable[Beat], *,
                 send: Callable[[int, int], None] = _send,
                 sleep: Callable[[float], None] = time.sleep,
                 exit_process: Callable[[int], None] = os._exit) -> None:
-    """Dump the stuck stage's stacks and kill its ranks' processes on this host, so that
-    vLLM stops the server as when a worker dies; end this engine core if it still runs
-    ``STOP_GRACE_S`` later."""
+    """Have the stuck stage write its threads' stacks (the other stages, where its process
+    is stopped) and kill its ranks' processes on this host, so that vLLM stops the server
+    as when a worker dies; end this engine core if it still runs ``STOP_GRACE_S`` later."""
     local = [b for b in beats if b.stage == verdict.stage]
-    for beat in local:
+    # A stopped process cannot write its stacks: then the others' show what they wait on.
+    stopped = verdict.beat is not None and "stopped by a signal" in verdict.why
+    for beat in [b for b in beats if b.stage != verdict.stage] if stopped else local:
         send(beat.pid, STACKS_SIGNAL)
     sleep(DUMP_WAIT_S)
     for beat in local:
         send(beat.pid, signal.SIGKILL)
     sleep(STOP_GRACE_S if local else 0.0)
-    logger.critical("The engine core ends itself (exit %d): the server did not stop after "
-                    "the stuck stage was killed, or that stage runs on another host.", EXIT_CODE)
+    logger.critical("The engine core ends itself (exit %d): vLLM had not stopped the server "
+                    "%.0f s after the stuck stage was killed, or that stage runs on another "
+                    "host.", EXIT_CODE, STOP_GRACE_S)
     _flush_logs()
     exit_process(EXIT_CODE)
 

@@ -29,6 +29,7 @@ from vllm_pp_cudagraph.metrics.snapshots import (
     read_engine_snapshot,
     read_stage_snapshots,
 )
+from vllm_pp_cudagraph.metrics.heartbeats import read_beats
 from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
 from vllm_pp_cudagraph.plugin import is_enabled
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings, environment_value
@@ -92,6 +93,8 @@ class PipelineView:
     totals: Mapping[tuple[str, int | None], int] = field(default_factory=dict)
     #: Every (cadence, asked cadence) pair reported so far, in order.
     cadences: tuple[tuple[str, str], ...] = ()
+    #: Stage -> seconds since its slowest rank on this host last completed a step (heartbeats).
+    since_step: Mapping[int, float] = field(default_factory=dict)
 
 
 def metric_families(views: list[PipelineView]) -> list[Metric]:
@@ -112,6 +115,14 @@ def metric_families(views: list[PipelineView]) -> list[Metric]:
         for stage in range(view.pp_size):
             reporting.add_metric([str(view.engine), str(stage)], int(stage in view.stages))
     families.append(reporting)
+    since = GaugeMetricFamily(
+        PREFIX + "stage_seconds_since_step",
+        "Seconds since the stage (its slowest rank on this host) last completed a serving "
+        "step; grows while the server is idle, and while the stage is stuck.", labels=_STAGE)
+    for view in views:
+        for stage, seconds in sorted(view.since_step.items()):
+            since.add_metric([str(view.engine), str(stage)], seconds)
+    families.append(since)
     families.extend(_counter_families(STAGE_COUNTERS, _STAGE, views))
     families.extend(_engine_gauges(views))
     families.extend(_counter_families(ENGINE_COUNTERS, ["engine"], views))
@@ -195,6 +206,15 @@ def idle_marked(snap: StageSnapshot, now: float) -> StageSnapshot:
         return snap
     return replace(snap, window_s=now - snap.time, steps=0, busy_fraction=0.0,
                    wait_fraction=0.0, handoff_ms=None, predicted_step_ms=None)
+
+
+def seconds_since_step(directory: Path, engine: int) -> dict[int, float]:
+    """Stage -> seconds since its slowest rank on this host last completed a step."""
+    now = time.monotonic()
+    since: dict[int, float] = {}
+    for beat in read_beats(directory, engine):
+        since[beat.stage] = max(since.get(beat.stage, 0.0), round(now - beat.done_at, 3))
+    return since
 
 
 class _PipelineCollector(Collector):
@@ -299,7 +319,8 @@ class PipelineStatLogger(StatLoggerBase):
             stages = {stage: idle_marked(snap, now) for stage, snap in
                       read_stage_snapshots(self.engine_index, self.directory).items()}
             snap = read_engine_snapshot(self.engine_index, self.directory)
-            self.view = self._next_view(stages, snap)
+            self.view = replace(self._next_view(stages, snap),
+                                since_step=seconds_since_step(self.directory, self.engine_index))
 
     def _count(self, key: str, stage: int | None, raw: int) -> None:
         """Take a writer's count; one below its last means the writer restarted from zero."""
