@@ -12,7 +12,9 @@ Scenarios, each run on every stage by :func:`run_stages`:
   reserves on the receiving stages only (test_stage_inputs);
 - ``stock-stage-0`` / ``stock-stage-1``: that stage runs vLLM's own runner, the other
   the plugin's, whose first exchange must stop it with a clear error instead of waiting
-  for a stage that never joins (test_stage_exchange);
+  for a stage that never joins (test_stage_exchange); ``stock-tp-peers``: at TP=2 x PP=2
+  every stage's TP rank 1 runs vLLM's own runner (a node holding those ranks without the
+  package), and the TP rank 0 ranks must stop the same way (test_stage_exchange);
 - ``direct``: intermediate tensors handed on without metadata, next to vLLM's own
   hand-off on the same group, at PP=2 (also with 2 tensor-parallel ranks per
   stage) and PP=3 (test_stage_handoff).
@@ -290,6 +292,10 @@ def main(rank: int, port: int, scenario: str = "capture", tp_size: int = 1,
 
     if scenario.startswith("stock-stage-"):
         print(json.dumps(stock_stage(rank, int(scenario.rsplit("-", 1)[1]))))
+        return
+    if scenario == "stock-tp-peers":
+        # vLLM's layout: TP innermost, so TP rank 1 of every stage is an odd global rank.
+        print(json.dumps(stock_stage(rank, rank if rank % tp_size == 1 else -1)))
         return
     announce_runner(rank)  # as the plugin's runner does on every rank
     if scenario == "direct":

@@ -42,3 +42,16 @@ def test_the_plugins_stage_stops_at_its_first_exchange_beside_a_stock_stage(stoc
     plugin = results[1 - stock]
     assert plugin["error"] and f"pipeline stage {stock} did not start" in plugin["error"]
     assert plugin["seconds"] < 10
+
+
+def test_a_tp_peer_without_the_plugins_runner_stops_its_stage_too():
+    """A node running TP rank 1 of every stage without the package: each stage's TP rank 0
+    names its TP peer instead of hanging in the first TP exchange."""
+    from _pipeline_processes import run_stages
+
+    results = run_stages("stock-tp-peers", tp_size=2, pp_size=2)
+    for rank in (0, 2):
+        stage = rank // 2
+        error = results[rank]["error"]
+        assert error and f"pipeline stage {stage} TP rank 1 did not start" in error
+        assert results[rank]["seconds"] < 10

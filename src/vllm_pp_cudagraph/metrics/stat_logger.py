@@ -22,6 +22,7 @@ from vllm.logger import init_logger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.metrics.heartbeats import read_beats
 from vllm_pp_cudagraph.metrics.snapshots import (
     EngineSnapshot,
     StageSnapshot,
@@ -29,7 +30,6 @@ from vllm_pp_cudagraph.metrics.snapshots import (
     read_engine_snapshot,
     read_stage_snapshots,
 )
-from vllm_pp_cudagraph.metrics.heartbeats import read_beats
 from vllm_pp_cudagraph.metrics.stage_clock import INTERVAL_S
 from vllm_pp_cudagraph.plugin import is_enabled
 from vllm_pp_cudagraph.settings import PPCudaGraphSettings, environment_value
