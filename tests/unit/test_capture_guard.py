@@ -45,6 +45,21 @@ def test_tensor_parallel_traffic_outside_stream_capture_passes(pp_group):
     assert gathered == ["handles"]  # world size 1: the real exchange ran
 
 
+def test_any_collective_raises_while_a_stream_is_capturing(pp_group, monkeypatch):
+    """A TP or default-group collective recorded into a graph replays without its peers
+    (the hang of vLLM #51887): while a stream captures, every guarded call refuses."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    from vllm_pp_cudagraph.worker.graphs import capture_guard
+
+    monkeypatch.setattr(capture_guard, "_stream_capturing", lambda: True)
+    with forbid_pipeline_communication((pp_group,)):
+        with pytest.raises(CapturedCommunicationError, match="broadcast_object_list"):
+            dist.broadcast_object_list(["x"], src=0, group=get_tp_group().cpu_group)
+        with pytest.raises(CapturedCommunicationError, match="torch.distributed.broadcast"):
+            dist.broadcast(torch.zeros(1), 0)
+
+
 def test_pp_group_transfers_raise_during_capture(pp_group):
     with forbid_pipeline_communication((pp_group,)):
         with pytest.raises(CapturedCommunicationError, match=r"pp.*send_tensor_dict"):

@@ -334,3 +334,41 @@ def test_loading_under_pp_registers_the_sampling_warm_ups(monkeypatch, sampling_
     runner = bare_runner(use_pp=True, is_last_pp_rank=True, sampler="sampler", plan=plan)
     runner.load_model()
     assert sampling_registrations == [runner]
+
+
+def test_a_stage_with_nothing_to_capture_settles_with_the_stages_that_capture(monkeypatch):
+    """vLLM returns early from capture_model when a stage has no graphs to capture; the
+    other stages wait for each stage's capture outcome, so this one must still report."""
+    order = []
+    manager = SimpleNamespace(needs_capture=lambda: False,
+                              settle_with_other_stages=lambda: order.append("settled"))
+    monkeypatch.setattr(GPUModelRunner, "capture_model",
+                        lambda self, *a, **k: order.append("vllm") or 0)
+    bare_runner(cudagraph_manager=manager).capture_model()
+    assert order == ["settled", "vllm"]
+
+
+def test_a_runner_left_with_vllms_own_graph_manager_refuses_to_start(monkeypatch):
+    """A release that builds its manager some other way would run without the capture
+    guard and the stages' graph agreement: the runner stops at start-up instead."""
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    def vllms_own(self, *args, **kwargs):
+        self.cudagraph_manager = ModelCudaGraphManager.__new__(ModelCudaGraphManager)
+
+    monkeypatch.setattr(GPUModelRunner, "initialize_kv_cache", vllms_own)
+    runner = bare_runner(cudagraph_manager=None, _graph_memory_estimate=0)
+    with pytest.raises(RuntimeError, match="built its own CUDA-graph manager"):
+        runner.initialize_kv_cache(SimpleNamespace())
+
+
+def test_no_sampling_warm_up_where_the_runner_has_no_registry(monkeypatch):
+    """A runner without vLLM's JIT warm-up registry registers nothing (and says so)."""
+    import importlib
+
+    module_name, name = model_runner.compat.SAMPLING_WARM_UPS
+    called = []
+    monkeypatch.setattr(importlib.import_module(module_name), name,
+                        lambda: called.append(True), raising=False)
+    assert model_runner.compat.register_sampling_warm_ups(SimpleNamespace()) is False
+    assert called == []

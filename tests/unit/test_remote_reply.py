@@ -91,8 +91,10 @@ def test_a_remote_reply_that_never_comes_still_times_out_at_the_callers_deadline
         patched, queue_pair):
     _, reader = queue_pair
     start = time.monotonic()
-    with pytest.raises(TimeoutError):
-        reader.dequeue(timeout=1.2)
+    thread, outcome = dequeue_in_thread(reader, timeout=1.2)
+    thread.join(timeout=10)  # a broken deadline fails here instead of stopping the suite
+    assert not thread.is_alive(), "dequeue ignored the caller's deadline"
+    assert isinstance(outcome.get("error"), TimeoutError)
     assert 1.1 < time.monotonic() - start < 3.0
 
 
@@ -101,4 +103,15 @@ def test_the_patch_undoes_to_vllms_own_dequeue():
     undo = patches.apply_patch("remote-reply", PPCudaGraphSettings())
     assert MessageQueue.dequeue is not own
     undo()
+    assert MessageQueue.__dict__["dequeue"] is own
+
+
+def test_where_vllms_queue_cannot_shut_down_the_patch_stands_aside(monkeypatch):
+    """Without ``shutdown`` nothing would ever end the wait the patch makes cancellable,
+    so it leaves vLLM's own ``dequeue`` (and its timeout) in place and says why."""
+    own = MessageQueue.__dict__["dequeue"]
+    monkeypatch.setattr(MessageQueue, "shutdown", None, raising=False)
+    reason = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
+    assert "cannot be shut down" in (reason["remote-reply"] or "")
+    assert patches.apply_patch("remote-reply", PPCudaGraphSettings()) is None
     assert MessageQueue.__dict__["dequeue"] is own
