@@ -39,7 +39,7 @@ cd "$(dirname "$self")/.."
 RES=${RES:-/tmp/res}
 export PYTHONPATH=/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-BENCH="python3 -m vllm_pp_cudagraph.bench"
+BENCH="python3 -m vllm_pp_cudagraph.commands.bench"
 SOAK="python3 -m benchmarks.tools.soak --kv-cache-gib 6"
 FAP=full_and_piecewise
 
@@ -168,7 +168,7 @@ job_faults() {
 
 job_examples() {
   local model=/tmp/example-model
-  python3 -c "from vllm_pp_cudagraph.bench.dummy_model import write_model_dir as w; \
+  python3 -c "from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir as w; \
 w('$model', 'qwen3-0.6b-bytes', tokenizer=True)"
   python3 examples/offline_pp2.py $model --load-format dummy >"$RES/example-offline.txt" 2>&1
   echo "exit $?" >>"$RES/example-offline.txt"

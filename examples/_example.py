@@ -17,7 +17,7 @@ from pathlib import Path
 def missing(model: str) -> str | None:
     """What an example lacks, and what to do about it; None when nothing."""
     if importlib.util.find_spec("vllm") is None:
-        return 'vLLM is not installed. Install it with: pip install "vllm==0.26.0"'
+        return 'vLLM is not installed. Install it with: pip install "vllm==0.33.0"'
     if importlib.util.find_spec("vllm_pp_cudagraph") is None:
         return "vllm-pp-cudagraph is not installed. Install it from its checkout: pip install ."
     if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():

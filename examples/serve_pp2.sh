@@ -16,7 +16,7 @@ port=${PORT:-8000}
 vllm=${VLLM:-vllm}
 
 command -v "${vllm%% *}" >/dev/null ||
-  refuse "${vllm%% *} is not on PATH. Install vLLM with: pip install \"vllm==0.26.0\" (or activate its environment)"
+  refuse "${vllm%% *} is not on PATH. Install vLLM with: pip install \"vllm==0.33.0\" (or activate its environment)"
 case $model in
   /*|./*|../*|\~*) [ -e "${model/#\~/$HOME}" ] || refuse "the model directory $model does not exist." \
     "Give an existing directory or a Hugging Face hub name such as Qwen/Qwen3-0.6B." ;;

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, LoadSpec, run_load
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, LoadSpec, run_load
 
 
 @asynccontextmanager

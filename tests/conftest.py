@@ -25,7 +25,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No plugin-related variables set; patches undone afterwards."""
-    from vllm_pp_cudagraph.compat import patches
+    from vllm_pp_cudagraph import patches
 
     _clean_env(monkeypatch)
     yield monkeypatch
@@ -139,8 +139,8 @@ def make_manager(pp_group, monkeypatch):
 @pytest.fixture(autouse=True)
 def _settings_read_afresh(monkeypatch):
     """Each test's environment is read as a new process would read it."""
-    from vllm_pp_cudagraph import settings
-    from vllm_pp_cudagraph.metrics import snapshots
+    from vllm_pp_cudagraph.shared import settings
+    from vllm_pp_cudagraph.shared import snapshots
 
     monkeypatch.setattr(settings, "_current", None)
     monkeypatch.setattr(settings, "_hand_set", settings._UNREAD)

@@ -3,7 +3,7 @@
 # virtual environment of its own, and writes one summary table.
 #
 # usage: tests/release_matrix.sh OUT_DIR [VERSION ...]
-#   (default versions: every supported release, 0.26.0 through 0.33.0)
+#   (default versions: every supported release, 0.29.0 through 0.33.0)
 # env:   MATRIX_ENVS=DIR  where the environments live (default: a temporary dir)
 #        KEEP_ENVS=1      keep each environment after its run (about 8 GB each);
 #                         an environment found in MATRIX_ENVS is reused
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: tests/release_matrix.sh OUT_DIR [VERSION ...]}
 shift
 versions=("$@")
-[ ${#versions[@]} -gt 0 ] || versions=(0.26.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0)
+[ ${#versions[@]} -gt 0 ] || versions=(0.33.0 0.32.0 0.31.0 0.30.0 0.29.0)
 envs=${MATRIX_ENVS:-$(mktemp -d)}
 mkdir -p "$out" "$envs"
 . tests/release_env.sh

@@ -54,7 +54,7 @@ MODULES = (
     "flashinfer.sampling",
     "vllm_pp_cudagraph.plugin",
     "vllm_pp_cudagraph.worker.model_runner",
-    "vllm_pp_cudagraph.bench.engine_run",
+    "vllm_pp_cudagraph.commands.bench.engine_run",
 )
 
 PLATFORM = r"""
@@ -111,7 +111,7 @@ def installed(module: str) -> bool:
 
 ENGINE_CONFIG = r"""
 import json, sys, tempfile
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 from vllm.engine.arg_utils import EngineArgs
 from vllm.plugins import load_general_plugins
 load_general_plugins()
@@ -133,8 +133,8 @@ print("CONFIG " + json.dumps(out))
 ENGINE_START = r"""
 import json, sys, tempfile
 from pathlib import Path
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, run_in_subprocess
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec, run_in_subprocess
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 model = str(write_model_dir(tempfile.mkdtemp(), "qwen3-0.6b"))
 logs = Path(tempfile.mkdtemp())
 out = {}

@@ -215,7 +215,7 @@ cd "$here/../.."
 site=${KIT_SITE:-/tmp/site}
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-BENCH="python3 -m vllm_pp_cudagraph.bench --pp 2"
+BENCH="python3 -m vllm_pp_cudagraph.commands.bench --pp 2"
 FAP=full_and_piecewise
 #: What the served cells of the lanes, never-slower, serve-pair and serve-quad steps share.
 SERVED="--weights dummy --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 --timeout 600 --workload serve"
@@ -270,7 +270,7 @@ step_runner-pp1() {
   python3 - "$RES" <<'EOF2' || rc=1
 import json, sys
 from pathlib import Path
-from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
+from vllm_pp_cudagraph.shared.snapshots import read_plan_records
 res = Path(sys.argv[1])
 runs = {r: json.loads((res / f"pp1-{r}/smoke.json").read_text())["runs"]
         for r in ("stock", "plugin") if (res / f"pp1-{r}/smoke.json").exists()}
@@ -306,7 +306,7 @@ step_batch() {
 }
 
 step_batch-pp4() {
-  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.bench --pp 4 --workload batch \
+  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.commands.bench --pp 4 --workload batch \
     --model qwen3-0.6b --weights random --repeat 1 --timeout 360 --deadline "${KIT_DEADLINE_PP4_S:-840}" \
     --out "$RES/batch-pp4-0.6b" --modes stock:$FAP,plugin:$FAP,stock:piecewise,plugin:piecewise
 }
@@ -331,7 +331,7 @@ serve_cell() {
 }
 
 step_engine-pp1() {
-  CUDA_VISIBLE_DEVICES=0 python3 -m vllm_pp_cudagraph.bench --pp 1 --workload engine \
+  CUDA_VISIBLE_DEVICES=0 python3 -m vllm_pp_cudagraph.commands.bench --pp 1 --workload engine \
     --model qwen3-4b --weights dummy --prompts 256 --input-len 64 --output-len 256 \
     --max-num-seqs 256 --repeat 3 --timeout 600 --deadline 1500 --out "$RES/engine-pp1" \
     --modes stock:$FAP,plugin:$FAP,plugin:$FAP,stock:$FAP
@@ -536,10 +536,10 @@ step_serve-quad() {
   set -- --model "$model" $SERVED --num-requests "${KIT_QUAD_REQUESTS:-1024}" \
     --output-len 256 --repeat 2 --points "${KIT_QUAD_POINTS:-64:256}" \
     --deadline "${KIT_DEADLINE_QUAD_S:-900}"
-  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.bench --pp 4 --tp 1 "$@" \
+  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.commands.bench --pp 4 --tp 1 "$@" \
     --out "$RES/serve-quad-$model-pp4" \
     --modes "${KIT_QUAD_PP4_MODES:-plugin:$FAP,stock:$FAP,tp:$FAP}" || rc=1
-  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.bench --pp 2 --tp 2 "$@" \
+  CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --tp 2 "$@" \
     --out "$RES/serve-quad-$model-tp2pp2" \
     --modes "${KIT_QUAD_TP2PP2_MODES:-plugin:$FAP,stock:$FAP}" || rc=1
   return $rc
@@ -890,7 +890,7 @@ run_all() {
   } | tee "$RES/host.txt"
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade \
     --target "$site" . 2>&1 | grep -v 'already exists' | tee "$RES/install-project.txt"
-  VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.cli check >"$RES/check.txt" 2>&1
+  VLLM_PLUGINS=pp_cudagraph python3 -m vllm_pp_cudagraph.commands.cli check >"$RES/check.txt" 2>&1
   echo "vllm-pp-cudagraph check: exit $? (check.txt)" | tee -a "$RES/host.txt"
   if [ -n "${KIT_PREVIOUS:-}" ]; then
     (cd "$KIT_PREVIOUS" && find . -path '*/servers/*.json' -exec cp --parents {} "$RES/" \;)

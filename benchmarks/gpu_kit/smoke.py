@@ -40,8 +40,8 @@ def main(argv: list[str]) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-    from vllm_pp_cudagraph.bench.engine_run import generate_as_one_batch
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.engine_run import generate_as_one_batch
 
     from vllm.platforms import current_platform
 

@@ -1,7 +1,7 @@
 """Serving soak, its load and verdicts, and the serving checks: repository tooling.
 
 Not installed with the package: it drives the package's ``bench`` modules
-(:mod:`vllm_pp_cudagraph.bench`) and needs the test-only vLLM plugins in
+(:mod:`vllm_pp_cudagraph.commands.bench`) and needs the test-only vLLM plugins in
 ``tests/e2e/soak_plugins``. Run it from the repository root, with the package
 installed:
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tools.stage_cost import DEFAULT_BATCHES, model_config
-from vllm_pp_cudagraph.bench.arguments import positive_int_list
-from vllm_pp_cudagraph.planning.pipeline_model import tp_shard_config
-from vllm_pp_cudagraph.planning.stage_costs import ModelShape, modelled_costs
+from vllm_pp_cudagraph.commands.bench.arguments import positive_int_list
+from vllm_pp_cudagraph.commands.planning.pipeline_model import tp_shard_config
+from vllm_pp_cudagraph.shared.stage_costs import ModelShape, modelled_costs
 
 DEFAULT_LAYERS = (4, 12)
 DEFAULT_CONTEXT = 64

@@ -54,7 +54,7 @@ def _worker(rank: int, interconnect: str, port: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_pp_cudagraph.bench.interconnect import INTERCONNECT_ENV
+    from vllm_pp_cudagraph.commands.bench.interconnect import INTERCONNECT_ENV
     os.environ.update(INTERCONNECT_ENV[interconnect])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -33,10 +33,10 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from benchmarks.tools.scheduler_hook_cost import empty_scheduler
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
-from vllm_pp_cudagraph.engine import decode_cadence
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.engine_core.cadence_policy import CadenceChooser
+from vllm_pp_cudagraph.engine_core import decode_cadence
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 #: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock,
@@ -254,7 +254,7 @@ def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="qwen3-32b")

@@ -7,7 +7,7 @@ stock PP's calibration), and prints a Markdown table of predicted against measur
 the errors; then, per cell, what the model alone would recommend under ``plan``'s rule
 (the fastest predicted, or "too close to call" where the next is within the model's median
 error) against the measured fastest. ``plan`` itself prints the measured winner for the
-cells it ships (planning/measured_cells.json); this checks the model without them.
+cells it ships (commands/planning/measured_cells.json); this checks the model without them.
 
     python -m benchmarks.tools.plan_check CELLS.json
 """
@@ -20,10 +20,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.planning.measured import error_class, row_error
-from vllm_pp_cudagraph.planning.pipeline_model import Prediction, layout_name
-from vllm_pp_cudagraph.planning.plan import predict_run
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.commands.planning.measured import error_class, row_error
+from vllm_pp_cudagraph.commands.planning.pipeline_model import Prediction, layout_name
+from vllm_pp_cudagraph.commands.planning.plan import predict_run
 
 #: A recommended layout measured within this share of the fastest was level with it: no
 #: committed cell's passes spread less (5-23% between passes of one server).
@@ -154,9 +154,9 @@ def kind(runner: str) -> str:
 
 def errors_by_kind(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Median |error| on req/s per layout kind and class (the workload, the rows the host
-    paces apart: :func:`~vllm_pp_cudagraph.planning.measured.error_class`), over the runs
+    paces apart: :func:`~vllm_pp_cudagraph.commands.planning.measured.error_class`), over the runs
     ``plan``'s rows stand for (V1 left out): what ``plan`` prints beside each prediction
-    (planning/measured_cells.json, ``errors``)."""
+    (commands/planning/measured_cells.json, ``errors``)."""
     errors: dict[str, dict[str, list[float]]] = {}
     for row in table:
         if row["runner"] in STOCK_SCHEDULE_ONLY:

@@ -26,10 +26,10 @@ from typing import Any
 
 import aiohttp
 
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, stop_process_group
-from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
-from vllm_pp_cudagraph.bench.serve_run import serve_command
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec, engine_env, stop_process_group
+from vllm_pp_cudagraph.commands.bench.serve_load import wait_until_healthy
+from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
 _INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 _COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total|"

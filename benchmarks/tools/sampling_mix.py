@@ -1,7 +1,7 @@
 """The sampling options the soak's load sends, and which of them its token check scores.
 
 With ``--sampling-mix`` each request carries one of :data:`SAMPLING_MIX`'s
-options, chosen by its seed (:class:`vllm_pp_cudagraph.bench.serve_load.LoadSpec`),
+options, chosen by its seed (:class:`vllm_pp_cudagraph.commands.bench.serve_load.LoadSpec`),
 so every server gets the same mix. With ``--structured`` the mix also holds
 :data:`STRUCTURED_MIX`'s options: JSON-schema structured output (:data:`SCHEMA`),
 which every such output must parse as and match (:func:`schema_problems`).

@@ -35,9 +35,9 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 BLOCK = 16
 CADENCES = ("stock", "vllm", "balance", "merge", "auto")

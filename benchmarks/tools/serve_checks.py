@@ -50,7 +50,7 @@ from benchmarks.tools.sampling_mix import (
     STRUCTURED_SERVE_ARGS,
     schema_problems,
 )
-from vllm_pp_cudagraph.bench.dummy_model import (
+from vllm_pp_cudagraph.commands.bench.dummy_model import (
     SHAPES,
     has_random_weights,
     with_byte_vocab,
@@ -58,7 +58,7 @@ from vllm_pp_cudagraph.bench.dummy_model import (
     write_model_dir,
     write_weights,
 )
-from vllm_pp_cudagraph.bench.engine_run import (
+from vllm_pp_cudagraph.commands.bench.engine_run import (
     RunSpec,
     engine_env,
     record_findings,
@@ -66,8 +66,8 @@ from vllm_pp_cudagraph.bench.engine_run import (
     records_dir_of,
     stop_process_group,
 )
-from vllm_pp_cudagraph.bench.serve_load import wait_until_healthy
-from vllm_pp_cudagraph.bench.serve_run import serve_and_call, serve_command
+from vllm_pp_cudagraph.commands.bench.serve_load import wait_until_healthy
+from vllm_pp_cudagraph.commands.bench.serve_run import serve_and_call, serve_command
 
 #: Log lines that mean a grammar saw tokens it did not allow.
 GRAMMAR_REJECTIONS = ("grammar rejected tokens", "Failed to advance FSM")

@@ -30,9 +30,9 @@ from typing import Any
 import aiohttp
 
 from benchmarks.tools.soak_watch import requests_in_server
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, record_findings, records_dir_of
-from vllm_pp_cudagraph.bench.serve_run import serve_and_call
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec, record_findings, records_dir_of
+from vllm_pp_cudagraph.commands.bench.serve_run import serve_and_call
 
 MAX_MODEL_LEN = 512
 COMPLETIONS = "/v1/completions"

@@ -36,13 +36,10 @@ rejection in its log.
 
 Options add preemption, Ray, and vLLM's batch-invariant mode: where two stock
 runs then agree on every request, the plugin must too. Under preemption every
-server gets a KV cache too small for the load. Stock vLLM 0.26 dies there under
-PP, so its servers load the plugin's scheduler fix alone (the test-only
-``pp_e2e_preemption_fix``) and keep vLLM's runner, graphs and schedule; each
-run must have preempted. Start-up refusals (bad settings) are checked to fail
+server gets a KV cache too small for the load; each run must have preempted. Start-up refusals (bad settings) are checked to fail
 with the named setting and leave no process behind; two of them serve models
 whose stages disagree on the tensors they exchange (the test-only
-``pp_e2e_models``). Both test plugins are in ``tests/e2e/soak_plugins``;
+``pp_e2e_models``, in ``tests/e2e/soak_plugins``;
 install it next to this package. ``--lowered-mode`` serves FULL with FlashInfer
 attention, which on Hopper runs CUDA graphs for single-token decodes only:
 vLLM must lower the mode on every stage alike and say so, and the server must
@@ -119,13 +116,13 @@ from benchmarks.tools.soak_watch import (
     watch_problems,
     watch_summary,
 )
-from vllm_pp_cudagraph.bench.dummy_model import (
+from vllm_pp_cudagraph.commands.bench.dummy_model import (
     SHAPES,
     has_random_weights,
     token_word,
     write_model_dir,
 )
-from vllm_pp_cudagraph.bench.engine_run import (
+from vllm_pp_cudagraph.commands.bench.engine_run import (
     RUNNERS,
     RunSpec,
     engine_env,
@@ -133,10 +130,10 @@ from vllm_pp_cudagraph.bench.engine_run import (
     runner_cadence,
     serving_jit_events,
 )
-from vllm_pp_cudagraph.bench.serve_load import LoadSpec
-from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_and_call, serve_command
-from vllm_pp_cudagraph.bench.stats import capture_stats
-from vllm_pp_cudagraph.metrics.snapshots import read_capture_records
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadSpec
+from vllm_pp_cudagraph.commands.bench.serve_run import run_serve_mode, serve_and_call, serve_command
+from vllm_pp_cudagraph.commands.bench.stats import capture_stats
+from vllm_pp_cudagraph.shared.snapshots import read_capture_records
 
 MODES = ["piecewise", "full_and_piecewise", "full_decode_only", "breakable", "eager"]
 #: Stock graph mode each plugin mode is compared with, by default (the issue's
@@ -257,8 +254,6 @@ PREEMPTION_MODEL_LEN = ["--max-model-len", "2048"]
 #: The KV cache of every server under --preemption: small enough for ~3,000
 #: preemptions per 2,000 requests.
 PREEMPTION_ARGS = ["--num-gpu-blocks-override", "512", *PREEMPTION_MODEL_LEN]
-#: Stock's plugins under --preemption: the scheduler fix alone (see above).
-PREEMPTION_FIX_PLUGIN = "pp_e2e_preemption_fix"
 
 
 def missing_test_plugin(name: str) -> str | None:
@@ -268,11 +263,8 @@ def missing_test_plugin(name: str) -> str | None:
     return f"test plugin {name} not installed: pip install tests/e2e/soak_plugins"
 
 
-def server_env(args: argparse.Namespace, preemption_fix: bool = False) -> dict[str, str]:
-    env = {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
-    if preemption_fix:
-        env["VLLM_PLUGINS"] = PREEMPTION_FIX_PLUGIN
-    return env
+def server_env(args: argparse.Namespace) -> dict[str, str]:
+    return {"VLLM_BATCH_INVARIANT": "1"} if args.batch_invariant else {}
 
 
 def model_spec(runner: str, run_mode: str, args: argparse.Namespace,
@@ -285,9 +277,8 @@ def model_spec(runner: str, run_mode: str, args: argparse.Namespace,
 
 
 def server_spec(runner: str, run_mode: str, args: argparse.Namespace) -> RunSpec:
-    """One soak server's engine; under --preemption stock loads the scheduler fix alone."""
-    return model_spec(runner, run_mode, args,
-                      server_env(args, preemption_fix=args.preemption and runner == "stock"))
+    """One soak server's engine."""
+    return model_spec(runner, run_mode, args, server_env(args))
 
 
 _STAGE_CAPTURE = re.compile(

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult, completed_texts
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResult, completed_texts
 
 from benchmarks.tools.sampling_mix import schema_problems, scored, structured
 

@@ -10,8 +10,8 @@ compiles around it (``serving_jit_events``).
 from __future__ import annotations
 
 from benchmarks.tools.soak_watch import SETTLE_S
-from vllm_pp_cudagraph.bench.serve_load import LoadReport
-from vllm_pp_cudagraph.bench.stats import percentile
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport
+from vllm_pp_cudagraph.commands.bench.stats import percentile
 
 #: A stream waiting this long for its next chunk has stalled.
 STALL_GAP_S = 1.0

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResult
 
 #: The soak settings that shape a server or its load: a report saved under other
 #: values of any of them is not comparable.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.metrics.snapshots import read_stage_snapshots
+from vllm_pp_cudagraph.shared.snapshots import read_stage_snapshots
 
 #: How much a GPU's used memory may grow from the load's first minute to its end.
 MEMORY_GROWTH_MIB = 512

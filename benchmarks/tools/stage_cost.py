@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_pp_cudagraph.bench.arguments import positive_int_list
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.bench.engine_run import generate_as_one_batch, make_prompts
-from vllm_pp_cudagraph.bench.trace_analysis import Step, load_trace, steps, summarize
+from vllm_pp_cudagraph.commands.bench.arguments import positive_int_list
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.commands.bench.engine_run import generate_as_one_batch, make_prompts
+from vllm_pp_cudagraph.commands.bench.trace_analysis import Step, load_trace, steps, summarize
 
 DEFAULT_SHAPES = ("qwen3-0.6b", "qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")
 DEFAULT_BATCHES = (1, 32, 64, 128, 256)

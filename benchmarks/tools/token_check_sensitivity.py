@@ -21,7 +21,7 @@ import tempfile
 import torch
 from transformers import AutoModelForCausalLM
 
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
 from benchmarks.tools.soak import soak_prompts
 

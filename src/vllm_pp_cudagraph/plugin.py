@@ -12,9 +12,9 @@ import os
 import sys
 from collections.abc import Mapping
 
-from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph.shared.settings import PLUGIN_NAME, is_enabled
 
-PLUGIN_NAME = "pp_cudagraph"
 
 
 def _logger():
@@ -31,28 +31,20 @@ class UnsupportedVLLMError(RuntimeError):
     """The installed vLLM is outside the range this plugin is tested with."""
 
 
-def is_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``VLLM_PLUGINS`` names this plugin, parsed exactly as vLLM does."""
-    from vllm_pp_cudagraph.settings import environment_value
-
-    value = environment_value("VLLM_PLUGINS", environ)
-    return value is not None and PLUGIN_NAME in value.split(",")
-
-
-def check_version(allow_unsupported: bool) -> compat.VersionInfo:
-    versions = compat.installed_versions()
+def check_version(allow_unsupported: bool) -> vllm_surface.VersionInfo:
+    versions = vllm_surface.installed_versions()
     if versions.supported:
         return versions
     if allow_unsupported:
         _logger().warning(
             "vllm-pp-cudagraph is tested with vLLM %s but vLLM %s is installed; "
             "continuing because VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM is set.",
-            compat.SUPPORTED_RANGE,
+            vllm_surface.SUPPORTED_RANGE,
             versions.vllm,
         )
         return versions
     raise UnsupportedVLLMError(
-        f"vllm-pp-cudagraph supports vLLM {compat.SUPPORTED_RANGE}, but vLLM "
+        f"vllm-pp-cudagraph supports vLLM {vllm_surface.SUPPORTED_RANGE}, but vLLM "
         f"{versions.vllm or '(not installed)'} is installed. Install a supported "
         "vLLM, remove pp_cudagraph from VLLM_PLUGINS, or set "
         "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try it anyway."
@@ -67,7 +59,7 @@ def check_runner_choice(environ: Mapping[str, str] | None = None) -> None:
     that the plugin stands aside. Asking for both V1 and the plugin is a
     contradiction, reported here instead of silently doing nothing.
     """
-    from vllm_pp_cudagraph.settings import PluginConfigError, environment_value
+    from vllm_pp_cudagraph.shared.settings import PluginConfigError, environment_value
 
     current = environment_value("VLLM_USE_V2_MODEL_RUNNER", environ)
     # vLLM parses this variable with bool(int(value)): "0" is its only "off".
@@ -114,8 +106,8 @@ def register() -> None:
             )
         return
 
-    from vllm_pp_cudagraph.compat import patches
-    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings, SettingsError
+    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.shared.settings import PluginConfigError, PPCudaGraphSettings, SettingsError
 
     if patches.is_applied():
         return
@@ -123,7 +115,7 @@ def register() -> None:
     settings = PPCudaGraphSettings.current()
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()
-    from vllm_pp_cudagraph.metrics.snapshots import ensure_metrics_dir
+    from vllm_pp_cudagraph.shared.snapshots import ensure_metrics_dir
 
     # Before the engine's processes start, so they inherit it: the workers leave their
     # plans and heartbeats there, with the per-stage metrics on or off.

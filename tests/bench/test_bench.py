@@ -13,26 +13,26 @@ from dataclasses import asdict
 
 import pytest
 
-from vllm_pp_cudagraph.bench import cli as bench
-from vllm_pp_cudagraph.bench import runs as bench_runs
-from vllm_pp_cudagraph.bench.argument_checks import argument_problems
-from vllm_pp_cudagraph.bench.arguments import DEFAULT_MODES, parse_modes
-from vllm_pp_cudagraph.bench.engine_run import (
+from vllm_pp_cudagraph.commands.bench import cli as bench
+from vllm_pp_cudagraph.commands.bench import runs as bench_runs
+from vllm_pp_cudagraph.commands.bench.argument_checks import argument_problems
+from vllm_pp_cudagraph.commands.bench.arguments import DEFAULT_MODES, parse_modes
+from vllm_pp_cudagraph.commands.bench.engine_run import (
     RunSpec,
     log_findings,
     make_prompts,
     output_lengths,
 )
-from vllm_pp_cudagraph.bench.judging import check_agreement, expected_difference, plugin_not_loaded
-from vllm_pp_cudagraph.bench.report import (
+from vllm_pp_cudagraph.commands.bench.judging import check_agreement, expected_difference, plugin_not_loaded
+from vllm_pp_cudagraph.commands.bench.report import (
     across_engines,
     disagreement_lines,
     print_findings,
     render_table,
     write_plot,
 )
-from vllm_pp_cudagraph.bench.runs import engine_status, run_spec, serve_load_spec
-from vllm_pp_cudagraph.bench.stats import (
+from vllm_pp_cudagraph.commands.bench.runs import engine_status, run_spec, serve_load_spec
+from vllm_pp_cudagraph.commands.bench.stats import (
     RequestTiming,
     capture_stats,
     median_run,
@@ -40,7 +40,7 @@ from vllm_pp_cudagraph.bench.stats import (
     percentile,
     summarize_requests,
 )
-from vllm_pp_cudagraph.cli.exit_status import EXIT_NO_GPU
+from vllm_pp_cudagraph.commands.cli.exit_status import EXIT_NO_GPU
 
 
 def report(runner, mode, digest="d1", **extra):
@@ -49,7 +49,7 @@ def report(runner, mode, digest="d1", **extra):
 
 def test_help_works_without_a_gpu():
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--help"],
+        [sys.executable, "-m", "vllm_pp_cudagraph.commands.cli", "bench", "--help"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -74,7 +74,7 @@ def test_without_enough_gpus_bench_refuses_at_once_and_writes_nothing(tmp_path, 
     env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""}
     started = __import__("time").monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--pp", "2", "--out", str(out)],
+        [sys.executable, "-m", "vllm_pp_cudagraph.commands.cli", "bench", "--pp", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=120, env=env,
     )
     assert proc.returncode == EXIT_NO_GPU  # as `check` says no GPU is visible
@@ -167,7 +167,7 @@ def test_median_run_is_the_middle_elapsed():
 
 
 def test_spread_is_the_range_over_the_fastest_run():
-    from vllm_pp_cudagraph.bench.stats import spread_pct
+    from vllm_pp_cudagraph.commands.bench.stats import spread_pct
 
     assert spread_pct([{"elapsed_s": 10.5}, {"elapsed_s": 6.78}, {"elapsed_s": 8.04}]) == 54.9
     assert spread_pct([{"elapsed_s": 2.0}]) is None
@@ -291,8 +291,8 @@ def test_plot_is_a_png_when_matplotlib_is_there(tmp_path):
 
 
 def test_serve_command_carries_mode_and_model_settings():
-    from vllm_pp_cudagraph.bench.engine_run import RunSpec
-    from vllm_pp_cudagraph.bench.serve_run import mode_cli_args, serve_command
+    from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec
+    from vllm_pp_cudagraph.commands.bench.serve_run import mode_cli_args, serve_command
 
     assert mode_cli_args("eager") == ["--enforce-eager"]
     assert mode_cli_args("full_decode_only") == [
@@ -344,8 +344,8 @@ def test_engine_status_tells_a_stopped_engine_from_a_failed_one():
 
 
 def test_every_runner_sets_only_settings_the_plugin_accepts():
-    from vllm_pp_cudagraph.bench.engine_run import RUNNERS
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm_pp_cudagraph.commands.bench.engine_run import RUNNERS
+    from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
     settings = {name: PPCudaGraphSettings.from_env(env) for name, env in RUNNERS.items()}
     assert settings["plugin"] == PPCudaGraphSettings.from_env({})
@@ -362,7 +362,7 @@ def test_serve_workload_drives_vllms_own_client_with_flags_it_accepts(tmp_path):
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
+    from vllm_pp_cudagraph.commands.bench.serve_run import vllm_bench_serve_command
 
     cmd = vllm_bench_serve_command("http://127.0.0.1:8000", "/models/m", 32, 500, 64, 256,
                                    tmp_path, "c32.json")
@@ -377,7 +377,7 @@ def test_serve_workload_drives_vllms_own_client_with_flags_it_accepts(tmp_path):
 
 
 def test_serve_workload_reports_throughput_and_p50_p99_latencies():
-    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_summary
+    from vllm_pp_cudagraph.commands.bench.serve_run import vllm_bench_summary
 
     result = {"request_throughput": 81.2, "output_throughput": 20787.0, "completed": 1000,
               "failed": 0, "median_ttft_ms": 40.0, "p99_ttft_ms": 210.5, "median_tpot_ms": 9.1,
@@ -540,8 +540,8 @@ def test_a_layout_reaches_the_engine_the_server_and_the_environment(monkeypatch)
     import vllm.platforms
     from _serve_parser import parse_serve_args
 
-    from vllm_pp_cudagraph.bench.engine_run import engine_env, engine_kwargs
-    from vllm_pp_cudagraph.bench.serve_run import serve_command
+    from vllm_pp_cudagraph.commands.bench.engine_run import engine_env, engine_kwargs
+    from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
     ngram = {"method": "ngram", "num_speculative_tokens": 3}
     connector = {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}
@@ -578,8 +578,8 @@ def test_deterministic_compile_and_max_model_len_reach_the_engine_and_the_server
     import vllm.platforms
     from _serve_parser import parse_serve_args
 
-    from vllm_pp_cudagraph.bench.engine_run import MODES, engine_env, engine_kwargs
-    from vllm_pp_cudagraph.bench.serve_run import serve_command
+    from vllm_pp_cudagraph.commands.bench.engine_run import MODES, engine_env, engine_kwargs
+    from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
     args = bench.build_parser().parse_args(["--deterministic-compile", "--max-model-len",
@@ -613,8 +613,8 @@ def test_a_larger_capture_size_reaches_the_engine_and_the_server(mode, monkeypat
     import vllm.platforms
     from _serve_parser import parse_serve_args
 
-    from vllm_pp_cudagraph.bench.engine_run import MODES, engine_kwargs
-    from vllm_pp_cudagraph.bench.serve_run import serve_command
+    from vllm_pp_cudagraph.commands.bench.engine_run import MODES, engine_kwargs
+    from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
     parser = bench.build_parser()
@@ -638,8 +638,8 @@ def test_a_larger_capture_size_reaches_the_engine_and_the_server(mode, monkeypat
 def test_each_pass_gets_its_stages_step_time_from_the_snapshots_around_it():
     """A pass's step time per stage is the mean over the steps timed between the readings
     before and after it, not the last window (which a run's drain closes)."""
-    from vllm_pp_cudagraph.bench.serve_run import stages_over
-    from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot
+    from vllm_pp_cudagraph.commands.bench.serve_run import stages_over
+    from vllm_pp_cudagraph.shared.snapshots import StageSnapshot
 
     def snap(stage: int, steps: int, busy_ms: float, idle_ms: float) -> StageSnapshot:
         return StageSnapshot(stage=stage, pp_size=2, tp_size=1, time=0.0, window_s=5.0,
@@ -661,7 +661,7 @@ def test_each_pass_gets_its_stages_step_time_from_the_snapshots_around_it():
 def test_speculative_acceptance_is_summed_over_engines_from_vllms_counters():
     from vllm.v1.metrics.reader import Counter, Gauge, Vector
 
-    from vllm_pp_cudagraph.bench.engine_run import spec_decode_stats
+    from vllm_pp_cudagraph.commands.bench.engine_run import spec_decode_stats
 
     def counter(name, value, engine):
         return Counter(f"vllm:spec_decode_num_{name}", {"engine": engine}, value)
@@ -683,7 +683,7 @@ def test_pp_zero_from_the_command_line_exits_within_seconds_and_writes_nothing(t
     out = tmp_path / "results"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--pp", "0", "--out", str(out)],
+        [sys.executable, "-m", "vllm_pp_cudagraph.commands.cli", "bench", "--pp", "0", "--out", str(out)],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
@@ -717,7 +717,7 @@ def test_a_runs_log_tells_vllms_compiles_and_attention_backend_and_nothing_of_th
 
 
 def test_a_run_without_records_ran_without_the_plugins_runner(tmp_path):
-    from vllm_pp_cudagraph.bench.engine_run import record_findings
+    from vllm_pp_cudagraph.commands.bench.engine_run import record_findings
 
     found = record_findings(tmp_path)
     assert found["plugin_stages"] == 0 and found["plan_records"] == 0
@@ -725,8 +725,8 @@ def test_a_run_without_records_ran_without_the_plugins_runner(tmp_path):
 
 
 def test_the_auto_split_runner_is_the_plugins_defaults_with_auto_layer_partition(monkeypatch):
-    from vllm_pp_cudagraph.bench.engine_run import RUNNERS, engine_env, runner_cadence
-    from vllm_pp_cudagraph.settings import LayerPartition, PPCudaGraphSettings
+    from vllm_pp_cudagraph.commands.bench.engine_run import RUNNERS, engine_env, runner_cadence
+    from vllm_pp_cudagraph.shared.settings import LayerPartition, PPCudaGraphSettings
 
     settings = PPCudaGraphSettings.from_env(RUNNERS["plugin-auto-split"])
     assert settings.layer_partition is LayerPartition.AUTO
@@ -761,8 +761,8 @@ def test_the_console_names_the_split_a_run_chose_beside_vllms(capsys):
 def test_the_attention_backend_is_vllms_choice_unless_one_is_named(flags, asked, tmp_path,
                                                                    monkeypatch):
     """Without --attention-backend no backend reaches vLLM, and bench.json says so."""
-    from vllm_pp_cudagraph.bench.engine_run import engine_kwargs
-    from vllm_pp_cudagraph.bench.serve_run import serve_command
+    from vllm_pp_cudagraph.commands.bench.engine_run import engine_kwargs
+    from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
     _bench_with_engines_faked(monkeypatch, ["--weights", "dummy", "--modes", "stock:eager",
                                             "--out", str(tmp_path), *flags])
@@ -850,7 +850,7 @@ def test_the_tp_runner_is_stock_vllm_by_tensor_parallelism_on_the_same_gpus(tmp_
                                                                           monkeypatch):
     """One invocation compares the plugin, stock and V1 at PP 2 with stock at TP 2: the
     ``tp`` engine gets tensor_parallel_size 2, no pipeline, no layer split, no plugin."""
-    from vllm_pp_cudagraph.bench.engine_run import engine_env, engine_kwargs
+    from vllm_pp_cudagraph.commands.bench.engine_run import engine_env, engine_kwargs
 
     specs = []
     code = _bench_with_engines_faked(
@@ -878,8 +878,8 @@ def test_the_tp_runner_serves_with_tensor_parallelism_alone(tmp_path, monkeypatc
     import vllm.platforms
     from _serve_parser import parse_serve_args
 
-    from vllm_pp_cudagraph.bench.engine_run import engine_env
-    from vllm_pp_cudagraph.bench.serve_run import serve_command
+    from vllm_pp_cudagraph.commands.bench.engine_run import engine_env
+    from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
     specs = []
 
@@ -965,7 +965,7 @@ def test_at_pp1_a_plugin_run_without_the_plugins_runner_is_expected():
 def test_help_lists_the_runners_users_pick_and_accepts_vllms_prompt_flag(capsys):
     """Runners for the project's own checks stay out of --help but still parse, and
     --num-prompts (vllm bench's name) is --prompts."""
-    from vllm_pp_cudagraph.bench.engine_run import INTERNAL_RUNNERS
+    from vllm_pp_cudagraph.commands.bench.engine_run import INTERNAL_RUNNERS
 
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--help"])

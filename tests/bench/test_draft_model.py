@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from vllm_pp_cudagraph.bench.draft_model import (
+from vllm_pp_cudagraph.commands.bench.draft_model import (
     DRAFT_LAYERS,
     draft_config,
     eagle_draft_config,
     write_eagle_draft,
 )
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES, WEIGHTS_FILE, write_model_dir
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES, WEIGHTS_FILE, write_model_dir
 
 TARGET = SHAPES["qwen3-0.6b"]
 
@@ -192,7 +192,7 @@ def test_on_the_last_of_two_stages_vllm_names_the_eagle_draft_layer_as_its_first
 
     from vllm.config import ParallelConfig
 
-    from vllm_pp_cudagraph.compat import support
+    from vllm_pp_cudagraph.shared import support
 
     _skip_where_drafts_take_the_pipeline()
     spec = _speculative_config("eagle", eagle_draft, target_dir, pp=2)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES, token_word, write_model_dir
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES, token_word, write_model_dir
 
 
 def test_shapes_split_evenly_and_unevenly_over_two_stages():
@@ -67,7 +67,7 @@ TINY = {
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from vllm_pp_cudagraph.bench.dummy_model import write_weights
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_weights
 
     path = tmp_path_factory.mktemp("tiny")
     (path / "config.json").write_text(json.dumps(TINY))
@@ -86,7 +86,7 @@ def test_random_weights_load_as_a_qwen3_checkpoint_with_nothing_missing(tiny_dir
 def test_random_weights_are_the_same_on_every_write(tiny_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from vllm_pp_cudagraph.bench.dummy_model import WEIGHTS_FILE, write_weights
+    from vllm_pp_cudagraph.commands.bench.dummy_model import WEIGHTS_FILE, write_weights
 
     write_weights(tmp_path, TINY)
     first, second = load_file(tiny_dir / WEIGHTS_FILE), load_file(tmp_path / WEIGHTS_FILE)
@@ -120,7 +120,7 @@ def test_every_layer_changes_the_greedy_output(tiny_dir):
 
 
 def test_an_existing_checkpoint_is_kept_not_rewritten(tiny_dir):
-    from vllm_pp_cudagraph.bench.dummy_model import WEIGHTS_FILE, write_weights
+    from vllm_pp_cudagraph.commands.bench.dummy_model import WEIGHTS_FILE, write_weights
 
     target = tiny_dir / WEIGHTS_FILE
     before = target.stat().st_mtime_ns
@@ -134,7 +134,7 @@ def test_byte_shape_tokenizer_spells_any_text_and_decodes_every_id(tmp_path):
     model may sample must decode."""
     from transformers import AutoTokenizer
 
-    from vllm_pp_cudagraph.bench.dummy_model import BYTE_VOCAB
+    from vllm_pp_cudagraph.commands.bench.dummy_model import BYTE_VOCAB
 
     path = write_model_dir(tmp_path, "qwen3-0.6b-bytes", tokenizer=True)
     tok = AutoTokenizer.from_pretrained(str(path))

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_pp_cudagraph.bench import engine_run
-from vllm_pp_cudagraph.bench.runs import RunSpec
+from vllm_pp_cudagraph.commands.bench import engine_run
+from vllm_pp_cudagraph.commands.bench.runs import RunSpec
 
 
 class _Engine:
@@ -78,7 +78,7 @@ def test_the_console_says_when_a_pass_may_have_found_its_prompts_cached(emptied,
                                                                        capsys):
     import argparse
 
-    from vllm_pp_cudagraph.bench.report import print_findings
+    from vllm_pp_cudagraph.commands.bench.report import print_findings
 
     run = {"spec": {"runner": "plugin", "mode": "eager"}, "prefix_cache_emptied": emptied}
     print_findings(argparse.Namespace(pp=2), [run], [])

@@ -5,9 +5,9 @@ import argparse
 import os
 import stat
 
-from vllm_pp_cudagraph.bench import gpu_neighbours as neighbours_module
-from vllm_pp_cudagraph.bench.gpu_neighbours import gpu_neighbours, merged
-from vllm_pp_cudagraph.bench.report import print_findings
+from vllm_pp_cudagraph.commands.bench import gpu_neighbours as neighbours_module
+from vllm_pp_cudagraph.commands.bench.gpu_neighbours import gpu_neighbours, merged
+from vllm_pp_cudagraph.commands.bench.report import print_findings
 
 # GPUs 0-3 by index (-i picks some); compute apps from $FAKE_APPS, one "uuid, pid, MiB" a line.
 FAKE_NVIDIA_SMI = """#!/bin/sh

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from vllm_pp_cudagraph.bench import cli as bench
-from vllm_pp_cudagraph.bench.argument_checks import argument_problems
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env, engine_kwargs
-from vllm_pp_cudagraph.bench.runs import run_spec
-from vllm_pp_cudagraph.bench.serve_run import serve_command
+from vllm_pp_cudagraph.commands.bench import cli as bench
+from vllm_pp_cudagraph.commands.bench.argument_checks import argument_problems
+from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec, engine_env, engine_kwargs
+from vllm_pp_cudagraph.commands.bench.runs import run_spec
+from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
 NCCL_TRANSPORT = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NET")
 

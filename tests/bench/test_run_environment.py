@@ -9,8 +9,8 @@ import os
 import stat
 from importlib import metadata
 
-from vllm_pp_cudagraph.bench import engine_run
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, gpu_model, spec_record
+from vllm_pp_cudagraph.commands.bench import engine_run
+from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec, gpu_model, spec_record
 
 # Prints one line per GPU index given with -i (all four without), as nvidia-smi does.
 FAKE_NVIDIA_SMI = """#!/bin/sh

@@ -10,7 +10,7 @@ import asyncio
 
 from _local_server import completion_words, completions_app, serve_and_load, word_ids
 
-from vllm_pp_cudagraph.bench.serve_load import LoadSpec, preemptions_from_metrics, request_body
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadSpec, preemptions_from_metrics, request_body
 
 
 def test_mixed_load_completes_streams_and_cancels_as_planned():

@@ -8,10 +8,10 @@ its start-up timeout runs out.
 import time
 from importlib import metadata
 
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.bench.engine_run import RunSpec
-from vllm_pp_cudagraph.bench.serve_load import LoadSpec
-from vllm_pp_cudagraph.bench.serve_run import run_serve_mode, serve_command
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadSpec
+from vllm_pp_cudagraph.commands.bench.serve_run import run_serve_mode, serve_command
 
 
 def _serve_in_process(spec, model_dir, log_path, call, port, startup_timeout_s, extra_args=()):
@@ -63,7 +63,7 @@ def test_a_profiled_serve_sweep_gives_each_concurrency_its_own_per_stage_profile
     from _local_server import local_server
     from aiohttp import web
 
-    from vllm_pp_cudagraph.bench import serve_run
+    from vllm_pp_cudagraph.commands.bench import serve_run
 
     profile_dir = tmp_path / "traces"
     calls: list[str] = []
@@ -130,7 +130,7 @@ def test_a_sweep_of_input_lengths_and_concurrencies_runs_on_one_server(tmp_path,
     sends at least two requests per request in flight, and each report says its point."""
     import sys
 
-    from vllm_pp_cudagraph.bench import serve_run
+    from vllm_pp_cudagraph.commands.bench import serve_run
 
     starts, passes = [], []
 
@@ -169,7 +169,7 @@ def test_no_pass_finds_its_prompts_in_the_prefix_cache_and_every_runner_gets_the
     across points) must draw its own prompts. The runners compared must draw the same."""
     import sys
 
-    from vllm_pp_cudagraph.bench import serve_run
+    from vllm_pp_cudagraph.commands.bench import serve_run
 
     seeds: list[int] = []
 
@@ -193,7 +193,7 @@ def test_no_pass_finds_its_prompts_in_the_prefix_cache_and_every_runner_gets_the
 
 
 def test_the_client_command_carries_the_passes_seed(tmp_path):
-    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
+    from vllm_pp_cudagraph.commands.bench.serve_run import vllm_bench_serve_command
 
     cmd = vllm_bench_serve_command("http://h:1", "/m", 8, 16, 64, 32, tmp_path, "r.json",
                                    seed=12345)
@@ -206,9 +206,9 @@ def test_each_timed_pass_reports_its_stages_step_time(tmp_path, monkeypatch):
     import json
     import sys
 
-    from vllm_pp_cudagraph.bench import serve_run
-    from vllm_pp_cudagraph.bench.engine_run import records_dir_of
-    from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot
+    from vllm_pp_cudagraph.commands.bench import serve_run
+    from vllm_pp_cudagraph.commands.bench.engine_run import records_dir_of
+    from vllm_pp_cudagraph.shared.snapshots import StageSnapshot
 
     records = records_dir_of(tmp_path / "serve.log")
     totals = {"steps": 0, "busy": 0.0}
@@ -249,7 +249,7 @@ def test_lanes_meet_before_each_point_and_a_lane_left_alone_goes_on(tmp_path):
     each point of the same run; where the other never comes, it goes on after its timeout."""
     import threading
 
-    from vllm_pp_cudagraph.bench.lanes import LaneSync
+    from vllm_pp_cudagraph.commands.bench.lanes import LaneSync
 
     a = LaneSync(tmp_path / "sync", "a", poll_s=0.05)
     b = LaneSync(tmp_path / "sync", "b", poll_s=0.05)
@@ -277,7 +277,7 @@ def test_lanes_meet_before_each_point_and_a_lane_left_alone_goes_on(tmp_path):
 def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkeypatch):
     import sys
 
-    from vllm_pp_cudagraph.bench import lanes, serve_run
+    from vllm_pp_cudagraph.commands.bench import lanes, serve_run
 
     def fake_client(base_url, model_dir, concurrency, num_prompts, input_len, output_len,
                     result_dir, result_name, request_rate=None, seed=0):
@@ -299,7 +299,7 @@ def test_a_lanes_sweep_records_its_waits_and_when_each_pass_ran(tmp_path, monkey
 
 
 def test_open_loop_arrivals_go_to_vllms_client_with_the_concurrency_as_a_cap(tmp_path):
-    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
+    from vllm_pp_cudagraph.commands.bench.serve_run import vllm_bench_serve_command
 
     def flags(cmd):
         return {k: v for k, v in zip(cmd, cmd[1:]) if k.startswith("--")}
@@ -315,7 +315,7 @@ def test_a_runs_arrival_rate_reaches_each_pass(tmp_path, monkeypatch):
     import asyncio
     import sys
 
-    from vllm_pp_cudagraph.bench import serve_run
+    from vllm_pp_cudagraph.commands.bench import serve_run
 
     rates = []
 

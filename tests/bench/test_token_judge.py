@@ -8,9 +8,9 @@ import pytest
 from vllm.logprobs import FlatLogprobs, Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
 
-from vllm_pp_cudagraph.bench.judging import exit_status, judge_tokens
-from vllm_pp_cudagraph.bench.report import disagreement_lines
-from vllm_pp_cudagraph.bench.token_judge import (
+from vllm_pp_cudagraph.commands.bench.judging import exit_status, judge_tokens
+from vllm_pp_cudagraph.commands.bench.report import disagreement_lines
+from vllm_pp_cudagraph.commands.bench.token_judge import (
     NEAR_TIE_NATS,
     TokenRecord,
     divergences,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from vllm_pp_cudagraph.bench.trace_analysis import analyze_dir, host_ops, steps, summarize
+from vllm_pp_cudagraph.commands.bench.trace_analysis import analyze_dir, host_ops, steps, summarize
 
 
 def x(cat, name, ts, dur, **args):

@@ -20,7 +20,7 @@ def run_batch_bench(out: Path, model, modes: str, *extra: str, env: dict | None 
     """``bench --workload batch`` with ``modes`` (64 prompts x 64 tokens unless ``extra``
     says otherwise); the process and its runs in order."""
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_pp_cudagraph.cli", "bench", "--workload", "batch",
+        [sys.executable, "-m", "vllm_pp_cudagraph.commands.cli", "bench", "--workload", "batch",
          "--model", str(model), "--modes", modes, "--prompts", "64", "--output-len", "64",
          "--repeat", "0", "--timeout", "600", "--out", str(out), *TOKEN_CHECK_FLAGS, *extra],
         capture_output=True, text=True, timeout=timeout_s, env=env,
@@ -83,7 +83,7 @@ def judged_against(reference: dict, runs: list[dict]) -> list[dict]:
     """The token judge's verdict (``bench/token_judge.py``) on each of ``runs``' greedy
     tokens against ``reference``'s: for runs of separate bench invocations, which the
     bench does not judge against each other."""
-    from vllm_pp_cudagraph.bench.token_judge import TokenRecord, judge
+    from vllm_pp_cudagraph.commands.bench.token_judge import TokenRecord, judge
 
     theirs = TokenRecord.load(reference["spec"]["tokens_file"])
     return [judge(TokenRecord.load(run["spec"]["tokens_file"]), theirs) for run in runs]

@@ -49,6 +49,6 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Random weights make greedy outputs depend on every layer, so a mishandled
     hand-off between stages changes tokens.
     """
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     return write_model_dir(tmp_path_factory.mktemp("model"), "qwen3-0.6b", weights=True)

@@ -31,7 +31,7 @@ async def scrape_under_load(base_url: str, model_dir: str, out: Path) -> dict:
     scrapes that saw requests running."""
     import aiohttp
 
-    from vllm_pp_cudagraph.bench.serve_run import vllm_bench_serve_command
+    from vllm_pp_cudagraph.commands.bench.serve_run import vllm_bench_serve_command
 
     bench = await asyncio.create_subprocess_exec(
         *vllm_bench_serve_command(base_url, model_dir, concurrency=64, num_prompts=512,
@@ -57,9 +57,9 @@ async def scrape_under_load(base_url: str, model_dir: str, out: Path) -> dict:
 
 
 def test_serve_reports_every_stage_in_metrics_and_the_log(tmp_path):
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-    from vllm_pp_cudagraph.bench.engine_run import RunSpec
-    from vllm_pp_cudagraph.bench.serve_run import serve_and_call
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec
+    from vllm_pp_cudagraph.commands.bench.serve_run import serve_and_call
 
     # vllm bench serve tokenizes its random prompts: this model has a tokenizer.
     random_model = write_model_dir(tmp_path / "model", "qwen3-0.6b", tokenizer=True,

@@ -84,7 +84,7 @@ def _speculative_config(method: str, tmp_path) -> dict:
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": 3,
                 "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    from vllm_pp_cudagraph.bench.draft_model import write_eagle3_draft, write_eagle_draft
+    from vllm_pp_cudagraph.commands.bench.draft_model import write_eagle3_draft, write_eagle_draft
 
     write = {"eagle": write_eagle_draft, "eagle3": write_eagle3_draft}[method]
     draft = write(tmp_path / "draft")
@@ -101,7 +101,7 @@ def test_speculative_decoding_serves_with_the_tokens_of_a_stock_engine(method, t
     vLLM 0.33 (the next test). The plugin stands aside for a method not yet proven on
     the installed release (support.PROVEN_SPECULATIVE), so such a check asks for it
     (``plugin-unproven``), as the KV connector's does: a pass proves it."""
-    from vllm_pp_cudagraph.compat import support
+    from vllm_pp_cudagraph.shared import support
 
     spec = _speculative_config(method, tmp_path)
     proven = support.PROVEN_SPECULATIVE.get(method)
@@ -137,7 +137,7 @@ def test_speculative_engines_stock_fails_are_refused_at_start(case, tmp_path, ra
     scheduling off (after a 5-minute timeout), and fails to load an EAGLE-1 draft on the
     last of two stages of an even split ('Duplicate layer name'); the plugin refuses
     these engines at start instead, naming what to change."""
-    from vllm_pp_cudagraph.compat import support
+    from vllm_pp_cudagraph.shared import support
 
     method, sync, table = KNOWN_FAILURES[case]
     if support.release_line() not in getattr(support, table):

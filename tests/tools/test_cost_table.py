@@ -10,10 +10,10 @@ from _refusal import assert_refused
 
 from benchmarks.tools.cost_table import cost_table, fit_line, fit_rows, main
 from benchmarks.tools.stage_cost import stage_config
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.planning.layer_partition import Memory, decide
-from vllm_pp_cudagraph.planning.stage_costs import ModelShape, read_table
-from vllm_pp_cudagraph.settings import LayerPartition
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.shared.layer_partition import Memory, decide
+from vllm_pp_cudagraph.shared.stage_costs import ModelShape, read_table
+from vllm_pp_cudagraph.shared.settings import LayerPartition
 
 CONFIG = SHAPES["qwen3-0.6b"]
 
@@ -92,7 +92,7 @@ def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv
 def test_a_tp_shards_config_is_filed_where_plan_looks_for_its_table(shape):
     """plan reads a TP rank's costs from the table of the shard's own signature: the
     config --tp measures must give exactly that shape (head size kept)."""
-    from vllm_pp_cudagraph.planning.pipeline_model import tp_shard, tp_shard_config
+    from vllm_pp_cudagraph.commands.planning.pipeline_model import tp_shard, tp_shard_config
 
     full = ModelShape.from_config(SHAPES[shape])
     shard = ModelShape.from_config(tp_shard_config(dict(SHAPES[shape]), 2))

@@ -7,8 +7,8 @@ import argparse
 import pytest
 from _serve_parser import parse_serve_args
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.bench.serve_load import request_body
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.commands.bench.serve_load import request_body
 
 from benchmarks.tools.lora_adapters import TARGETS, lora_serve_args, write_lora_adapter
 from benchmarks.tools.sampling_mix import scored

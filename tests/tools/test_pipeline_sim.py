@@ -16,9 +16,9 @@ from _scheduler import make_requests, make_scheduler
 
 from benchmarks.tools import pipeline_sim
 from benchmarks.tools.pipeline_sim import PipelineClock, cadence_on_clock, serve_passes
-from vllm_pp_cudagraph.engine.decode_cadence import scheduler_state
+from vllm_pp_cudagraph.engine_core.decode_cadence import scheduler_state
 from benchmarks.tools.scheduler_hook_cost import empty_scheduler
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
 #: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock, FULL_AND_PIECEWISE,
 #: ``benchmarks/tools/stage_cost.py``): a copy of the run's ``stage_cost.json``

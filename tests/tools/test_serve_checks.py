@@ -92,7 +92,7 @@ def test_a_fault_stage_other_than_first_or_last_is_refused(tmp_path, capsys):
 def test_any_shape_gets_the_byte_vocabulary_so_its_grammar_can_spell_json(tmp_path):
     from transformers import AutoTokenizer
 
-    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+    from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
 
     small = json.loads((byte_vocab_model_dir(tmp_path / "s", "qwen3-0.6b") / "config.json").read_text())
     assert small == SHAPES["qwen3-0.6b-bytes"]
@@ -112,7 +112,7 @@ def test_a_stage_is_killed_through_the_pid_its_plan_record_names(tmp_path, monke
     import sys
     from types import SimpleNamespace
 
-    from vllm_pp_cudagraph.metrics import snapshots
+    from vllm_pp_cudagraph.shared import snapshots
     from vllm_pp_cudagraph.worker import model_runner
 
     monkeypatch.setenv(snapshots.METRICS_DIR_ENV, str(tmp_path))

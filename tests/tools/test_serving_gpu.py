@@ -12,7 +12,7 @@ from e2e.conftest import require_gpus
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_gpus")]
 
 #: The test-only vLLM plugins in tests/e2e/soak_plugins, by entry-point name.
-TEST_PLUGINS = ("pp_e2e_models", "pp_e2e_preemption_fix")
+TEST_PLUGINS = ("pp_e2e_models",)
 
 #: vLLM's top-k/top-p Triton kernels (0.33), by name prefix.
 SAMPLER_KERNELS = ("_topk_topp", "_topp_sb_")

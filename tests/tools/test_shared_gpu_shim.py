@@ -86,13 +86,13 @@ def test_a_vllm_without_the_hook_is_refused_naming_the_setting():
 
 
 def test_the_bench_counts_the_shared_stages_only_where_a_gpu_is_visible():
-    proc = _run("from vllm_pp_cudagraph.bench import cli;"
+    proc = _run("from vllm_pp_cudagraph.commands.bench import cli;"
                 "import torch; torch.cuda.device_count = lambda: 1;"
                 "torch.cuda.is_available = lambda: True; print('RESULT', cli.visible_gpus())",
                 KIT_SHARED_GPU_STAGES="2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "RESULT 2" in proc.stdout
-    none = _run("from vllm_pp_cudagraph.bench import cli; import torch;"
+    none = _run("from vllm_pp_cudagraph.commands.bench import cli; import torch;"
                 "torch.cuda.is_available = lambda: False; print('RESULT', cli.visible_gpus())",
                 KIT_SHARED_GPU_STAGES="2")
     assert "RESULT 0" in none.stdout, none.stderr[-2000:]

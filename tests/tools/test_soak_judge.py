@@ -13,7 +13,7 @@ import pytest
 from _local_server import completions_app, local_server, serve_and_load
 from aiohttp import web
 
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, LoadSpec, RequestResult, request_body
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, LoadSpec, RequestResult, request_body
 
 from benchmarks.tools.sampling_mix import SAMPLING_MIX, SCHEMA, STRUCTURED_MIX, scored, structured
 from benchmarks.tools.soak_judge import (

@@ -8,8 +8,8 @@ from test_soak_slots import _served, _soak_args
 
 from benchmarks.tools.soak import mode_result
 from benchmarks.tools.soak_latency import jit_monitor_args, stream_stalls
-from vllm_pp_cudagraph.bench.engine_run import serving_jit_events
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
+from vllm_pp_cudagraph.commands.bench.engine_run import serving_jit_events
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResult
 
 
 def _stream(index: int, times: list[float], **kwargs) -> RequestResult:

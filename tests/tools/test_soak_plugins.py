@@ -2,9 +2,7 @@
 
 ``pp_e2e_models`` registers models for the stage-mismatch refusals; these checks
 make sure that what it registers really is a mismatch the plugin's start-up
-check reports with the text the soak looks for. ``pp_e2e_preemption_fix`` is
-the preemption soak's stock baseline; it must change the scheduler's
-preemption handling and nothing else.
+check reports with the text the soak looks for.
 """
 
 from __future__ import annotations
@@ -19,9 +17,9 @@ import torch
 from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
     StageInputMismatchError,
     check_handoff_schemas,
@@ -40,13 +38,9 @@ def e2e_models(monkeypatch):
 
 
 def test_entry_points_name_the_register_functions(e2e_models):
-    from pp_e2e_models import preemption_fix
-
     project = tomllib.loads((PACKAGE_DIR / "pyproject.toml").read_text())
     plugins = project["project"]["entry-points"]["vllm.general_plugins"]
-    assert plugins == {"pp_e2e_models": "pp_e2e_models:register",
-                       "pp_e2e_preemption_fix": "pp_e2e_models.preemption_fix:register"}
-    assert callable(preemption_fix.register)
+    assert plugins == {"pp_e2e_models": "pp_e2e_models:register"}
 
 
 def test_register_adds_the_architecture_to_vllms_registry(e2e_models):
@@ -90,52 +84,6 @@ def test_forward_output_carries_a_key_the_next_stage_never_declared(e2e_models):
     hidden = torch.ones(4, 16)  # the last stage returns plain hidden states: left alone
     assert with_undeclared_output(hidden) is hidden
 
-
-@pytest.fixture
-def preemption_fix(e2e_models):
-    from pp_e2e_models import preemption_fix
-
-    assert not patches.is_applied()
-    yield preemption_fix
-    preemption_fix.undo()
-
-
-PATCH_STANDS_ASIDE = pytest.mark.skipif(
-    not compat.async_preemption_keeps_stale_placeholders(AsyncScheduler),
-    reason="the preemption fix stands aside on this vLLM (its own fix, 0.27.0+), so the "
-    "soak's stock baseline needs none",
-)
-
-
-@PATCH_STANDS_ASIDE
-def test_preemption_fix_wraps_the_scheduler_once_and_nothing_else(preemption_fix):
-    runner_module = importlib.import_module(compat.V2_RUNNER_MODULE)
-    stock_update, stock_schedule = AsyncScheduler._update_after_schedule, AsyncScheduler.schedule
-    stock_runner, stock_env = runner_module.GPUModelRunner, dict(os.environ)
-
-    preemption_fix.register()
-    fixed = AsyncScheduler._update_after_schedule
-    assert fixed is not stock_update
-    assert fixed.__qualname__.startswith("wrap_update_after_schedule")
-    preemption_fix.register()  # vLLM registers plugins in every process, some twice
-    assert AsyncScheduler._update_after_schedule is fixed
-    assert AsyncScheduler.schedule is stock_schedule  # vLLM's decode cadence is kept
-    assert runner_module.GPUModelRunner is stock_runner
-    assert dict(os.environ) == stock_env
-
-    preemption_fix.undo()
-    assert AsyncScheduler._update_after_schedule is stock_update
-
-
-@PATCH_STANDS_ASIDE
-def test_preemption_fix_leaves_the_scheduler_to_the_full_plugin(preemption_fix):
-    try:
-        patches.apply_all(PPCudaGraphSettings.from_env({}))
-        fixed = AsyncScheduler._update_after_schedule
-        preemption_fix.register()
-        assert AsyncScheduler._update_after_schedule is fixed
-    finally:
-        patches.undo_all()
 
 
 def test_the_fault_model_fails_the_stage_it_is_asked_to_and_refuses_others(e2e_models, monkeypatch):

@@ -30,9 +30,9 @@ from benchmarks.tools.soak import (
 from benchmarks.tools.soak import main as serve_soak_main
 from benchmarks.tools.soak_judge import GreedyCheck
 from benchmarks.tools.soak_latency import tpot_by_phase
-from vllm_pp_cudagraph.bench.engine_run import RunSpec, engine_env
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
-from vllm_pp_cudagraph.bench.serve_run import serve_command
+from vllm_pp_cudagraph.commands.bench.engine_run import RunSpec, engine_env
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResult
+from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
 
 def test_every_group_gets_its_share_of_slots_on_distinct_ports():
@@ -322,9 +322,9 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
     )
     from vllm.v1.attention.backends import flashinfer
 
-    from vllm_pp_cudagraph import compat
-    from vllm_pp_cudagraph.compat import patches
-    from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+    from vllm_pp_cudagraph.shared import vllm_surface
+    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
     monkeypatch.setattr(flashinfer.current_platform, "is_device_capability",
                         lambda capability: capability == 90)
@@ -345,7 +345,7 @@ def test_full_with_flashinfer_on_hopper_is_lowered_with_the_message_the_soak_loo
                     "model and its KV-cache spec; this pins the message the soak's "
                     "lowered-mode check reads on the GPU-tested release (0.26)")
     config = vllm_config.compilation_config
-    assert compat.KV_CACHE_UPDATE_OP not in config.splitting_ops
+    assert vllm_surface.KV_CACHE_UPDATE_OP not in config.splitting_ops
     config.cudagraph_mode = CUDAGraphMode.FULL
     records: list[str] = []
     handler = logging.Handler()
@@ -454,7 +454,7 @@ def test_a_random_checkpoint_is_refused_for_shapes_too_big_to_write(tmp_path, ca
 
 def test_each_server_reports_the_plugins_graph_memory_estimate_beside_what_capture_took(tmp_path):
     from benchmarks.tools.soak import graph_memory
-    from vllm_pp_cudagraph.metrics.snapshots import CaptureRecord, write_snapshot
+    from vllm_pp_cudagraph.shared.snapshots import CaptureRecord, write_snapshot
 
     # What each rank's graph manager records after capture (TP rank 1 of stage 0 too).
     for stage, tp_rank, estimate, took in [(0, 0, 0.42, 0.38), (0, 1, 0.5, 0.4),

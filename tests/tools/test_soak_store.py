@@ -12,7 +12,7 @@ import pytest
 from test_soak_watch import steady
 
 from benchmarks.tools.soak_judge import GreedyCheck
-from vllm_pp_cudagraph.bench.serve_load import LoadReport, RequestResult
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResult
 
 
 class MachineGone(Exception):

@@ -18,7 +18,7 @@ from benchmarks.tools.soak_watch import (
     watch_problems,
     watch_summary,
 )
-from vllm_pp_cudagraph.metrics.snapshots import StageSnapshot, write_snapshot
+from vllm_pp_cudagraph.shared.snapshots import StageSnapshot, write_snapshot
 
 
 def _sample(at: float, gpu_mib: dict | None, stages: dict[str, float]) -> dict:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from _refusal import assert_refused
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.bench.trace_analysis import Step
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.commands.bench.trace_analysis import Step
 
 from benchmarks.tools.stage_cost import decode_segments, main, stage_config
 

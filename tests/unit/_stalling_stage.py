@@ -35,7 +35,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_pp_cudagraph.metrics.heartbeats import STACKS_SIGNAL, Heartbeat, heartbeat_path
+    from vllm_pp_cudagraph.shared.heartbeats import STACKS_SIGNAL, Heartbeat, heartbeat_path
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=stage,
                             world_size=pp, timeout=datetime.timedelta(seconds=60))

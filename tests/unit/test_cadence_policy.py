@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from vllm_pp_cudagraph.engine.cadence_policy import CadenceChooser
-from vllm_pp_cudagraph.settings import DecodeCadence
+from vllm_pp_cudagraph.engine_core.cadence_policy import CadenceChooser
+from vllm_pp_cudagraph.shared.settings import DecodeCadence
 
 
 class _Clock:

@@ -12,12 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_pp_cudagraph import compat, settings
-from vllm_pp_cudagraph.cli import command as cli
-from vllm_pp_cudagraph.cli import install_check
-from vllm_pp_cudagraph.engine_plan import EngineFacts
-from vllm_pp_cudagraph.planning.shapes import read_model_config
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph.shared import settings
+from vllm_pp_cudagraph.commands.cli import command as cli
+from vllm_pp_cudagraph.commands.cli import install_check
+from vllm_pp_cudagraph.shared.engine_plan import EngineFacts
+from vllm_pp_cudagraph.commands.planning.shapes import read_model_config
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 #: A GPU as torch describes it, for the commands that read the visible ones.
 GPU = SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30)
@@ -40,7 +41,7 @@ def test_supported_install_enabled(gpus):
     gpus.setenv("VLLM_PLUGINS", "pp_cudagraph")
     code, out = run_check()
     assert code == cli.EXIT_OK
-    assert f"vLLM: {compat.installed_versions().vllm}" in out and "OK" in out
+    assert f"vLLM: {vllm_surface.installed_versions().vllm}" in out and "OK" in out
     assert "plugin ENABLED" in out
     assert "filters every other vLLM plugin" in out
     assert "imports: torch, torchvision OK" in out
@@ -88,14 +89,14 @@ def test_other_plugin_named_alone_is_not_a_misspelling(gpus):
 
 
 def test_unsupported_vllm_exits_nonzero(gpus):
-    gpus.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.25.1", "2.10.0"))
+    gpus.setattr(vllm_surface, "installed_versions", lambda: vllm_surface.VersionInfo("0.25.1", "2.10.0"))
     code, out = run_check()
     assert code == cli.EXIT_UNSUPPORTED
     assert "0.25.1" in out and "UNSUPPORTED" in out
 
 
 def test_unsupported_vllm_with_the_override_is_allowed(gpus):
-    gpus.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.40.0", "2.14.0"))
+    gpus.setattr(vllm_surface, "installed_versions", lambda: vllm_surface.VersionInfo("0.40.0", "2.14.0"))
     gpus.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM", "1")
     code, out = run_check()
     assert code == cli.EXIT_OK
@@ -104,7 +105,7 @@ def test_unsupported_vllm_with_the_override_is_allowed(gpus):
 
 
 def test_missing_vllm_exits_nonzero(gpus):
-    gpus.setattr(compat, "installed_versions", lambda: compat.VersionInfo(None, None))
+    gpus.setattr(vllm_surface, "installed_versions", lambda: vllm_surface.VersionInfo(None, None))
     code, out = run_check()
     assert code == cli.EXIT_UNSUPPORTED
     assert "not installed" in out
@@ -138,7 +139,7 @@ def test_console_script_runs_and_reports_the_missing_gpu(clean_env):
 
 
 def test_a_vllm_whose_internals_moved_is_reported_not_raised(gpus, monkeypatch):
-    from vllm_pp_cudagraph.compat import patches
+    from vllm_pp_cudagraph import patches
 
     def standing(settings):
         raise AttributeError("type object 'AsyncScheduler' has no attribute 'schedule'")
@@ -163,7 +164,7 @@ class Broken(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Broken())
-from vllm_pp_cudagraph.cli import main
+from vllm_pp_cudagraph.commands.cli import main
 sys.exit(main({argv!r}))
 """
 
@@ -207,7 +208,7 @@ VLLM_LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d \d\d:\d\d:\d\
 def test_vllm_log_lines_stay_out_of_the_report(clean_env):
     """What vLLM's import prints comes after the report, on stderr, under a heading."""
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
-    proc = subprocess.run([sys.executable, "-m", "vllm_pp_cudagraph.cli", "check", "--full"],
+    proc = subprocess.run([sys.executable, "-m", "vllm_pp_cudagraph.commands.cli", "check", "--full"],
                           capture_output=True, text=True, timeout=300)
     assert "patches when enabled" in proc.stdout
     logged = [line for line in proc.stdout.splitlines() if VLLM_LOG_LINE.match(line)]
@@ -217,7 +218,7 @@ def test_vllm_log_lines_stay_out_of_the_report(clean_env):
 def test_the_quick_check_leaves_vllms_model_runner_unimported(clean_env):
     """What keeps ``check`` to seconds: vLLM's model-runner stack is for ``--full``."""
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
-    script = ("import io, sys; from vllm_pp_cudagraph.cli import command as cli; cli.check(io.StringIO()); "
+    script = ("import io, sys; from vllm_pp_cudagraph.commands.cli import command as cli; cli.check(io.StringIO()); "
               "print('model_runner' in ' '.join(sys.modules))")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
@@ -226,7 +227,7 @@ def test_the_quick_check_leaves_vllms_model_runner_unimported(clean_env):
 
 @pytest.fixture
 def model_dir(tmp_path):
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     return str(write_model_dir(tmp_path / "m", "qwen3-0.6b"))
 
@@ -267,7 +268,7 @@ def test_check_without_a_gpu_or_its_memory_names_the_flag(gpus, model_dir, monke
 def test_check_predicts_what_the_worker_decides(gpus, model_dir, monkeypatch, tmp_path):
     from _scheduler import make_scheduler
 
-    from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
+    from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, plan_engine
 
     gpus.setenv("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "auto")
     for pp in (2, 3, 4):
@@ -289,7 +290,8 @@ def test_check_and_plan_show_the_split_the_engines_own_plan_makes(gpus, model_di
     rather than deciding the split beside it."""
     import dataclasses
 
-    from vllm_pp_cudagraph.planning import layer_partition, plan
+    from vllm_pp_cudagraph.shared import layer_partition
+    from vllm_pp_cudagraph.commands.planning import plan
 
     real = plan.plan_engine
     marked = layer_partition.Decision("auto", "the engine's plan picks 5,23", (5, 23))

@@ -98,7 +98,7 @@ def test_a_capture_leaves_a_record_of_what_it_took_beside_the_estimate(
     before the KV cache was sized; it reads that from the record, not the log."""
     import torch
 
-    from vllm_pp_cudagraph.metrics.snapshots import METRICS_DIR_ENV, read_capture_records
+    from vllm_pp_cudagraph.shared.snapshots import METRICS_DIR_ENV, read_capture_records
 
     monkeypatch.setenv(METRICS_DIR_ENV, str(tmp_path))
     free = iter([10 << 30, 9 << 30])

@@ -23,14 +23,14 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request
 from vllm.v1.worker.gpu import pp_utils
 
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.engine.decode_cadence import (
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.engine_core.decode_cadence import (
     lift_idle_cadence,
     merge_decode_groups,
     scheduler_state,
 )
-from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
+from vllm_pp_cudagraph.shared.settings import DecodeCadence, PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
     consume_entries_needed_by,
 )
@@ -59,14 +59,6 @@ def merged():
     undo = _cadence("merge")
     yield
     undo()
-
-
-@pytest.fixture
-def preemption_fix():
-    undo = patches.apply_patch("async-preemption", PPCudaGraphSettings())
-    yield
-    if undo is not None:
-        undo()
 
 
 @pytest.fixture(autouse=True)
@@ -215,7 +207,7 @@ def problems_and_preemptions(runs: list[Run]) -> tuple[list[str], int]:
 
 
 @pytest.mark.parametrize("pp", [2, 4])
-def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_dir, fill, preemption_fix, pp):
+def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_dir, fill, pp):
     problems, preemptions = problems_and_preemptions(arrivals_under_preemption(model_dir, pp))
     assert preemptions > 0, "the KV cache never ran short: nothing was tested"
     assert problems == []
@@ -223,7 +215,7 @@ def test_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(model_
 
 @pytest.mark.parametrize("pp", [2, 4])
 def test_merged_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right(
-    model_dir, merged, preemption_fix, pp
+    model_dir, merged, pp
 ):
     problems, preemptions = problems_and_preemptions(arrivals_under_preemption(model_dir, pp))
     assert preemptions > 0, "the KV cache never ran short: nothing was tested"
@@ -231,7 +223,7 @@ def test_merged_arrivals_and_preemption_keep_tokens_and_first_stage_inputs_right
 
 
 @pytest.mark.parametrize("pp", [2, 4])
-def test_with_vllms_cadence_the_early_consume_never_acts(model_dir, preemption_fix, pp):
+def test_with_vllms_cadence_the_early_consume_never_acts(model_dir, pp):
     """vLLM's cadence kept: the first stage takes each token when vLLM's runner would.
 
     The runner's early consume stays installed with DECODE_CADENCE=vllm; with vLLM's
@@ -356,7 +348,7 @@ def test_balance_evens_out_lopsided_groups(model_dir):
 
 @pytest.mark.parametrize("pp", [2, 4])
 def test_balanced_arrivals_and_preemption_never_decode_sooner_and_keep_tokens_right(
-    model_dir, preemption_fix, pp
+    model_dir, pp
 ):
     """Balancing only delays: no request is ever scheduled while an output of its own
     is still in the ring (the early consume finds nothing to take), whatever arrives

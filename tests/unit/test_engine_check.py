@@ -10,10 +10,10 @@ import pytest
 from _scheduler import make_scheduler
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from vllm_pp_cudagraph.engine import engine_check
-from vllm_pp_cudagraph.engine.engine_check import WorkerRunnerError, check_workers, plan_of
-from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
-from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
+from vllm_pp_cudagraph.engine_core import engine_check
+from vllm_pp_cudagraph.engine_core.engine_check import WorkerRunnerError, check_workers, plan_of
+from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, plan_engine
+from vllm_pp_cudagraph.shared.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
 
 AUTO = DecodeCadence.AUTO
 
@@ -26,7 +26,7 @@ def plan(config, cadence, partition=LayerPartition.VLLM):
 
 @pytest.fixture
 def config(tmp_path, monkeypatch):
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     scheduler = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=2)
     config = scheduler.vllm_config
@@ -97,7 +97,7 @@ def test_without_async_scheduling_the_cadence_is_vllms_and_nothing_is_refused(co
 @pytest.mark.parametrize("pp", [2, 4])
 def test_where_the_cadence_only_delays_stock_workers_are_not_refused(tmp_path, monkeypatch, pp):
     """balance never lets a request decode sooner, so workers without the plugin serve right."""
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=pp).vllm_config
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
@@ -194,7 +194,7 @@ def test_stock_workers_beside_ones_that_kept_vllms_split_pass(config):
 
 def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path, monkeypatch,
                                                                          caplog):
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     config = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=1).vllm_config
     rpc, _ = rpc_answering([STOCK])
@@ -207,8 +207,8 @@ def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path
 def test_the_engine_core_plans_once_for_its_check_and_its_scheduler_hook(config, monkeypatch):
     """One plan per engine core: the engine check and the scheduler hook read the same
     one, and a worker's plan for the same engine (with its GPU's memory) agrees with it."""
-    from vllm_pp_cudagraph import engine_plan
-    from vllm_pp_cudagraph.engine import decode_cadence
+    from vllm_pp_cudagraph.shared import engine_plan
+    from vllm_pp_cudagraph.engine_core import decode_cadence
 
     made = []
     real = engine_plan.plan_engine

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from _scheduler import make_scheduler
 
-from vllm_pp_cudagraph.engine_plan import LIFTING, EngineFacts, plan_engine
-from vllm_pp_cudagraph.settings import DecodeCadence, PPCudaGraphSettings
+from vllm_pp_cudagraph.shared.engine_plan import LIFTING, EngineFacts, plan_engine
+from vllm_pp_cudagraph.shared.settings import DecodeCadence, PPCudaGraphSettings
 
 
 @pytest.fixture
 def engine(tmp_path, monkeypatch):
     """A real PP engine config (MRV2, the async scheduler) and a way to reshape it."""
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     def make(pp: int = 2, speculative=None, connector=None):
         config = make_scheduler(str(write_model_dir(tmp_path / f"m{pp}", tokenizer=False)),
@@ -86,8 +86,8 @@ def test_a_known_failure_is_judged_on_the_split_the_engine_will_use(engine, monk
     """An EAGLE-1 draft clashes with the last stage's layer names under vLLM's 14/14 on
     0.33; a split the plan chose (here 15/13, the last stage lighter) does not, though
     vLLM's variable is not set yet when the plan is made."""
-    from vllm_pp_cudagraph.compat import support
-    from vllm_pp_cudagraph.planning import layer_partition
+    from vllm_pp_cudagraph.shared import support
+    from vllm_pp_cudagraph.shared import layer_partition
 
     monkeypatch.setitem(support.EAGLE_DRAFT_NAME_CLASH, support.release_line(), "it fails")
     monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
@@ -104,7 +104,7 @@ def test_an_engine_vllm_runs_on_its_v1_runner_keeps_vllms_runner_and_cadence(tmp
     the plugin's runner nor its cadence."""
     from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     config = VllmConfig(
@@ -126,8 +126,8 @@ def test_speculative_decoding_keeps_vllms_cadence_under_auto(method, engine, tmp
 
     from vllm.config import SpeculativeConfig
 
-    from vllm_pp_cudagraph.bench.draft_model import draft_config
-    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
+    from vllm_pp_cudagraph.commands.bench.draft_model import draft_config
+    from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
 
     config = engine()
     if method == "ngram":

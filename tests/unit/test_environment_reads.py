@@ -1,4 +1,4 @@
-"""The environment is read and written in one module, ``settings.py``: a setting's reach
+"""The environment is read and written in one module, ``shared/settings.py``: a setting's reach
 (every process vLLM starts) and its reading are then decided in one place."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_pp_cudagraph import settings
+from vllm_pp_cudagraph.shared import settings
 
 PACKAGE = Path(settings.__file__).parent
 #: The bench starts servers and engines as a user's command, so it builds their
 #: environments itself; it is no part of the runtime.
-EXEMPT = {PACKAGE / "settings.py", PACKAGE / "bench"}
+EXEMPT = {PACKAGE / "shared/settings.py", PACKAGE / "bench"}
 
 
 def environment_uses(path: Path, root: Path = PACKAGE) -> list[str]:

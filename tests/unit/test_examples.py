@@ -58,7 +58,7 @@ def test_missing_model_directory(example: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("example", PY_EXAMPLES)
 def test_no_vllm(example: str) -> None:
-    refused(python(example, flags=("-S",), PYTHONPATH=""), 'pip install "vllm==0.26.0"')
+    refused(python(example, flags=("-S",), PYTHONPATH=""), 'pip install "vllm==0.33.0"')
 
 
 @pytest.mark.parametrize("example", PY_EXAMPLES)
@@ -118,7 +118,7 @@ def test_serve_no_gpus(tmp_path: Path) -> None:
 
 
 def test_serve_no_vllm(tmp_path: Path) -> None:
-    refused(serve(tmp_path, vllm=False), 'pip install "vllm==0.26.0"')
+    refused(serve(tmp_path, vllm=False), 'pip install "vllm==0.33.0"')
 
 
 def test_serve_missing_model_directory(tmp_path: Path) -> None:

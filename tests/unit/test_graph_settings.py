@@ -6,9 +6,10 @@ import pytest
 from conftest import DATA, run_python
 from vllm.config import CompilationConfig, DeviceConfig, ModelConfig, VllmConfig
 
-from vllm_pp_cudagraph import compat, plugin
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.settings import PluginConfigError
+from vllm_pp_cudagraph import plugin
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.shared.settings import PluginConfigError
 from vllm_pp_cudagraph.worker.model_runner import GraphConfigError, check_graph_settings
 
 REPORT_BREAKABLE = """
@@ -28,7 +29,7 @@ print(json.dumps({
 # Up to 0.32 vLLM decorates attention ops for breakable graphs only if the switch is on
 # when they are imported; from 0.33 it always wraps them, and the wrapper breaks only
 # inside the breakable capture that MRV2's graph manager starts with the switch on.
-DECIDED_AT_IMPORT = compat.breakable_decided_at_import()
+DECIDED_AT_IMPORT = vllm_surface.breakable_decided_at_import()
 
 
 def test_plugin_setting_turns_on_breakable_graph_breaks_in_a_new_process():

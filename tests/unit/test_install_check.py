@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.cli import install_check
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph.commands.cli import install_check
 
 INDEX_ONLY = "env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null pip install"
 
@@ -22,7 +22,7 @@ def installed(monkeypatch):
                 raise metadata.PackageNotFoundError(name)
             return versions[name]
 
-        monkeypatch.setattr(compat, "metadata", SimpleNamespace(
+        monkeypatch.setattr(vllm_surface, "metadata", SimpleNamespace(
             version=version, PackageNotFoundError=metadata.PackageNotFoundError))
 
     return use

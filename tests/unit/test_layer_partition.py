@@ -13,12 +13,12 @@ from vllm import envs
 from vllm.distributed.utils import get_pp_indices
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES, write_model_dir
-from vllm_pp_cudagraph.compat import vllm_split
-from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
-from vllm_pp_cudagraph.planning import layer_partition
-from vllm_pp_cudagraph.planning.layer_partition import (
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES, write_model_dir
+from vllm_pp_cudagraph.shared.vllm_surface import vllm_split
+from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, plan_engine
+from vllm_pp_cudagraph.shared import layer_partition
+from vllm_pp_cudagraph.shared.layer_partition import (
     GIB,
     KV_TOLERANCE,
     SETTING,
@@ -27,7 +27,7 @@ from vllm_pp_cudagraph.planning.layer_partition import (
     Memory,
     decide,
 )
-from vllm_pp_cudagraph.planning.stage_costs import (
+from vllm_pp_cudagraph.shared.stage_costs import (
     TABLES,
     CostTableError,
     ModelShape,
@@ -35,7 +35,7 @@ from vllm_pp_cudagraph.planning.stage_costs import (
     read_table,
     stage_costs,
 )
-from vllm_pp_cudagraph.settings import (
+from vllm_pp_cudagraph.shared.settings import (
     LayerPartition,
     PPCudaGraphSettings,
     SettingsError,
@@ -265,10 +265,10 @@ def test_moe_layers_read_the_experts_their_tokens_pick():
 
 SCRIPT = """
 import json
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.planning.layer_partition import decide
-from vllm_pp_cudagraph.settings import LayerPartition
-from vllm_pp_cudagraph.planning.layer_partition import Memory
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.shared.layer_partition import decide
+from vllm_pp_cudagraph.shared.settings import LayerPartition
+from vllm_pp_cudagraph.shared.layer_partition import Memory
 memory = Memory(141 * 2**30, 0.9)
 print(json.dumps({f"{s} {pp}": decide(LayerPartition.AUTO, SHAPES[s], pp, 256, None,
                                       memory=memory, max_num_batched_tokens=8192).layers
@@ -476,7 +476,7 @@ def test_more_stages_than_layers_stops_the_worker_before_its_model_is_built(part
 def test_vllm_reading_another_value_is_an_error(partition_env, monkeypatch):
     monkeypatch.setitem(envs.environment_variables, VLLM_ENV, lambda: "1,1")
     with pytest.raises(RuntimeError, match="vLLM reads VLLM_PP_LAYER_PARTITION='1,1'"):
-        compat.set_vllm_env(VLLM_ENV, "15,13")
+        vllm_surface.set_vllm_env(VLLM_ENV, "15,13")
 
 
 def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, on_h200,
@@ -508,7 +508,7 @@ def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, o
 def test_stage_zero_logs_the_split_and_the_bench_reads_it_from_the_records(
         partition_env, on_h200, tmp_path, monkeypatch, caplog, pp, setting, hand, used,
         pp_group):
-    from vllm_pp_cudagraph.bench.engine_run import record_findings
+    from vllm_pp_cudagraph.commands.bench.engine_run import record_findings
 
     partition_env.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "records"))
     partition_env.setenv(SETTING, setting)
@@ -540,7 +540,7 @@ def test_the_split_the_plugin_sets_for_vllm_is_never_taken_for_a_hand_set_one(pa
     """A worker sets VLLM_PP_LAYER_PARTITION for vLLM under ``auto``; a later engine in the
     same process still sees the split the process started with (none here), and the
     variable goes back to it."""
-    from vllm_pp_cudagraph.settings import hand_set_partition
+    from vllm_pp_cudagraph.shared.settings import hand_set_partition
 
     assert hand_set_partition() is None
     layer_partition.apply(layer_partition.Decision("auto", "auto picks", (10, 10, 8)))

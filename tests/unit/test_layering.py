@@ -73,11 +73,72 @@ def test_imports_inside_functions_and_of_test_helpers_are_seen(tmp_path):
     assert {"tests", "e2e", "conftest", "_serve_parser", "_refusal"} <= names_into_tests()
 
 
-def test_no_runtime_module_imports_the_bench():
-    """The bench is a user command beside the runtime: the modules vLLM's processes load
-    never import it, and the CLI only hands ``vllm-pp-cudagraph bench`` over to it."""
-    bench = ROOT / "src" / "vllm_pp_cudagraph" / "bench"
-    found = [line for line in imports_of("src", {"vllm_pp_cudagraph"},
-                                         exempt=lambda path: bench in path.parents)
-             if line.split(": imports ")[1].startswith("vllm_pp_cudagraph.bench")]
-    assert found == ["src/vllm_pp_cudagraph/cli/command.py: imports vllm_pp_cudagraph.bench"]
+PACKAGE = ROOT / "src" / "vllm_pp_cudagraph"
+
+#: The package's layers, lowest first: a module may import its own layer and those below,
+#: except that each process's folder imports no other process's. The vLLM surface imports
+#: no module of the package; no runtime module imports a command.
+LAYERS = (
+    ("vllm surface", ("shared.vllm_surface",)),
+    ("shared", ("shared",)),
+    ("process", ("engine_core", "worker", "api_server")),
+    ("entry", ("patches", "plugin", "__init__")),
+    ("commands", ("commands",)),
+)
+
+
+def package_imports(path: Path) -> list[str]:
+    """The package's own modules ``path`` imports (``from X import module`` resolved)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("vllm_pp_cudagraph")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                node.module.split(".")[0] == "vllm_pp_cudagraph"):
+            found.append(node.module)
+            base = PACKAGE.joinpath(*node.module.split(".")[1:])
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if (base / f"{a.name}.py").exists() or (base / a.name).is_dir()]
+    return [name.removeprefix("vllm_pp_cudagraph").lstrip(".") or "__init__" for name in found]
+
+
+def place(module: str) -> tuple[int, str]:
+    """The layer of a module name relative to the package, and its folder."""
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                return rank, prefix
+    raise AssertionError(f"{module} is in no layer of LAYERS")
+
+
+def upward_imports() -> list[str]:
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        module = module.removesuffix(".__init__") if module != "__init__" else module
+        rank, folder = place(module)
+        for imported in package_imports(path):
+            if imported in ("shared", "commands"):  # the package folder itself
+                continue
+            their_rank, their_folder = place(imported)
+            if their_rank > rank or (their_rank == rank == 2 and their_folder != folder) or (
+                    rank == 0 and imported != module):
+                problems.append(f"{module} ({LAYERS[rank][0]}) imports {imported} "
+                                f"({LAYERS[their_rank][0]})")
+    return problems
+
+
+def test_no_module_imports_a_higher_layer_or_another_process():
+    assert upward_imports() == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    """The check above reads real imports: a shared module importing the worker is caught."""
+    shared = PACKAGE / "shared"
+    planted = shared / "_planted_upward_import.py"
+    planted.write_text("from vllm_pp_cudagraph.worker import model_runner\n")
+    try:
+        assert "shared._planted_upward_import (shared) imports worker.model_runner (process)" \
+            in upward_imports()
+    finally:
+        planted.unlink()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_pp_cudagraph.metrics import snapshots
-from vllm_pp_cudagraph.metrics.snapshots import (
+from vllm_pp_cudagraph.shared import snapshots
+from vllm_pp_cudagraph.shared.snapshots import (
     METRICS_DIR_ENV,
     EngineSnapshot,
     StageSnapshot,
@@ -98,10 +98,10 @@ def test_without_the_variable_a_temporary_directory_is_made_and_removed(monkeypa
 
 CHILD = textwrap.dedent("""
     import subprocess, sys
-    from vllm_pp_cudagraph.metrics.snapshots import ensure_metrics_dir, metrics_dir
+    from vllm_pp_cudagraph.shared.snapshots import ensure_metrics_dir, metrics_dir
     made = ensure_metrics_dir()
     child = subprocess.run([sys.executable, "-c",
-        "from vllm_pp_cudagraph.metrics.snapshots import metrics_dir; print(metrics_dir())"],
+        "from vllm_pp_cudagraph.shared.snapshots import metrics_dir; print(metrics_dir())"],
         capture_output=True, text=True, check=True)
     print(made, child.stdout.strip())
 """)

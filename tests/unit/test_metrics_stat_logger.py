@@ -23,9 +23,9 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import SchedulerStats
 
 from conftest import run_python
-from vllm_pp_cudagraph.metrics import stat_logger
-from vllm_pp_cudagraph.metrics.snapshots import EngineSnapshot, StageSnapshot, write_snapshot
-from vllm_pp_cudagraph.metrics.stat_logger import (
+from vllm_pp_cudagraph.api_server import stat_logger
+from vllm_pp_cudagraph.shared.snapshots import EngineSnapshot, StageSnapshot, write_snapshot
+from vllm_pp_cudagraph.api_server.stat_logger import (
     METRIC_NAMES,
     PREFIX,
     STAGE_COUNTERS,
@@ -101,7 +101,7 @@ def test_is_a_vllm_stat_logger(env) -> None:
 
 
 def test_every_series_for_both_stages(env) -> None:
-    from vllm_pp_cudagraph.metrics.heartbeats import Heartbeat, heartbeat_path
+    from vllm_pp_cudagraph.shared.heartbeats import Heartbeat, heartbeat_path
 
     write_snapshot(stage(0), env.dir)
     write_snapshot(stage(1), env.dir)
@@ -350,7 +350,7 @@ def test_inert_with_the_metrics_turned_off(monkeypatch, tmp_path: Path) -> None:
 def test_entry_point_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["vllm.stat_logger_plugins"] == {
-        "pp_cudagraph": "vllm_pp_cudagraph.metrics.stat_logger:PipelineStatLogger"}
+        "pp_cudagraph": "vllm_pp_cudagraph.api_server.stat_logger:PipelineStatLogger"}
 
 
 LOAD = """
@@ -368,7 +368,7 @@ def test_vllm_loads_it_with_vllm_plugins_naming_the_plugin() -> None:
     if "pp_cudagraph" not in installed:
         pytest.skip("the installed metadata lacks the entry point: reinstall (pip install -e .)")
     report, _ = run_python(LOAD, {"VLLM_PLUGINS": "pp_cudagraph"})
-    assert report == {"pp_cudagraph": "vllm_pp_cudagraph.metrics.stat_logger:PipelineStatLogger",
+    assert report == {"pp_cudagraph": "vllm_pp_cudagraph.api_server.stat_logger:PipelineStatLogger",
                       "factories": 1}
 
 
@@ -398,7 +398,7 @@ def test_dashboard_queries_only_series_the_logger_exposes() -> None:
 
 
 def test_each_stage_shows_the_seconds_since_its_slowest_rank_completed_a_step(env) -> None:
-    from vllm_pp_cudagraph.metrics.heartbeats import Heartbeat, heartbeat_path
+    from vllm_pp_cudagraph.shared.heartbeats import Heartbeat, heartbeat_path
 
     clock = [100.0]
     ranks = {(stage, tp): Heartbeat(heartbeat_path(env.dir, 0, stage, tp), stage, tp,

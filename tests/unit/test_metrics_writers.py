@@ -8,13 +8,13 @@ import random
 import pytest
 from _scheduler import make_scheduler
 
-from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.engine.decode_cadence import scheduler_state
-from vllm_pp_cudagraph.metrics import snapshots
-from vllm_pp_cudagraph.metrics.engine_record import group_sizes
-from vllm_pp_cudagraph.metrics.stage_clock import StageClock
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.engine_core.decode_cadence import scheduler_state
+from vllm_pp_cudagraph.shared import snapshots
+from vllm_pp_cudagraph.engine_core.engine_record import group_sizes
+from vllm_pp_cudagraph.worker.stage_clock import StageClock
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 
 class Request:
@@ -157,10 +157,10 @@ def test_bench_reads_what_each_rank_recorded_of_its_plan(tmp_path, monkeypatch):
     what bench reports: ranks on the plugin's runner, direct hand-offs, the split used."""
     from types import SimpleNamespace
 
-    from vllm_pp_cudagraph import settings
-    from vllm_pp_cudagraph.bench.engine_run import record_findings
-    from vllm_pp_cudagraph.engine_plan import EngineFacts, plan_engine
-    from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, write_snapshot
+    from vllm_pp_cudagraph.shared import settings
+    from vllm_pp_cudagraph.commands.bench.engine_run import record_findings
+    from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, plan_engine
+    from vllm_pp_cudagraph.shared.snapshots import PlanRecord, write_snapshot
     from vllm_pp_cudagraph.worker import model_runner
 
     stock = record_findings(tmp_path)  # stock vLLM writes none
@@ -207,8 +207,8 @@ def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch, m
     records, never from log lines."""
     from test_engine_check import ours, plan, rpc_answering
 
-    from vllm_pp_cudagraph.engine.engine_check import check_workers
-    from vllm_pp_cudagraph.metrics.snapshots import read_plan_records
+    from vllm_pp_cudagraph.engine_core.engine_check import check_workers
+    from vllm_pp_cudagraph.shared.snapshots import read_plan_records
 
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "records"))
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS", metrics)

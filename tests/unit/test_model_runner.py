@@ -271,9 +271,9 @@ def test_the_profiling_run_under_pp_ends_with_the_warm_up(monkeypatch, token_upd
 
 
 def handoff_plan(direct: bool, blocker: str | None = None):
-    from vllm_pp_cudagraph.engine_plan import EnginePlan
-    from vllm_pp_cudagraph.planning.layer_partition import Decision
-    from vllm_pp_cudagraph.settings import DecodeCadence, LayerPartition
+    from vllm_pp_cudagraph.shared.engine_plan import EnginePlan
+    from vllm_pp_cudagraph.shared.layer_partition import Decision
+    from vllm_pp_cudagraph.shared.settings import DecodeCadence, LayerPartition
 
     return EnginePlan(refusal=None, stand_aside=None, no_pipeline=False,
                       cadence=DecodeCadence.AUTO, asked_cadence=DecodeCadence.AUTO,
@@ -305,9 +305,9 @@ def test_a_stage_hands_on_directly_where_its_plan_and_group_allow(direct, blocke
 
 @pytest.fixture
 def sampling_registrations(monkeypatch):
-    """The runners handed to compat's sampling warm-up, recorded."""
+    """The runners handed to the vLLM surface's sampling warm-up, recorded."""
     runners = []
-    monkeypatch.setattr(model_runner.compat, "register_sampling_warm_ups", runners.append)
+    monkeypatch.setattr(model_runner.vllm_surface, "register_sampling_warm_ups", runners.append)
     return runners
 
 
@@ -366,9 +366,9 @@ def test_no_sampling_warm_up_where_the_runner_has_no_registry(monkeypatch):
     """A runner without vLLM's JIT warm-up registry registers nothing (and says so)."""
     import importlib
 
-    module_name, name = model_runner.compat.SAMPLING_WARM_UPS
+    module_name, name = model_runner.vllm_surface.SAMPLING_WARM_UPS
     called = []
     monkeypatch.setattr(importlib.import_module(module_name), name,
                         lambda: called.append(True), raising=False)
-    assert model_runner.compat.register_sampling_warm_ups(SimpleNamespace()) is False
+    assert model_runner.vllm_surface.register_sampling_warm_ups(SimpleNamespace()) is False
     assert called == []

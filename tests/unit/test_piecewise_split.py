@@ -12,9 +12,9 @@ from vllm.config import (
     VllmConfig,
 )
 
-from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 KV_WRITE = "vllm::unified_kv_cache_update"
 MLA_KV_WRITE = "vllm::unified_mla_kv_cache_update"
@@ -74,7 +74,7 @@ def test_with_context_parallelism_vllms_split_is_kept(kv_in_graphs):
     config = build()
     config.parallel_config.prefill_context_parallel_size = 2
     config.compilation_config.splitting_ops = None
-    from vllm_pp_cudagraph.worker.graphs.piecewise_split import kv_update_can_stay_in_graphs
+    from vllm_pp_cudagraph.api_server.piecewise_split import kv_update_can_stay_in_graphs
 
     assert not kv_update_can_stay_in_graphs(config)
     config.parallel_config.prefill_context_parallel_size = 1
@@ -107,7 +107,7 @@ def test_without_hoisted_layer_names_vllm_split_is_kept(kv_in_graphs, monkeypatc
     from vllm.utils import torch_utils
 
     monkeypatch.setattr(torch_utils, "_USE_LAYERNAME", False)
-    assert not compat.layer_names_are_hoisted()
+    assert not vllm_surface.layer_names_are_hoisted()
     assert KV_WRITE in build().compilation_config.splitting_ops
 
 

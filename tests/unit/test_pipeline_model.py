@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-from vllm_pp_cudagraph.planning.pipeline_model import (
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.commands.planning.pipeline_model import (
     LINKS,
     SERVE_INTAKE_S,
     TTFT_P50_SHARE,
@@ -17,7 +17,7 @@ from vllm_pp_cudagraph.planning.pipeline_model import (
     plugin_auto,
     tensor_parallel,
 )
-from vllm_pp_cudagraph.planning.stage_costs import ModelShape, StageCosts
+from vllm_pp_cudagraph.shared.stage_costs import ModelShape, StageCosts
 
 SHAPE_32B = ModelShape.from_config(SHAPES["qwen3-32b"])
 NVLINK = LINKS["nvlink"]
@@ -111,8 +111,9 @@ def test_auto_is_predicted_on_vllms_cadence_unless_another_wins_by_its_margin():
 def test_a_tp_shards_own_measured_table_is_read_where_one_ships(tmp_path, monkeypatch):
     import json
 
-    from vllm_pp_cudagraph.planning import pipeline_model, stage_costs
-    from vllm_pp_cudagraph.planning.pipeline_model import tp_shard
+    from vllm_pp_cudagraph.commands.planning import pipeline_model
+    from vllm_pp_cudagraph.shared import stage_costs
+    from vllm_pp_cudagraph.commands.planning.pipeline_model import tp_shard
 
     shard = tp_shard(SHAPE_32B, 2)
     rows = [{"batch": 1, "layer_ms": 1.0, "embedding_ms": 0.0, "lm_head_ms": 0.0}]

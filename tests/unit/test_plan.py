@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_pp_cudagraph.cli import command as cli
-from vllm_pp_cudagraph.planning.measured import MeasuredCell
-from vllm_pp_cudagraph.planning.pipeline_model import Prediction, Workload
-from vllm_pp_cudagraph.planning.plan import Row, recommendation
+from vllm_pp_cudagraph.commands.cli import command as cli
+from vllm_pp_cudagraph.commands.planning.measured import MeasuredCell
+from vllm_pp_cudagraph.commands.planning.pipeline_model import Prediction, Workload
+from vllm_pp_cudagraph.commands.planning.plan import Row, recommendation
 
 #: A GPU as torch describes it, for the commands that read the visible ones.
 GPU = SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30)
@@ -187,8 +187,8 @@ def test_more_api_servers_are_their_own_question(clean_env, capsys):
 def test_a_served_run_is_predicted_with_its_api_servers():
     """The plan check judges a served run as plan would predict it: held to its API
     servers' measured bound, by the count the run served with."""
-    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-    from vllm_pp_cudagraph.planning.plan import predict_run
+    from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+    from vllm_pp_cudagraph.commands.planning.plan import predict_run
 
     run = {**_served_run("stock", vllm_version="0.33.0", gpu="NVIDIA H200"),
            "input_len": 64, "output_len": 256, "max_num_seqs": 1024, "concurrency": 1024}
@@ -203,10 +203,10 @@ def test_a_served_run_is_predicted_with_its_api_servers():
 @pytest.fixture
 def on_vllm_033(monkeypatch):
     """Stock PP calibrated as on vLLM 0.33, whichever release runs the tests."""
-    from vllm_pp_cudagraph import compat
+    from vllm_pp_cudagraph.shared import vllm_surface
 
-    monkeypatch.setattr(compat, "installed_versions",
-                        lambda: compat.VersionInfo(vllm="0.33.0", torch=None))
+    monkeypatch.setattr(vllm_surface, "installed_versions",
+                        lambda: vllm_surface.VersionInfo(vllm="0.33.0", torch=None))
 
 
 def test_layouts_predicted_within_the_models_error_are_too_close_to_call(
@@ -214,8 +214,8 @@ def test_layouts_predicted_within_the_models_error_are_too_close_to_call(
     """No cell was measured at this load and the best layouts are predicted closer than
     the model's median error: plan says so and gives the bench command that decides,
     one the bench accepts as it is."""
-    from vllm_pp_cudagraph.bench.argument_checks import argument_problems
-    from vllm_pp_cudagraph.bench.cli import build_parser
+    from vllm_pp_cudagraph.commands.bench.argument_checks import argument_problems
+    from vllm_pp_cudagraph.commands.bench.cli import build_parser
 
     _, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", "--concurrency", "256",
                       "--max-num-seqs", "256", *H200)
@@ -250,8 +250,8 @@ def test_a_clear_prediction_is_recommended_as_it_is(clean_env, capsys):
 
 
 def test_tp_times_pp_and_tp_alone_are_measured_in_one_bench_invocation():
-    from vllm_pp_cudagraph.planning.pipeline_model import Prediction, Workload
-    from vllm_pp_cudagraph.planning.plan import bench_commands
+    from vllm_pp_cudagraph.commands.planning.pipeline_model import Prediction, Workload
+    from vllm_pp_cudagraph.commands.planning.plan import bench_commands
 
     layouts = [Prediction("plugin TP=2 x PP=2", 2, 2, 0.02, 10.0, 1.0, ()),
                Prediction("stock TP=4", 1, 4, 0.02, 9.0, 1.0, ())]
@@ -316,7 +316,7 @@ def test_stock_pp_is_calibrated_on_the_installed_release(installed, workload, re
     """Stock's cost per PP step comes from the cells of the newest measured release at or
     below the installed one (vLLM 0.33 staggers decodes itself: level with the plugin when
     served), its engine figure where that release has no serve cells."""
-    from vllm_pp_cudagraph.planning.measured import stock_calibration
+    from vllm_pp_cudagraph.commands.planning.measured import stock_calibration
 
     found = stock_calibration(installed, workload)
     assert (found.vllm, found.factor) == (release, factor)
@@ -332,8 +332,8 @@ def _served_run(runner: str, **spec) -> dict:
 def test_a_bench_run_is_predicted_on_its_own_release_and_gpu():
     """The prediction ``bench`` prints beside a run and the one the plan check judges are
     one: stock calibrated for the run's release, the rates of the run's GPU."""
-    from vllm_pp_cudagraph.bench.dummy_model import SHAPES
-    from vllm_pp_cudagraph.planning.plan import predict_run
+    from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+    from vllm_pp_cudagraph.commands.planning.plan import predict_run
 
     def req_per_s(runner: str, **spec) -> float:
         return predict_run(SHAPES["qwen3-32b"], _served_run(runner, **spec)).req_per_s
@@ -358,7 +358,7 @@ def test_plan_says_which_release_stock_is_calibrated_on(clean_env, capsys, on_vl
 def test_plan_and_bench_take_the_same_interconnect_names(clean_env, capsys):
     """A user copies ``--interconnect`` from ``plan`` to the ``bench`` command it prints:
     every name one takes, the other takes, and plan refuses another naming them all."""
-    from vllm_pp_cudagraph.bench.interconnect import INTERCONNECTS
+    from vllm_pp_cudagraph.commands.bench.interconnect import INTERCONNECTS
 
     for name in INTERCONNECTS:
         code, out = run_plan(capsys, "--model", "qwen3-32b", "--gpus", "2", *H200,
@@ -377,7 +377,7 @@ def test_slower_links_cost_pp_and_tp_what_the_link_bench_measured():
     import json
     from importlib.resources import files
 
-    from vllm_pp_cudagraph.planning.pipeline_model import IN_GRAPH_ALL_REDUCE_LATENCY_S, LINKS
+    from vllm_pp_cudagraph.commands.planning.pipeline_model import IN_GRAPH_ALL_REDUCE_LATENCY_S, LINKS
 
     table = json.loads(files("vllm_pp_cudagraph.planning").joinpath("links.json").read_text())
     for name, ops in table["links"].items():
@@ -393,7 +393,7 @@ def test_slower_links_cost_pp_and_tp_what_the_link_bench_measured():
 def test_each_row_carries_the_models_error_for_layouts_and_loads_like_it(clean_env, capsys):
     """Served, the plugin's rows were further off than TP's offline: each row says its
     own, from the measured cells, and a layout no cell measured gets the overall median."""
-    from vllm_pp_cudagraph.planning.measured import median_error, row_error
+    from vllm_pp_cudagraph.commands.planning.measured import median_error, row_error
 
     assert row_error("plugin", "serve") != row_error("tp", "engine")
     assert row_error("tp", "serve") == median_error()  # no served TP cell yet
@@ -408,7 +408,7 @@ def test_each_row_carries_the_models_error_for_layouts_and_loads_like_it(clean_e
 def test_a_host_paced_row_carries_the_error_of_host_paced_rows(clean_env, capsys):
     """The 0.6B shape served at concurrency 64 is paced by the host, where the model was
     off by more: its rows say so, not the error of GPU-paced served rows."""
-    from vllm_pp_cudagraph.planning.measured import row_error
+    from vllm_pp_cudagraph.commands.planning.measured import row_error
 
     assert row_error("plugin", "serve", host_paced=True) > row_error("plugin", "serve")
     _, out = run_plan(capsys, "--model", "qwen3-0.6b", "--gpus", "2", "--concurrency", "64",
@@ -423,7 +423,7 @@ def test_a_host_paced_row_of_a_kind_never_measured_so_takes_the_largest_such_err
         monkeypatch):
     """Host time is one term for every layout: a kind with no host-paced rows measured
     takes the largest host-paced error of the kinds that have them, not the median."""
-    from vllm_pp_cudagraph.planning import measured
+    from vllm_pp_cudagraph.commands.planning import measured
 
     table = {"median_error": 0.15, "errors": {
         "plugin": {"serve": 0.07, "serve, host-paced": 0.28},
@@ -436,8 +436,8 @@ def test_a_host_paced_row_of_a_kind_never_measured_so_takes_the_largest_such_err
 def test_two_layouts_are_too_close_within_the_larger_of_their_errors(monkeypatch):
     """A pair of layouts is too close to call where their predictions differ by less than
     the larger of the two kinds' errors, not the overall median."""
-    from vllm_pp_cudagraph.planning import plan
-    from vllm_pp_cudagraph.planning.pipeline_model import Prediction
+    from vllm_pp_cudagraph.commands.planning import plan
+    from vllm_pp_cudagraph.commands.planning.pipeline_model import Prediction
 
     errors = {"plugin": 0.25, "tp": 0.05, "stock": 0.05}
     monkeypatch.setattr(plan, "row_error", lambda kind, workload, host_paced: errors[kind])

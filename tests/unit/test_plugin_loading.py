@@ -27,10 +27,11 @@ load_general_plugins()
 import inspect
 import re
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
-from vllm_pp_cudagraph import compat, plugin
-from vllm_pp_cudagraph.compat import patches
+from vllm_pp_cudagraph import plugin
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph import patches
 plugin.register()  # a second call in the same process
-factory = compat.worker_runner_factory()
+factory = vllm_surface.worker_runner_factory()
 builder = getattr(*factory) if factory else GPUModelRunnerV2
 print(json.dumps({{
     "runner_is_plugin": builder is not inspect.unwrap(builder),

@@ -8,9 +8,10 @@ import pytest
 import vllm.v1.worker.gpu.model_runner as mr
 from _scheduler import pp_engine_config
 
-from vllm_pp_cudagraph import compat, plugin
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.settings import PluginConfigError
+from vllm_pp_cudagraph import plugin
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.shared.settings import PluginConfigError
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 STOCK_RUNNER = mr.GPUModelRunner
@@ -21,14 +22,14 @@ def worker(tmp_path, monkeypatch):
     """What vLLM's worker builds for a PP=2 MRV2 engine, through its own code path
     (``Worker._make_model_runner``, or before 0.32 its inline import); the runners'
     constructors are left out (no GPU here)."""
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     config = pp_engine_config(str(write_model_dir(tmp_path, tokenizer=False)))
     monkeypatch.setattr(STOCK_RUNNER, "__init__", lambda self, *args: None)
     monkeypatch.setattr(PPCudaGraphModelRunner, "__init__", lambda self, *args: None)
 
     def builds() -> type:
-        if factory := compat.worker_runner_factory():
+        if factory := vllm_surface.worker_runner_factory():
             worker = type("Worker", (), {"use_v2_model_runner": True, "vllm_config": config,
                                          "device": "cpu"})()
             return type(getattr(factory[0], factory[1])(worker))
@@ -81,7 +82,7 @@ def test_v1_runner_requested_together_with_plugin_is_refused(clean_env, worker):
 
 def test_each_patch_says_whether_it_stands_aside_here(clean_env):
     """``check`` reports this; patches fixed upstream name the release they stop at."""
-    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings
+    from vllm_pp_cudagraph.shared.settings import PluginConfigError, PPCudaGraphSettings
 
     standing = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
     assert standing["runner-factory"] is None
@@ -90,30 +91,30 @@ def test_each_patch_says_whether_it_stands_aside_here(clean_env):
     assert dict((p.name, why) for p, why in patches.standing(off))["decode-cadence"]
     for patch in patches.PATCHES:
         if patch.off_from is not None:
-            assert compat.parse_release(patch.off_from), patch.name
+            assert vllm_surface.parse_release(patch.off_from), patch.name
 
 
 def test_patches_fixed_upstream_stand_aside_from_their_release(clean_env):
     """On this vLLM, a patch with ``off_from`` stands aside exactly when the
     installed release is at or past it (the probe and the release agree)."""
-    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings
+    from vllm_pp_cudagraph.shared.settings import PluginConfigError, PPCudaGraphSettings
 
-    installed = compat.parse_release(compat.installed_versions().vllm)
+    installed = vllm_surface.parse_release(vllm_surface.installed_versions().vllm)
     for patch, why in patches.standing(PPCudaGraphSettings()):
         if patch.off_from is None:
             continue
-        assert (why is not None) == (installed >= compat.parse_release(patch.off_from)), (
+        assert (why is not None) == (installed >= vllm_surface.parse_release(patch.off_from)), (
             patch.name, why)
 
 
 def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
-    clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.25.1", "2.11.0"))
+    clean_env.setattr(vllm_surface, "installed_versions", lambda: vllm_surface.VersionInfo("0.25.1", "2.11.0"))
     with pytest.raises(plugin.UnsupportedVLLMError) as err:
         plugin.register()
     message = str(err.value)
     assert "0.25.1" in message
-    assert compat.SUPPORTED_RANGE in message
+    assert vllm_surface.SUPPORTED_RANGE in message
     assert "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1" in message
     assert worker() is STOCK_RUNNER
     assert not patches.is_applied()
@@ -122,7 +123,7 @@ def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env, 
 def test_unsupported_version_override_activates(clean_env, worker):
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     clean_env.setenv("VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM", "1")
-    clean_env.setattr(compat, "installed_versions", lambda: compat.VersionInfo("0.40.0", "2.11.0"))
+    clean_env.setattr(vllm_surface, "installed_versions", lambda: vllm_surface.VersionInfo("0.40.0", "2.11.0"))
     plugin.register()
     assert worker() is PPCudaGraphModelRunner
 
@@ -173,7 +174,7 @@ def test_scoped_patches_name_the_context_that_applies_them():
 
 
 def patches_settings():
-    from vllm_pp_cudagraph.settings import PluginConfigError, PPCudaGraphSettings
+    from vllm_pp_cudagraph.shared.settings import PluginConfigError, PPCudaGraphSettings
 
     return PPCudaGraphSettings.from_env()
 

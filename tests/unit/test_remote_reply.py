@@ -15,9 +15,9 @@ import pytest
 import torch
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.engine.remote_reply import CANCELLED
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.engine_core.remote_reply import CANCELLED
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 
 @pytest.fixture

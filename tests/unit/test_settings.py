@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_pp_cudagraph.compat import parse_release
-from vllm_pp_cudagraph.settings import (
+from vllm_pp_cudagraph.shared.vllm_surface import parse_release
+from vllm_pp_cudagraph.shared.settings import (
     DecodeCadence,
     LayerPartition,
     PPCudaGraphSettings,

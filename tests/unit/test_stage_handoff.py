@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_pp_cudagraph.compat import patches
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 
 

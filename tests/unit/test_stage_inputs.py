@@ -227,14 +227,14 @@ def test_a_reserved_slot_of_another_shape_is_refused_even_as_declared():
 
 
 def test_the_prefixes_vllm_reserves_are_read_from_vllm():
-    from vllm_pp_cudagraph import compat
+    from vllm_pp_cudagraph.shared import vllm_surface
 
     interfaces = pytest.importorskip("vllm.model_executor.models.interfaces")
     mixin = getattr(interfaces, "EagleModelMixin", None)
     if mixin is None or not hasattr(mixin, "AUX_HIDDEN_STATE_KEY"):
-        assert compat.stage_reserved_key_prefixes() == ()
+        assert vllm_surface.stage_reserved_key_prefixes() == ()
     else:
-        assert compat.stage_reserved_key_prefixes() == (mixin.AUX_HIDDEN_STATE_KEY,)
+        assert vllm_surface.stage_reserved_key_prefixes() == (mixin.AUX_HIDDEN_STATE_KEY,)
 
 
 def test_an_eagle3_target_over_three_stages_starts_and_a_lost_aux_state_is_refused():

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_pp_cudagraph.engine import stall_watch
-from vllm_pp_cudagraph.engine.stall_watch import StallWatch, Verdict, stuck_rank
-from vllm_pp_cudagraph.metrics.heartbeats import Beat, Phase
+from vllm_pp_cudagraph.engine_core import stall_watch
+from vllm_pp_cudagraph.engine_core.stall_watch import StallWatch, Verdict, stuck_rank
+from vllm_pp_cudagraph.shared.heartbeats import Beat, Phase
 
 STAGE = Path(__file__).with_name("_stalling_stage.py")
 LIMIT_S = 3.0

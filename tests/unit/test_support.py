@@ -10,9 +10,10 @@ import torch
 from _scheduler import pp_engine_config
 from vllm.config import speculative as vllm_speculative
 
-from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.compat import support
-from vllm_pp_cudagraph.engine_plan import EngineFacts
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph.commands.cli import proven_table
+from vllm_pp_cudagraph.shared import support
+from vllm_pp_cudagraph.shared.engine_plan import EngineFacts
 from vllm_pp_cudagraph.worker import model_runner
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner, build_runner
 
@@ -34,7 +35,7 @@ def known_failure(engine: EngineFacts) -> str | None:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_pp_cudagraph.bench.dummy_model import write_model_dir
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     return str(write_model_dir(tmp_path_factory.mktemp("model"), tokenizer=False))
 
@@ -47,7 +48,7 @@ def vllms_speculative_methods() -> list[str]:
     return sorted(set(flat(vllm_speculative.SpeculativeMethod)))
 
 
-RELEASE = compat.parse_release(compat.installed_versions().vllm)
+RELEASE = vllm_surface.parse_release(vllm_surface.installed_versions().vllm)
 HERE = f"{RELEASE[0]}.{RELEASE[1]}"
 
 #: The refusal's own message (model_runner.check_refusal), so that no other error passes for it.
@@ -173,7 +174,7 @@ def test_the_opt_in_keeps_the_plugins_runner(monkeypatch, model_dir):
 
 
 def test_check_lists_each_proven_feature_and_what_stands_aside():
-    lines = support.table_lines()
+    lines = proven_table.table_lines()
     for kind, table in (("speculative method", support.PROVEN_SPECULATIVE),
                         ("KV connector", support.PROVEN_CONNECTORS)):
         for name, proven in table.items():
@@ -196,11 +197,11 @@ def test_a_proven_connector_runs_with_the_plugin_only_on_its_releases():
     ("0.26.0", "GPU-proven"), ("0.33.0", "GPU-proven"),
     ("0.29.0", "never run on a GPU with the plugin (CPU suite only)")])
 def test_check_says_whether_the_release_ran_on_a_gpu(version, expected):
-    assert support.gpu_evidence(version).startswith(expected)
+    assert proven_table.gpu_evidence(version).startswith(expected)
 
 
 def test_check_lists_the_layouts_proven_on_this_release():
-    lines = support.table_lines()
+    lines = proven_table.table_lines()
     layouts = [line for line in lines if line.startswith("layout: ")]
     proven = support.PROVEN_LAYOUTS.get(HERE)
     if proven:
@@ -211,7 +212,7 @@ def test_check_lists_the_layouts_proven_on_this_release():
 
 
 def test_check_says_which_backends_keep_the_kv_write_in_graphs_and_what_a_capture_failure_does():
-    lines = support.table_lines()
+    lines = proven_table.table_lines()
     (backends,) = [line for line in lines if line.startswith("attention backend: ")]
     for name in ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"):
         assert name in backends
@@ -226,7 +227,7 @@ def test_check_says_which_backends_keep_the_kv_write_in_graphs_and_what_a_captur
 ])
 def test_check_says_whether_the_gpu_runs_used_this_torch(vllm_version, torch_version, says):
     """vLLM 0.33's pin brings torch 2.14, while every GPU run used 2.11."""
-    said = support.torch_evidence(vllm_version, torch_version)
+    said = proven_table.torch_evidence(vllm_version, torch_version)
     assert said.startswith(says) if says else said == ""
 
 

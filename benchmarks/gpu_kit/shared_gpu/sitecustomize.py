@@ -20,7 +20,7 @@ on vLLM releases with ``ParallelConfig.get_local_gpu_index`` (0.33). It is found
 - each worker: GPU index 0, and an NCCL host id of its own (``NCCL_HOSTID``), which
   is what NCCL's duplicate-GPU check compares; NCCL then connects the stages as if
   they were on two hosts, over ``lo``;
-- the bench's GPU count (``vllm_pp_cudagraph.bench.cli.visible_gpus``): N;
+- the bench's GPU count (``vllm_pp_cudagraph.commands.bench.cli.visible_gpus``): N;
 - with ``--distributed-executor-backend ray``, the local Ray cluster vLLM starts
   counts N GPUs, so its placement group has a bundle per stage. It starts without
   ``CUDA_VISIBLE_DEVICES`` (Ray refuses more GPUs than that lists), and its workers
@@ -120,7 +120,7 @@ PATCHES = {
     "vllm.engine.arg_utils": _patch_engine_args,
     "vllm.config.parallel": _patch_parallel_config,
     "vllm.v1.executor.ray_utils": _patch_ray_utils,
-    "vllm_pp_cudagraph.bench.cli": _patch_bench_cli,
+    "vllm_pp_cudagraph.commands.bench.cli": _patch_bench_cli,
 }
 
 

@@ -8,7 +8,7 @@ set -eu
 #   PIECEWISE, within KIT_DEADLINE_PP4_S seconds in all.
 # lanes-32b: two servers side by side, lane a on GPUs 0,1 and lane b on GPUs 2,3, meeting
 #   before each point; the k-th runner of each lane is served in the same minutes:
-#     python3 -m vllm_pp_cudagraph.bench --pp 2 --model qwen3-32b --weights dummy \
+#     python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --model qwen3-32b --weights dummy \
 #       --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
 #       --timeout 600 --workload serve --num-requests 2048 --output-len 256 --repeat 2 \
 #       --points 64:1024 --deadline 1140 --lane-sync DIR/sync --lane a|b --modes ...

@@ -4,7 +4,7 @@
 set -eu
 # Two H100s (NVLink), a GPU per stage, one server at a time: the plugin's defaults, then
 # stock. It runs step never-slower-32b, i.e.
-#   python3 -m vllm_pp_cudagraph.bench --pp 2 --model qwen3-32b --weights dummy \
+#   python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --model qwen3-32b --weights dummy \
 #     --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
 #     --timeout 600 --workload serve --num-requests 2048 --output-len 256 --repeat 2 \
 #     --points 64:1024 --deadline 720 --out DIR/never-slower-32b \

@@ -6,7 +6,7 @@ set -eu
 # 1. Two H100s (NVLink), a GPU per stage, one server at a time: the plugin's defaults,
 #    stock, the plugin fixed on balance, stock, the plugin again (cut by the deadline).
 #    It runs step never-slower-32b, i.e.
-#      python3 -m vllm_pp_cudagraph.bench --pp 2 --model qwen3-32b --weights dummy \
+#      python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --model qwen3-32b --weights dummy \
 #        --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
 #        --timeout 600 --workload serve --num-requests 2048 --output-len 256 --repeat 2 \
 #        --points 64:1024 --deadline 1500 --out DIR/never-slower-32b \

@@ -9,11 +9,11 @@ set -eu
 export VLLM_USE_FLASHINFER_SAMPLER=0
 bash benchmarks/gpu_kit/run_checks.sh /tmp/checks2 ray-pp2
 # i.e. (RAY_ADDRESS=127.0.0.1:6379)
-#   python3 -m vllm_pp_cudagraph.bench --pp 2 --model qwen3-32b --weights dummy --timeout 600 \
+#   python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --model qwen3-32b --weights dummy --timeout 600 \
 #     --max-num-seqs 1024 --gpu-memory-utilization 0.9 --executor ray --deadline 600 \
 #     --out DIR/ray-pp2 --modes plugin:full_and_piecewise,stock:full_and_piecewise \
 #     --workload serve --num-requests 512 --output-len 256 --repeat 2 --points 64:256
 #   RAY_SECOND_NODE_PYTHONPATH=/tmp/site-without-plugin bash benchmarks/gpu_kit/ray_nodes.sh start
-#   python3 -m vllm_pp_cudagraph.bench --pp 2 --model qwen3-0.6b --weights dummy --timeout 300 \
+#   python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --model qwen3-0.6b --weights dummy --timeout 300 \
 #     --executor ray --deadline 360 --out DIR/ray-missing-package --modes plugin:full_and_piecewise \
 #     --workload serve --num-requests 64 --output-len 16 --points 64:16

@@ -5,7 +5,7 @@
 set -eu
 # Each step serves two servers side by side, lane a on GPUs 0,1 and lane b on GPUs 2,3,
 # meeting before each point; the k-th runner of each lane is served in the same minutes:
-#   python3 -m vllm_pp_cudagraph.bench --pp 2 --model MODEL --weights dummy \
+#   python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --model MODEL --weights dummy \
 #     --max-num-seqs 1024 --gpu-memory-utilization 0.9 --max-model-len 2048 \
 #     --timeout 600 --workload serve ... --lane-sync DIR/sync --lane a|b --modes ...
 # lanes-32b:       qwen3-32b, --num-requests 2048 --output-len 256 --repeat 2 --points 64:1024

@@ -14,6 +14,6 @@ wait
 # Then, on a fresh machine with nothing else on the GPU (alone-fap-0.6b/):
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site .
 CUDA_VISIBLE_DEVICES=0 PYTHONPATH=benchmarks/gpu_kit/shared_gpu:/tmp/site KIT_SHARED_GPU_STAGES=2 \
-  python3 -m vllm_pp_cudagraph.bench --pp 2 --workload batch --model qwen3-0.6b \
+  python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --workload batch --model qwen3-0.6b \
   --weights random --repeat 1 --timeout 300 --deadline 320 --out alone-fap-0.6b \
   --modes stock:full_and_piecewise,plugin:full_and_piecewise

@@ -13,6 +13,6 @@ bash $R /tmp/s1 shared-batch shared-soak-32b-pp4
 # after the kit's site got the project
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site .
 CUDA_VISIBLE_DEVICES=0 PYTHONPATH=benchmarks/gpu_kit/shared_gpu:/tmp/site KIT_SHARED_GPU_STAGES=2 \
-  python3 -m vllm_pp_cudagraph.bench --pp 2 --workload batch --model qwen3-0.6b \
+  python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --workload batch --model qwen3-0.6b \
   --weights dummy --prompts 16 --input-len 8 --output-len 8 --repeat 1 --timeout 160 \
   --out sampler-warm-up --modes plugin:full_and_piecewise

@@ -16,15 +16,14 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.compat import support
-from vllm_pp_cudagraph.engine_plan import EngineFacts, EnginePlan, plan_engine
-from vllm_pp_cudagraph.metrics.heartbeats import STACKS_SIGNAL, Heartbeat, Phase, heartbeat_path
-from vllm_pp_cudagraph.metrics.snapshots import PlanRecord, metrics_dir, write_snapshot
-from vllm_pp_cudagraph.metrics.stage_clock import StageClock
-from vllm_pp_cudagraph.planning import layer_partition
-from vllm_pp_cudagraph.settings import PPCudaGraphSettings
-from vllm_pp_cudagraph.worker.graphs import graph_memory
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph.shared import support
+from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, EnginePlan, plan_engine
+from vllm_pp_cudagraph.shared.heartbeats import STACKS_SIGNAL, Heartbeat, Phase, heartbeat_path
+from vllm_pp_cudagraph.shared.snapshots import PlanRecord, metrics_dir, write_snapshot
+from vllm_pp_cudagraph.worker.stage_clock import StageClock
+from vllm_pp_cudagraph.shared import layer_partition
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
@@ -119,7 +118,7 @@ def check_refusal(plan: EnginePlan) -> EnginePlan:
 
 
 def write_plan_record(record: dict) -> None:
-    """Leave this rank's plan where ``bench`` and ``check`` read it (metrics/snapshots.py),
+    """Leave this rank's plan where ``bench`` and ``check`` read it (shared/snapshots.py),
     with the per-stage metrics on or off: the record is what ran, not a metric, and which
     process runs the rank."""
     stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
@@ -136,7 +135,7 @@ def check_manager_holders(runner: object) -> None:
     if stock or runner.cudagraph_manager is None:  # type: ignore[attr-defined]
         raise RuntimeError(
             f"vLLM built its own CUDA-graph manager for {', '.join(stock) or 'the runner'} "
-            "where the plugin builds its own (compat.managers_built_as): this vLLM is not "
+            "where the plugin builds its own (vllm_surface.managers_built_as): this vLLM is not "
             "supported; remove pp_cudagraph from VLLM_PLUGINS.")
 
 
@@ -200,7 +199,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def _start_heartbeat(self) -> None:
         """Show the engine core's stall watch where this rank is in its steps, and dump
-        this process's stacks when it asks (engine/stall_watch.py)."""
+        this process's stacks when it asks (engine_core/stall_watch.py)."""
         tp_rank = get_tp_group().rank_in_group
         engine = getattr(self.parallel_config, "data_parallel_rank", 0)
         self.heartbeat = Heartbeat(heartbeat_path(metrics_dir(), engine, self.pp_stage, tp_rank),
@@ -209,7 +208,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def _init_stage_state(self) -> None:
         # Before vLLM's __init__, which may call the overrides that read it.
-        # CUDA-graph bytes reserved before the KV cache is sized (graph_memory.py).
+        # vLLM's CUDA-graph estimate, reserved before the KV cache is sized.
         self._graph_memory_estimate: int | None = None
         # This step's received tokens, checked against its padding (stage_inputs.py).
         self._received_tokens: int | None = None
@@ -266,7 +265,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         load.
         """
         if self.is_last_pp_rank and getattr(self, "sampler", None) is not None:
-            compat.register_sampling_warm_ups(self)
+            vllm_surface.register_sampling_warm_ups(self)
 
     def _start_stage_clock(self) -> None:
         if not PPCudaGraphSettings.current().metrics or get_tp_group().rank_in_group != 0:
@@ -313,7 +312,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         stage_handoff.check_stages_agree([direct for *_, direct in everyone])
         sent_as = PRODUCED if all(p for _, _, p, _ in everyone[:-1]) else DECLARED
         check_handoff_schemas([s for s, *_ in everyone], [e for _, e, *_ in everyone], sent_as,
-                              compat.stage_reserved_key_prefixes())
+                              vllm_surface.stage_reserved_key_prefixes())
 
     def profile_run(self, *args, **kwargs) -> None:
         super().profile_run(*args, **kwargs)
@@ -346,40 +345,19 @@ class PPCudaGraphModelRunner(GPUModelRunner):
                 num_rejected=num_rejected,
             )
 
-    def profile_cudagraph_memory(self) -> int:
-        if compat.upstream_measures_graph_memory():
-            return super().profile_cudagraph_memory()
-        try:
-            estimate, samples, num_graphs = graph_memory.measure(self)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception:  # noqa: BLE001 - fall back to vLLM's behaviour, loudly
-            logger.exception(
-                "Could not measure CUDA-graph memory on pipeline stage %d; the KV "
-                "cache is sized without it, as stock vLLM does. Lower "
-                "gpu_memory_utilization if capture then runs out of memory.",
-                self.pp_stage,
-            )
-            return 0
-        self._graph_memory_estimate = estimate
-        logger.info(
-            "CUDA-graph memory on pipeline stage %d: estimated %.2f GiB for %d graphs "
-            "(samples %s MiB), reserved before sizing the KV cache",
-            self.pp_stage,
-            estimate / (1 << 30),
-            num_graphs,
-            [round(s / (1 << 20), 1) for s in samples],
-        )
-        return estimate
+    def profile_cudagraph_memory(self, *args, **kwargs) -> int:
+        # vLLM's estimate (0.29+), kept for the manager's record of what capture took.
+        self._graph_memory_estimate = super().profile_cudagraph_memory(*args, **kwargs)
+        return self._graph_memory_estimate
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig, *args, **kwargs) -> None:
-        with compat.managers_built_as(PPCudaGraphManager):
+        with vllm_surface.managers_built_as(PPCudaGraphManager):
             super().initialize_kv_cache(kv_cache_config, *args, **kwargs)
         check_manager_holders(self)
         self.cudagraph_manager.estimated_bytes = self._graph_memory_estimate
 
     def capture_model(self, *args, **kwargs) -> int:
-        # Passed through: 0.33 added ``profile_only``, which 0.26-0.32 lack.
+        # Passed through: 0.33 added ``profile_only``, which 0.29-0.32 lack.
         assert self.cudagraph_manager is not None
         if not self.cudagraph_manager.needs_capture():
             # vLLM returns early here; other stages may still capture and then

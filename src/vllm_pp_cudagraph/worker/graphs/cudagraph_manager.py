@@ -14,8 +14,8 @@ from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-from vllm_pp_cudagraph import compat
-from vllm_pp_cudagraph.metrics.snapshots import CaptureRecord, write_snapshot
+from vllm_pp_cudagraph.shared import vllm_surface
+from vllm_pp_cudagraph.shared.snapshots import CaptureRecord, write_snapshot
 from vllm_pp_cudagraph.worker.graphs import descriptors
 from vllm_pp_cudagraph.worker.graphs.capture_guard import (
     CapturedCommunicationError,
@@ -131,7 +131,7 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         self._record_capture(used)
 
     def _record_capture(self, used: int) -> None:
-        """Leave what this rank's graphs took beside the estimate (metrics/snapshots.py)."""
+        """Leave what this rank's graphs took beside the estimate (shared/snapshots.py)."""
         self.captured_bytes = max(self.captured_bytes, used)
         estimated = None if self.estimated_bytes is None else self.estimated_bytes / (1 << 30)
         record = {"estimated_gib": estimated, "captured_gib": self.captured_bytes / (1 << 30),

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_pp_cudagraph import compat
+from vllm_pp_cudagraph.shared import vllm_surface
 
 
 def batch_req_indices(req_ids: Sequence[str], req_id_to_index: dict[str, int]) -> np.ndarray:
@@ -56,6 +56,6 @@ def consume_entries_needed_by(
 def _consume_now(handler: Any, entry: Any, draft_tokens: Any = None) -> dict | None:
     """vLLM's own consume of one entry: freed and unneeded rows masked, the broadcast awaited."""
     handler.queue.appendleft(entry)
-    outputs = compat.prev_sampled_outputs(handler, draft_tokens)
+    outputs = vllm_surface.prev_sampled_outputs(handler, draft_tokens)
     handler.queue.pop()
     return outputs

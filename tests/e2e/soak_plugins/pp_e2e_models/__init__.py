@@ -12,8 +12,6 @@ The plugin must refuse both at start-up, naming the key.
 ``StageFaultQwen3ForCausalLM`` is Qwen3 whose first or last stage raises inside
 a serving step while a file exists (``stage_fault``): the fault-injection check.
 
-``preemption_fix`` is a second plugin in this package, the preemption soak's
-stock baseline (see its docstring).
 """
 
 STAGE_MISMATCH_ARCH = "StageMismatchQwen3ForCausalLM"

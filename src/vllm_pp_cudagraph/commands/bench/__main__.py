@@ -1,0 +1,5 @@
+import sys
+
+from vllm_pp_cudagraph.commands.bench.cli import main
+
+sys.exit(main())

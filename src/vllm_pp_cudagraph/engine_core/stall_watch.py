@@ -1,0 +1,217 @@
+"""The engine core's watch over its pipeline: a stage that stops completing steps while
+work is in flight is named and stopped in seconds, not after vLLM's execute timeout.
+
+A stage that raises stops its worker (stage_failure.py). One that hangs (a collective
+that never completes, a kernel that never returns, a process stopped by a signal) leaves
+the engine core waiting for a step result until ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``
+(300 s), with nothing naming the stage. The watch runs in a thread of the engine core:
+it sees which steps the engine has handed out and not yet got back (its batch queue,
+read and never changed), and when the oldest has been out longer than the stall limit
+it reads the ranks' heartbeats on this host (shared/heartbeats.py), names the stuck
+rank, has that stage dump its threads' stacks and kills its process, so that vLLM stops
+the server as it does when a worker dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_pp_cudagraph.shared.heartbeats import STACKS_SIGNAL, Beat, process_state, read_beats
+
+logger = logging.getLogger("vllm.pp_cudagraph.stall_watch")
+
+#: The setting that sets the limit.
+SETTING = "VLLM_PP_CUDAGRAPH_STALL_LIMIT_S"
+#: The limit is at least this many times the longest a step has been out so far.
+LONGEST_STEP_FACTOR = 5.0
+#: Seconds the stuck stage is given to write its stacks before it is killed.
+DUMP_WAIT_S = 0.5
+#: Seconds vLLM is given to stop the server after the stuck worker is killed, before the
+#: engine core exits by itself (a stage on another host, or an executor that did not notice).
+STOP_GRACE_S = 6.0
+#: Exit status of an engine core that stops itself (EX_SOFTWARE, as a failed worker's).
+EXIT_CODE = 70
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The rank the watch holds stuck, and what it saw."""
+
+    stage: int
+    tp_rank: int
+    beat: Beat | None  # None: the rank runs on another host
+    why: str
+
+    def names(self) -> str:
+        if self.beat is None:
+            return f"pipeline stage {self.stage} (TP rank {self.tp_rank}, on another host)"
+        return (f"pipeline stage {self.stage} (TP rank {self.tp_rank}, host "
+                f"{self.beat.host}, pid {self.beat.pid})")
+
+
+def stuck_rank(beats: list[Beat], pp_size: int, tp_size: int, now: float,
+               state: Callable[[int], str | None] = process_state) -> Verdict:
+    """The rank that holds the pipeline up, from the heartbeats of this host's ranks.
+
+    Every rank runs the same steps in order, and a stage finishes a step only after the
+    stages before it handed it on. So the stuck step is the one after the fewest any rank
+    has finished, and the first rank (by stage, then TP rank) that has not finished it
+    holds everything up; within a stage a rank that has not even begun it (a TP peer that
+    never joined a collective) before one that waits inside it. A rank whose process is
+    stopped by a signal, or gone, is named before all of them.
+    """
+    for beat in beats:
+        if (letter := state(beat.pid)) in ("T", "t"):
+            return Verdict(beat.stage, beat.tp_rank, beat,
+                           f"its process is stopped by a signal (state {letter}), "
+                           f"{beat.where(now)}")
+        if letter is None:
+            return Verdict(beat.stage, beat.tp_rank, beat,
+                           f"its process is gone, {beat.where(now)}")
+    seen = {(b.stage, b.tp_rank) for b in beats}
+    elsewhere = sorted({stage for stage in range(pp_size) for tp in range(tp_size)
+                        if (stage, tp) not in seen})
+    note = f"; stages {elsewhere} run on other hosts, not seen here" if elsewhere else ""
+    if not beats:
+        return Verdict(0, 0, None, "no rank of this engine runs on this host" + note)
+    fewest = min(b.done for b in beats)
+    behind = [b for b in beats if b.done == fewest]
+    first_stage = [b for b in behind if b.stage == behind[0].stage]
+    beat = next((b for b in first_stage if b.begun == b.done), first_stage[0])
+    return Verdict(beat.stage, beat.tp_rank, beat, beat.where(now) + note)
+
+
+def _flush_logs() -> None:
+    for handler in [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers]:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - best effort before stopping
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def stop_engine(verdict: Verdict, beats: Iterable[Beat], *,
+                send: Callable[[int, int], None] = _send,
+                sleep: Callable[[float], None] = time.sleep,
+                exit_process: Callable[[int], None] = os._exit) -> None:
+    """Have the stuck stage write its threads' stacks (the other stages, where its process
+    is stopped) and kill its ranks' processes on this host, so that vLLM stops the server
+    as when a worker dies; end this engine core if it still runs ``STOP_GRACE_S`` later."""
+    local = [b for b in beats if b.stage == verdict.stage]
+    # A stopped process cannot write its stacks: then the others' show what they wait on.
+    stopped = verdict.beat is not None and "stopped by a signal" in verdict.why
+    for beat in [b for b in beats if b.stage != verdict.stage] if stopped else local:
+        send(beat.pid, STACKS_SIGNAL)
+    sleep(DUMP_WAIT_S)
+    for beat in local:
+        send(beat.pid, signal.SIGKILL)
+    sleep(STOP_GRACE_S if local else 0.0)
+    logger.critical("The engine core ends itself (exit %d): vLLM had not stopped the server "
+                    "%.0f s after the stuck stage was killed, or that stage runs on another "
+                    "host.", EXIT_CODE, STOP_GRACE_S)
+    _flush_logs()
+    exit_process(EXIT_CODE)
+
+
+class StallWatch:
+    """Watches the steps an engine core has handed out; names and stops a stuck stage.
+
+    ``in_flight`` returns the steps out now (vLLM's batch queue entries, whose first
+    item is the step's future); a step is back once its future is done. ``act`` is called
+    once, with the verdict and the heartbeats, when the oldest step has been out longer
+    than the limit.
+    """
+
+    def __init__(self, in_flight: Callable[[], list[tuple]], directory: Path, engine: int,
+                 pp_size: int, tp_size: int, limit_s: float,
+                 act: Callable[[Verdict, list[Beat]], None] = stop_engine,
+                 poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.in_flight = in_flight
+        self.directory = directory
+        self.engine = engine
+        self.pp_size = pp_size
+        self.tp_size = tp_size
+        self.limit_s = limit_s
+        self.act = act
+        self.poll_s = poll_s
+        self.clock = clock
+        # The steps seen out and not yet back, oldest first, with when each was first seen.
+        self._out: list[tuple[tuple, float]] = []
+        # The longest a step has been out, seen so far (s).
+        self.longest_s = 0.0
+        self.fired: Verdict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def limit(self) -> float:
+        return max(self.limit_s, LONGEST_STEP_FACTOR * self.longest_s)
+
+    def check(self) -> Verdict | None:
+        """One look; the verdict when the oldest step out has been out past the limit."""
+        now = self.clock()
+        kept = []
+        for entry, since in self._out:
+            if entry[0].done():
+                self.longest_s = max(self.longest_s, now - since)
+            else:
+                kept.append((entry, since))
+        try:
+            current = list(self.in_flight())
+        except (IndexError, RuntimeError):  # the engine changed its queue meanwhile
+            current = []
+        known = {id(entry) for entry, _ in kept}
+        kept += [(entry, now) for entry in reversed(current)
+                 if id(entry) not in known and not entry[0].done()]
+        self._out = kept
+        if not kept or now - kept[0][1] <= self.limit():
+            return None
+        beats = read_beats(self.directory, self.engine)
+        return stuck_rank(beats, self.pp_size, self.tp_size, now)
+
+    def report(self, verdict: Verdict, waited_s: float) -> str:
+        return (f"vllm-pp-cudagraph: {verdict.names()} is stuck: no step came back for "
+                f"{waited_s:.0f} s with work in flight ({verdict.why}). Stopping the server "
+                f"(stall limit {self.limit():.0f} s, {SETTING}).")
+
+    def run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            verdict = self.check()
+            if verdict is None:
+                continue
+            self.fired = verdict
+            logger.critical("%s", self.report(verdict, self.clock() - self._out[0][1]))
+            _flush_logs()
+            self.act(verdict, read_beats(self.directory, self.engine))
+            return
+
+    def start(self) -> StallWatch:
+        self._thread = threading.Thread(target=self.run, daemon=True,
+                                        name="pp-cudagraph-stall-watch")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,1 +1,0 @@
-"""Predictions made before anything runs: what each layout of a model on N GPUs delivers."""
