@@ -146,6 +146,7 @@ WORKPLACE = re.compile("|".join([
     r"\bavailable to this project\b",
     r"\bheld machine\b",
     r"\btime ran out\b",
+    r"\b(?:machine|host) (?:was |is )?(?:given|taken|went) back\b",
 ]), re.IGNORECASE)
 
 
@@ -184,7 +185,7 @@ def test_no_tracked_file_speaks_of_the_workplace():
     "the time budget went to the serving", "it takes several sessions",
     "in the session's remaining time", "a machine of its own, in a session of its own",
     "no 2-GPU kind was lent", "the GPU machines available to this project",
-    "timer since the previous session",
+    "timer since the previous session", "the machine was given back mid-run",
 ])
 def test_the_workplace_check_sees_its_words(line):
     assert workplace_words(line)

@@ -2,7 +2,7 @@
 # The runs behind this folder, on one host with 2 GPUs: vLLM 0.26.0 and this package
 # installed from wheels into the directory SITE_DIR names (benchmarks/README.md,
 # "Offline hosts"). Each cell is one bench invocation: the plugin's defaults, stock
-# MRV2 (and V1 where the device time allowed) side by side, FULL_AND_PIECEWISE,
+# MRV2 (and V1 in some cells) side by side, FULL_AND_PIECEWISE,
 # TRITON_ATTN, dummy weights.
 #   SITE_DIR=DIR bash run.sh OUT CELL...    CELL in engine-32b, engine-0.6b, serve-32b
 set -uo pipefail

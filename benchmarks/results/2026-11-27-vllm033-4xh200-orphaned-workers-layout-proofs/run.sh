@@ -12,7 +12,7 @@ KIT_TESTS="--graph-modes=full_and_piecewise \
   $L::test_auto_layer_partition_serves_stocks_tokens[pp3] \
   $E::test_speculative_decoding_serves_with_the_tokens_of_a_stock_engine[eagle3]" \
   bash $R /tmp/g gpu-tests
-# (the soak-32b step that followed was stopped at once for lack of device time, and
+# (the soak-32b step that followed was stopped at once, and
 #  the orphans of faults-run1 were killed by hand two minutes into the layout tests)
 # with the parent watch of 1bb90f7: faults-run2/, then faults-run3/
 KIT_FAULT_CASES="mp:last:raise" bash $R /tmp/f2 faults

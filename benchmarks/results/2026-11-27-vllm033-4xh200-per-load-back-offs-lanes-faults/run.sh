@@ -17,4 +17,4 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 KIT_API_POINTS=64:1024 KIT_DEADLINE_API_S=4
   KIT_LANE_B=stock:full_and_piecewise,plugin:full_and_piecewise KIT_DEADLINE_S=840
 bash benchmarks/gpu_kit/run_checks.sh start /tmp/checks lanes-0.6b-api lanes-32b faults
 bash benchmarks/gpu_kit/run_checks.sh wait /tmp/checks 570   # repeated until CHECKS DONE
-# The device time ran out 4 minutes into faults: three of its eight runs finished.
+# The run was stopped 4 minutes into faults: three of its eight runs finished.

@@ -8,7 +8,7 @@ KIT_FAULT_CASES="mp:first:kill-engine" bash $R /tmp/r/f faults
 # soak-32b/: the plugin on GPUs 0,1 beside stock on 2,3, then a second stock server on
 # 0,1 and the token check
 KIT_SOAK_REQUESTS=10000 bash $R /tmp/r/s soak-32b
-# (lanes-0.6b-api, which followed, was stopped at once for lack of device time)
+# (lanes-0.6b-api, which followed, was stopped at once)
 #
 # The soak's memory verdict again, with the rule as it stands after this run (the
 # settled baseline and the comparison with stock), from the saved server reports

@@ -10,5 +10,4 @@ bash $R <tmp>/f2n faults-two-nodes
 # soak-preemption-32b/: the plugin, stock_a, stock_b one after another on GPUs 0,1, a KV
 # cache of 512 blocks, 2,000 requests each, then the token check (19 minutes)
 KIT_SOAK_GROUPS=0,1 bash $R <tmp>/spre soak-preemption-32b
-# Stock's server in the two-node kill case was queued after the soak and did not run
-# (device time).
+# Stock's server in the two-node kill case was queued after the soak and did not run.

@@ -9,6 +9,6 @@ KIT_SMALL_MODEL=qwen3-4b KIT_PAIR_POINTS=64:64,64:256 \
   KIT_PAIR_MODES=tp:full_and_piecewise,plugin:full_and_piecewise,stock:full_and_piecewise \
   KIT_DEADLINE_PAIR_S=720 bash $R <tmp>/p4b serve-pair
 # The chain went on to the 0.6B shape at concurrency 128 and was stopped there, before its
-# first server had started, for device time; then stock PP=2 alone (chain-stock.log)
+# first server had started; then stock PP=2 alone (chain-stock.log)
 KIT_SMALL_MODEL=qwen3-4b KIT_PAIR_POINTS=64:64,64:256 KIT_PAIR_MODES=stock:full_and_piecewise \
   KIT_DEADLINE_PAIR_S=600 bash $R <tmp>/p4bs serve-pair

@@ -8,8 +8,7 @@ R=benchmarks/gpu_kit/run_checks.sh
 # First chain: every layout of four GPUs, one after another on GPUs 0-3, at both loads.
 KIT_QUAD_POINTS=64:256,64:1024 KIT_DEADLINE_QUAD_S=780 bash $R <tmp>/quad serve-quad
 
-# The plugin at PP=4 took 485 s for its two loads, so the chain could not finish in the
-# session's device time. A second chain cut the first once stock PP=4's second c256 pass
+# The plugin at PP=4 took 485 s for its two loads, so the chain was cut short. A second chain cut the first once stock PP=4's second c256 pass
 # was written (stock's c1,024 passes did not run), then served the rest at c256 only.
 S=<tmp>/quad/serve-quad-qwen3-32b-pp4/stock-full_and_piecewise-results/in64-c256-1.json
 while [ ! -s $S ]; do sleep 3; done
@@ -20,4 +19,4 @@ KIT_QUAD_PP4_MODES=tp:full_and_piecewise KIT_QUAD_TP2PP2_MODES=plugin:full_and_p
   KIT_QUAD_POINTS=64:256 KIT_DEADLINE_QUAD_S=330 bash $R <tmp>/quad2 serve-quad
 # TP=4's server took 5 minutes to start (init 225 s, of which compilation 69 s) and the
 # 330 s deadline stopped it before its first pass; the plugin at TP=2 x PP=2 finished its
-# warm-up and one timed pass before the device time ran out.
+# warm-up and one timed pass before the run was stopped.

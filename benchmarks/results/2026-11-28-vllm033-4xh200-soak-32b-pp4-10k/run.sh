@@ -4,7 +4,7 @@
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0
 R=benchmarks/gpu_kit/run_checks.sh
 # soak-32b-pp4/: the plugin, then two stock servers, one at a time on GPUs 0-3 (24 minutes
-# for the three), then the token check (stopped after 4 minutes: the GPU time ran out)
+# for the three), then the token check (stopped after 4 minutes)
 bash $R /tmp/soak soak-32b-pp4
 # soak.json: the verdict from the three saved servers, on this machine, without the token
 # check (soak.py at the commit that added the stalls; these servers ran without vLLM's
