@@ -109,7 +109,8 @@ def test_every_relative_link_and_anchor_of_the_docs_resolves():
     assert ROOT / "README.md" in pages and len(pages) > 3, pages
     assert sum(len(links(p.read_text(encoding="utf-8"))) for p in pages) > 20, \
         "the pages link almost nothing; this test reads them wrongly"
-    assert [b for page in pages for b in broken_links(page)] == []
+    broken = [b for page in pages for b in broken_links(page)]
+    assert not broken, "broken links:\n" + "\n".join(broken)
 
 
 def test_the_link_check_sees_a_broken_file_a_broken_anchor_and_code_spans(tmp_path):
@@ -177,7 +178,7 @@ def test_no_tracked_file_speaks_of_the_workplace():
     for path in tracked_text_files():
         text = path.read_bytes().decode("utf-8", errors="replace")
         hits += [f"{path.relative_to(ROOT)}:{n}: {word}" for n, word in workplace_words(text)]
-    assert hits == []
+    assert not hits, "words of the workplace, not of the product:\n" + "\n".join(hits)
 
 
 @pytest.mark.parametrize("line", [
