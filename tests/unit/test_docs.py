@@ -132,7 +132,7 @@ def test_the_link_check_sees_a_broken_file_a_broken_anchor_and_code_spans(tmp_pa
 #: machines a run was given, and the rounds of work. Precise enough to leave vLLM's and
 #: Ray's logs (a pytest "test session", Ray's "session_..." folders and "Lease ID"), an
 #: HTTP client session and a token budget alone.
-WORKPLACE = re.compile("|".join([
+WORKPLACE = re.compile("|".join(pattern.replace(" ", r"\s+") for pattern in [
     r"\bdevice[- ]time\b",
     r"\bdevice[- ]minutes?\b",
     r"\blease[sd]?\b(?! id\b)",
@@ -141,7 +141,7 @@ WORKPLACE = re.compile("|".join([
     r"\bsessions\b",
     r"\bsession's\b",
     r"\b(?:a|the|this|that|one|each|later|next|same|whole|fresh|new|another|previous|"
-    r"its own) session\b(?!\s+(?:starts|fixture|scope|id\b))",
+    r"its own) session\b(?! (?:starts|fixture|scope|id\b))",
     r"\b(?:machines?|hosts?|kinds?|gpus?) (?:(?:was|were|is|are) )?lent\b",
     r"\blent (?:machine|host)s?\b",
     r"\bavailable to this project\b",
@@ -152,8 +152,9 @@ WORKPLACE = re.compile("|".join([
 
 
 def workplace_words(text: str) -> list[tuple[int, str]]:
-    return [(number, match.group(0)) for number, line in enumerate(text.splitlines(), 1)
-            for match in WORKPLACE.finditer(line)]
+    """Each hit with its line number; a phrase may wrap over lines."""
+    return [(text.count("\n", 0, match.start()) + 1, " ".join(match.group(0).split()))
+            for match in WORKPLACE.finditer(text)]
 
 
 def tracked_text_files() -> list[Path]:
@@ -187,6 +188,7 @@ def test_no_tracked_file_speaks_of_the_workplace():
     "in the session's remaining time", "a machine of its own, in a session of its own",
     "no 2-GPU kind was lent", "the GPU machines available to this project",
     "timer since the previous session", "the machine was given back mid-run",
+    "where a machine\n  is lent for less time",
 ])
 def test_the_workplace_check_sees_its_words(line):
     assert workplace_words(line)
