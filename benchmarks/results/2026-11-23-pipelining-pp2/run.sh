@@ -9,7 +9,7 @@ set -uo pipefail
 out=${1:?usage: run.sh OUT CELL...}; shift
 export PYTHONPATH=${SITE_DIR:?set SITE_DIR} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-bench() { python3 -m vllm_pp_cudagraph.commands.bench --pp 2 --weights dummy "$@"; }
+bench() { python3 -m vllm_pp_cudagraph.bench --pp 2 --weights dummy "$@"; }
 fp=full_and_piecewise
 for cell in "$@"; do
   case $cell in
