@@ -659,8 +659,6 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_tags(args.plugin_runs, args.stock_runs)
     except ValueError as e:
         parser.error(f"--plugin-runs/--stock-runs: {e}")
-    if args.preemption and (missing := missing_test_plugin(PREEMPTION_FIX_PLUGIN)):
-        parser.error(f"--preemption: {missing}")
     if args.weights is None:
         args.weights = "random" if has_random_weights(args.shape) else "dummy"
     elif args.weights == "random" and not has_random_weights(args.shape):

@@ -18,7 +18,6 @@ from test_soak_watch import first_traffic, steady
 from benchmarks.tools.soak import (
     LOWERED_MODE_MESSAGE,
     PREEMPTION_ARGS,
-    PREEMPTION_FIX_PLUGIN,
     Slot,
     make_slots,
     mode_result,
@@ -119,7 +118,7 @@ def test_token_check_that_could_not_run_fails_the_mode():
     assert "missing runs" in problem
 
 
-def test_under_preemption_every_server_preempts_and_stock_gets_only_the_fix(tmp_path, monkeypatch):
+def test_under_preemption_every_server_preempts_and_stock_runs_bare(tmp_path, monkeypatch):
     import vllm.platforms
 
     monkeypatch.setattr(vllm.platforms.current_platform, "device_type", "cpu")
@@ -131,10 +130,7 @@ def test_under_preemption_every_server_preempts_and_stock_gets_only_the_fix(tmp_
         cmd = serve_command(spec, str(tmp_path), 8000, PREEMPTION_ARGS)
         parsed = parse_serve_args(cmd[cmd.index("serve") + 1:])
         assert parsed.num_gpu_blocks_override == 512
-    assert plugins == {"plugin": "pp_cudagraph", "stock_a": PREEMPTION_FIX_PLUGIN,
-                       "stock_b": PREEMPTION_FIX_PLUGIN}
-    args.preemption = False
-    assert engine_env(server_spec("stock", "piecewise", args))["VLLM_PLUGINS"] == ""
+    assert plugins == {"plugin": "pp_cudagraph", "stock_a": "", "stock_b": ""}
 
 
 def _served(preemptions: int, texts: list[str], watch: dict | None = None) -> dict:
