@@ -11,10 +11,10 @@ import pytest
 
 from vllm_pp_cudagraph.shared import settings
 
-PACKAGE = Path(settings.__file__).parent
-#: The bench starts servers and engines as a user's command, so it builds their
-#: environments itself; it is no part of the runtime.
-EXEMPT = {PACKAGE / "shared/settings.py", PACKAGE / "bench"}
+PACKAGE = Path(settings.__file__).parents[1]
+#: The commands (``bench`` starts servers and engines, ``check`` reports the environment)
+#: build and read environments as a user's command; they are no part of the runtime.
+EXEMPT = {PACKAGE / "shared/settings.py", PACKAGE / "commands"}
 
 
 def environment_uses(path: Path, root: Path = PACKAGE) -> list[str]:

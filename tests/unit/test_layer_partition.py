@@ -476,7 +476,7 @@ def test_more_stages_than_layers_stops_the_worker_before_its_model_is_built(part
 def test_vllm_reading_another_value_is_an_error(partition_env, monkeypatch):
     monkeypatch.setitem(envs.environment_variables, VLLM_ENV, lambda: "1,1")
     with pytest.raises(RuntimeError, match="vLLM reads VLLM_PP_LAYER_PARTITION='1,1'"):
-        vllm_surface.set_vllm_env(VLLM_ENV, "15,13")
+        layer_partition.apply(layer_partition.Decision("auto", "test", layers=(15, 13)))
 
 
 def test_the_runner_sets_the_split_before_vllm_builds_the_model(partition_env, on_h200,

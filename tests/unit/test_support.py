@@ -194,7 +194,7 @@ def test_a_proven_connector_runs_with_the_plugin_only_on_its_releases():
 
 
 @pytest.mark.parametrize("version, expected", [
-    ("0.26.0", "GPU-proven"), ("0.33.0", "GPU-proven"),
+    ("0.33.0", "GPU-proven"),
     ("0.29.0", "never run on a GPU with the plugin (CPU suite only)")])
 def test_check_says_whether_the_release_ran_on_a_gpu(version, expected):
     assert proven_table.gpu_evidence(version).startswith(expected)

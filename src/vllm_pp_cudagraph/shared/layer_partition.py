@@ -22,7 +22,12 @@ from vllm_pp_cudagraph.shared.stage_costs import (
     text_config,
     unmodelled_reason,
 )
-from vllm_pp_cudagraph.shared.settings import LayerPartition, PPCudaGraphSettings, hand_set_partition
+from vllm_pp_cudagraph.shared.settings import (
+    LayerPartition,
+    PPCudaGraphSettings,
+    hand_set_partition,
+    set_variable,
+)
 
 SETTING = PPCudaGraphSettings.env_name("layer_partition")
 VLLM_ENV = vllm_surface.LAYER_PARTITION_ENV
@@ -301,4 +306,7 @@ def apply(decision: Decision) -> None:
     """Set ``VLLM_PP_LAYER_PARTITION`` to ``decision``'s split before the worker builds its
     model; otherwise back to the process's own (hand-set or unset), in case an earlier
     engine in this process had it set."""
-    vllm_surface.set_vllm_env(VLLM_ENV, decision.env_value or hand_set_partition())
+    value = decision.env_value or hand_set_partition()
+    # vLLM takes a split only from this variable (registry: layer-partition).
+    set_variable(VLLM_ENV, value)
+    vllm_surface.reread_vllm_env(VLLM_ENV, value)

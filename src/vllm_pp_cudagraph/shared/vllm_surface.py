@@ -347,17 +347,11 @@ def admission_cap(scheduler: object) -> int:
     return getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs)
 
 
-def set_vllm_env(name: str, value: str | None) -> None:
-    """Set (or, with None, unset) vLLM's variable ``name`` so that vLLM reads it from now
-    on, clearing ``vllm.envs``'s cache; RuntimeError if vLLM still reads another value."""
-    import os
-
+def reread_vllm_env(name: str, value: str | None) -> None:
+    """Have vLLM read its variable ``name`` afresh, after the plugin set it (settings.py),
+    clearing ``vllm.envs``'s cache; RuntimeError if vLLM reads another value than ``value``."""
     from vllm import envs
 
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
     if hasattr(envs.__getattr__, "cache_clear"):  # cached once enable_envs_cache ran
         envs.__getattr__.cache_clear()
     if getattr(envs, name) != value:
