@@ -1,4 +1,5 @@
-"""vLLM's real ``AsyncScheduler`` at pipeline parallelism, built on CPU for tests."""
+"""vLLM's real ``AsyncScheduler`` at pipeline parallelism, built on CPU for tests (the
+plugin's subclass of it where a decode cadence is asked for)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,30 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
+from vllm_pp_cudagraph.engine_core.decode_cadence import PPCadenceScheduler
+from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
+
 BLOCK = 16
 
 
-def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seqs: int = 8) -> AsyncScheduler:
+#: The settings :func:`make_scheduler` builds the plugin's scheduler with (None: vLLM's).
+CADENCE: PPCudaGraphSettings | None = None
+
+
+def use_cadence(settings: PPCudaGraphSettings | None) -> Callable[[], None]:
+    """Build schedulers with ``settings`` from now on; return the undo."""
+    global CADENCE
+    previous, CADENCE = CADENCE, settings
+
+    def undo() -> None:
+        global CADENCE
+        CADENCE = previous
+
+    return undo
+
+
+def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seqs: int = 8,
+                   settings: PPCudaGraphSettings | None = None) -> AsyncScheduler:
     config = VllmConfig(
         model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=256),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
@@ -37,13 +58,16 @@ def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seq
     kv_cache = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=16,
                                                       dtype=torch.float32))])
-    scheduler = AsyncScheduler(vllm_config=config, kv_cache_config=kv_cache,
-                               structured_output_manager=StructuredOutputManager(config), block_size=BLOCK)
     # MRV2 needs Triton, so on this CPU vLLM configures V1; the scheduler's PP decode
     # cadence is what is under test, and it follows this flag (the engine's plan, the
     # config's).
-    scheduler.use_v2_model_runner = True
     config.__class__ = MRV2Config
+    settings = settings or CADENCE
+    kwargs = dict(vllm_config=config, kv_cache_config=kv_cache,
+                  structured_output_manager=StructuredOutputManager(config), block_size=BLOCK)
+    scheduler = (AsyncScheduler(**kwargs) if settings is None
+                 else PPCadenceScheduler(**kwargs, settings=settings))
+    scheduler.use_v2_model_runner = True
     return scheduler
 
 

@@ -33,7 +33,6 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from benchmarks.tools.scheduler_hook_cost import empty_scheduler
-from vllm_pp_cudagraph import patches
 from vllm_pp_cudagraph.engine_core.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.engine_core import decode_cadence
 from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
@@ -117,20 +116,14 @@ def recorded_profile(path: Path, shape: str, context: int, requests_each: int = 
 
 
 @contextmanager
-def cadence_on_clock(cadence: str, clock: PipelineClock) -> Iterator[None]:
-    """The plugin's cadence hook applied (none for ``vllm``: stock's scheduler), with
-    ``auto``'s chooser measuring on ``clock``."""
-    undo = None
-    if cadence != "vllm":
-        undo = patches.apply_patch("decode-cadence",
-                                   PPCudaGraphSettings(decode_cadence=cadence, metrics=False))
-    try:
-        with mock.patch.object(decode_cadence, "CadenceChooser",
-                               functools.partial(CadenceChooser, clock=clock)):
-            yield
-    finally:
-        if undo is not None:
-            undo()
+def cadence_on_clock(cadence: str, clock: PipelineClock) -> Iterator[PPCudaGraphSettings | None]:
+    """The settings of the plugin's scheduler for ``cadence`` (None for ``vllm``: stock's
+    scheduler), with ``auto``'s chooser, built inside, measuring on ``clock``."""
+    settings = None if cadence == "vllm" else PPCudaGraphSettings(decode_cadence=cadence,
+                                                                   metrics=False)
+    with mock.patch.object(decode_cadence, "CadenceChooser",
+                           functools.partial(CadenceChooser, clock=clock)):
+        yield settings
 
 
 def _sampled(scheduler, output) -> ModelRunnerOutput:
@@ -237,14 +230,13 @@ def _note_first_tokens(scheduler, output, clock: PipelineClock,
 def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str, Any]:
     """One cadence over the warm-up and the timed passes, on a fresh scheduler."""
     clock = PipelineClock(args.pp, **recorded_profile(args.stage_costs, args.shape, args.context))
-    with cadence_on_clock(cadence, clock):
+    with cadence_on_clock(cadence, clock) as settings:
         scheduler = empty_scheduler(model_dir, args.concurrency, args.input_len,
-                                    args.output_len, args.pp)
+                                    args.output_len, args.pp, settings=settings)
         warmup, *passes = serve_passes(
             scheduler, clock, [args.concurrency] + [args.pass_requests] * args.passes,
             args.concurrency, args.input_len, args.output_len, args.request_rate)
-    state = decode_cadence.scheduler_state(scheduler)
-    chooser = state.chooser if state is not None else None
+    chooser = getattr(scheduler, "chooser", None)
     return {"cadence": cadence, "warmup_req_per_s": round(warmup.req_per_s, 2),
             "pass_req_per_s": [round(p.req_per_s, 2) for p in passes],
             "passes": [p.summary() for p in passes],

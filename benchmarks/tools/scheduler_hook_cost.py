@@ -36,7 +36,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
-from vllm_pp_cudagraph import patches
+from vllm_pp_cudagraph.engine_core.decode_cadence import PPCadenceScheduler
 from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 BLOCK = 16
@@ -48,7 +48,7 @@ class _MRV2Config(VllmConfig):
 
 
 def empty_scheduler(model_dir: str, max_num_seqs: int, prompt: int, output: int,
-                    pp: int = 2) -> AsyncScheduler:
+                    pp: int = 2, settings: PPCudaGraphSettings | None = None) -> AsyncScheduler:
     """vLLM's async scheduler at PP=``pp`` with room for ``max_num_seqs`` requests of
     ``prompt`` + ``output`` tokens to the end, none added yet."""
     max_len = prompt + output + BLOCK
@@ -69,17 +69,20 @@ def empty_scheduler(model_dir: str, max_num_seqs: int, prompt: int, output: int,
     kv_cache = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
                                                       head_size=16, dtype=torch.float32))])
-    scheduler = AsyncScheduler(vllm_config=config, kv_cache_config=kv_cache,
-                               structured_output_manager=StructuredOutputManager(config),
-                               block_size=BLOCK)
-    scheduler.use_v2_model_runner = True
     config.__class__ = _MRV2Config
+    kwargs = dict(vllm_config=config, kv_cache_config=kv_cache,
+                  structured_output_manager=StructuredOutputManager(config), block_size=BLOCK)
+    # The plugin's scheduler where ``settings`` ask for a cadence, else vLLM's.
+    scheduler = (AsyncScheduler(**kwargs) if settings is None
+                 else PPCadenceScheduler(**kwargs, settings=settings))
+    scheduler.use_v2_model_runner = True
     return scheduler
 
 
-def build_scheduler(model_dir: str, running: int, prompt: int, output: int) -> AsyncScheduler:
+def build_scheduler(model_dir: str, running: int, prompt: int, output: int,
+                    settings: PPCudaGraphSettings | None = None) -> AsyncScheduler:
     """vLLM's async scheduler at PP=2 with ``running`` requests added."""
-    scheduler = empty_scheduler(model_dir, running, prompt, output)
+    scheduler = empty_scheduler(model_dir, running, prompt, output, settings=settings)
     for i in range(running):
         params = SamplingParams(max_tokens=output, ignore_eos=True)
         scheduler.add_request(Request(request_id=str(i), prompt_token_ids=[5] * prompt,
@@ -107,17 +110,11 @@ def step_times(scheduler: AsyncScheduler, steps: int, warmup: int) -> list[float
 
 
 def measure(model_dir: str, cadence: str, args: argparse.Namespace) -> dict:
-    undo = None
-    if cadence != "stock":
-        undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(
-            decode_cadence=cadence, metrics=args.metrics, metrics_dir=args.metrics_dir))
-    try:
-        scheduler = build_scheduler(model_dir, args.running, args.prompt, args.output)
-        times = step_times(scheduler, args.steps, args.warmup)
-        decoding = sum(1 for r in scheduler.running if r.num_output_tokens > 0)
-    finally:
-        if undo is not None:
-            undo()
+    settings = None if cadence == "stock" else PPCudaGraphSettings(
+        decode_cadence=cadence, metrics=args.metrics, metrics_dir=args.metrics_dir)
+    scheduler = build_scheduler(model_dir, args.running, args.prompt, args.output, settings)
+    times = step_times(scheduler, args.steps, args.warmup)
+    decoding = sum(1 for r in scheduler.running if r.num_output_tokens > 0)
     return {"cadence": cadence, "median_ms": 1e3 * statistics.median(times),
             "mean_ms": 1e3 * statistics.fmean(times), "steps": len(times),
             "running_at_end": len(scheduler.running), "decoding_at_end": decoding}

@@ -17,7 +17,9 @@ import functools
 import importlib
 import sys
 from collections.abc import Callable
+import os
 from dataclasses import dataclass
+from enum import Enum
 
 from vllm_pp_cudagraph.shared import vllm_surface
 from vllm_pp_cudagraph.shared.settings import (
@@ -32,6 +34,17 @@ from vllm_pp_cudagraph.shared.settings import (
 Undo = Callable[[], None]
 
 
+class Process(str, Enum):
+    """The kinds of process vLLM runs an engine in, each with its own patches."""
+
+    API_SERVER = "API server"  # or the process of an offline LLM
+    ENGINE_CORE = "engine core"
+    WORKER = "worker"
+
+
+EVERY_PROCESS = frozenset(Process)
+
+
 def _always_applies(settings: PPCudaGraphSettings) -> None:
     return None
 
@@ -43,18 +56,17 @@ class Patch:
     ``apply`` applies the patch where it does not stand aside and returns how to undo it,
     or None when nothing changed (None for a patch that exists only inside ``scope``).
     ``stands_aside`` says why the patch is not applied with these settings on this vLLM,
-    or None. ``off_from`` is the first vLLM release on which it stands aside because
-    upstream has the fix. ``scope``, for a patch the plugin applies later, to one object or
-    inside a context manager: the dotted name of what applies and reverts it
-    (``apply_all`` leaves it alone)."""
+    or None. ``processes``: the processes it is applied in (and only there). ``scope``, for
+    a patch the plugin applies later, to one object or inside a context manager: the dotted
+    name of what applies and reverts it (``apply_for`` leaves it alone)."""
 
     name: str
     target: str
     why: str
     drop_when: str
+    processes: frozenset[Process]
     apply: Callable[[PPCudaGraphSettings], Undo | None] | None = None
     stands_aside: Callable[[PPCudaGraphSettings], str | None] = _always_applies
-    off_from: str | None = None
     scope: str | None = None
 
 
@@ -156,21 +168,34 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo:
     return set_variable("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
 
 
-def _async_scheduler_cls() -> type:
-    return importlib.import_module(vllm_surface.ASYNC_SCHEDULER_MODULE).AsyncScheduler
-
-
 def _cadence_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     if settings.decode_cadence is DecodeCadence.VLLM:
         return "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm"
     return None
 
 
-def _patch_decode_cadence(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.engine_core.decode_cadence import wrap_schedule
+def _patch_scheduler_class(settings: PPCudaGraphSettings) -> Undo:
+    from vllm_pp_cudagraph.api_server.scheduler_choice import wrap_config_post_init
 
-    wrap = functools.partial(wrap_schedule, settings=settings)
-    return _wrap_attr(_async_scheduler_cls(), "schedule", wrap)
+    config_cls = importlib.import_module(vllm_surface.VLLM_CONFIG_MODULE).VllmConfig
+    return _wrap_attr(config_cls, "__post_init__", wrap_config_post_init)
+
+
+def _entering_processes(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def load_general_plugins(*args, **kwargs):
+        result = original(*args, **kwargs)
+        from vllm_pp_cudagraph import plugin
+
+        plugin.enter_process(plugin.processes_here())
+        return result
+
+    return load_general_plugins
+
+
+def _patch_process_entry(settings: PPCudaGraphSettings) -> Undo:
+    return _wrap_attr(importlib.import_module("vllm.plugins"), "load_general_plugins",
+                      _entering_processes)
 
 
 def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
@@ -212,6 +237,21 @@ def _patch_remote_reply(settings: PPCudaGraphSettings) -> Undo:
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
+        name="process-entry",
+        target="vllm.plugins.load_general_plugins (the module attribute vLLM's processes call)",
+        why=(
+            "vLLM runs its general plugins once per process, from the API server's "
+            "arguments, the engine core's constructor and each worker's init_worker; a "
+            "process forked from another inherits its patches and never calls a plugin "
+            "again. Each later call now tells the plugin which process is starting here "
+            "(from vLLM's frame that calls it), so every process applies its own patches "
+            "and a forked one drops those of its parent."
+        ),
+        drop_when="vLLM tells a plugin which kind of process loads it.",
+        processes=EVERY_PROCESS,
+        apply=_patch_process_entry,
+    ),
+    Patch(
         name="env-names",
         target="vLLM's check of the VLLM_* variables set (Platform.validate_environ, 0.33; "
                "before that vllm.envs.validate_environ)",
@@ -227,6 +267,7 @@ PATCHES: tuple[Patch, ...] = (
         ),
         drop_when="vLLM lets a plugin declare its environment variables, outside its "
                   "compile-cache key.",
+        processes=frozenset({Process.API_SERVER}),
         apply=_patch_env_names,
     ),
     Patch(
@@ -240,6 +281,7 @@ PATCHES: tuple[Patch, ...] = (
             "so both switches behave the same in every process."
         ),
         drop_when="vLLM reads breakable mode from its config instead of the environment.",
+        processes=EVERY_PROCESS,
         apply=_patch_breakable_env,
         stands_aside=_breakable_env_stands_aside,
     ),
@@ -258,24 +300,28 @@ PATCHES: tuple[Patch, ...] = (
             "vLLM offers a runner-class setting, or upstream MRV2 has the PP graph handling "
             "this plugin adds (not the case up to 0.33)."
         ),
+        processes=frozenset({Process.WORKER}),
         apply=_patch_runner_factory,
     ),
     Patch(
-        name="decode-cadence",
-        target=(
-            f"{vllm_surface.ASYNC_SCHEDULER_MODULE}.AsyncScheduler.schedule "
-            "(with VLLM_PP_CUDAGRAPH_DECODE_CADENCE, default auto)"
-        ),
+        name="scheduler-class",
+        target=(f"{vllm_surface.VLLM_CONFIG_MODULE}.VllmConfig.__post_init__: "
+                "scheduler_config.scheduler_cls (with VLLM_PP_CUDAGRAPH_DECODE_CADENCE, "
+                "default auto)"),
         why=(
             "With MRV2 and PP a request may decode only every pp_size-th step, so "
             "requests take turns in groups of whatever size they arrived in and a lone "
-            "group leaves steps empty. Before scheduling, requests are moved as the "
-            "setting says (docs/settings.md); structured-output requests never are, and "
-            "the plugin's runner applies the last stage's newer tokens on the first "
-            "stages before a lifted step. Details: decode_cadence.py, cadence_policy.py."
+            "group leaves steps empty. The plugin's scheduler, a subclass of vLLM's async "
+            "one, moves requests before each step as the setting says (docs/settings.md; "
+            "structured outputs never are; the plugin's runner applies the last stage's "
+            "newer tokens on the first stages before a lifted step). vLLM takes a "
+            "scheduler class from its config; where the user gave none, the config names "
+            "the plugin's once vLLM has settled async scheduling. A scheduler class of the "
+            "user's own is kept, with vLLM's cadence. Details: decode_cadence.py."
         ),
         drop_when="vLLM's scheduler lets a request decode on consecutive steps under PP.",
-        apply=_patch_decode_cadence,
+        processes=frozenset({Process.API_SERVER}),
+        apply=_patch_scheduler_class,
         stands_aside=_cadence_stands_aside,
     ),
     Patch(
@@ -290,7 +336,8 @@ PATCHES: tuple[Patch, ...] = (
             "when vLLM runs a pipeline-parallel model on its V1 runner, where the "
             "plugin stands aside. Details: engine_check.py."
         ),
-        drop_when="the decode cadence patch goes (see decode-cadence).",
+        drop_when="the decode cadence patch goes (see scheduler-class).",
+        processes=frozenset({Process.ENGINE_CORE}),
         apply=_patch_engine_core_check,
     ),
     Patch(
@@ -310,6 +357,7 @@ PATCHES: tuple[Patch, ...] = (
             "vLLM stops splitting at unified_kv_cache_update when layer names are "
             "hoisted (the comment at its default split points, vLLM issue #33267)."
         ),
+        processes=frozenset({Process.API_SERVER}),
         apply=_patch_kv_update_in_graphs,
         stands_aside=_kv_update_stands_aside,
     ),
@@ -327,6 +375,7 @@ PATCHES: tuple[Patch, ...] = (
             "Details: remote_reply.py."
         ),
         drop_when="vLLM's remote MessageQueue readers honour shutdown.",
+        processes=frozenset({Process.ENGINE_CORE}),
         apply=_patch_remote_reply,
         stands_aside=_remote_reply_stands_aside,
     ),
@@ -348,6 +397,7 @@ PATCHES: tuple[Patch, ...] = (
             "group and call is vLLM's. Details: stage_handoff.py."
         ),
         drop_when="vLLM hands intermediate tensors on without per-step metadata.",
+        processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.worker.pipeline.stage_handoff.enable",
     ),
     Patch(
@@ -365,6 +415,7 @@ PATCHES: tuple[Patch, ...] = (
             "cached its variables, it clears that cache. Details: layer_partition.py."
         ),
         drop_when="vLLM balances its split by cost, or takes a split from its config.",
+        processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.shared.layer_partition.apply",
     ),
     Patch(
@@ -379,6 +430,7 @@ PATCHES: tuple[Patch, ...] = (
             "holder kept vLLM's."
         ),
         drop_when="MRV2 lets a runner subclass choose its CUDA-graph manager class.",
+        processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.shared.vllm_surface.managers_built_as",
     ),
     Patch(
@@ -394,51 +446,73 @@ PATCHES: tuple[Patch, ...] = (
             "everything is restored when capture ends."
         ),
         drop_when="vLLM refuses pipeline communication during graph capture itself.",
+        processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.worker.graphs.capture_guard.forbid_pipeline_communication",
     ),
 )
 
 
-_undo_stack: list[Undo] = []
-_applied = False
+#: The patches applied in this process, by name, with how to undo each; what they were
+#: applied for; and the process they were applied in (a forked child inherits them).
+_undone: dict[str, Undo] = {}
+_considered: set[str] = set()
+_processes: frozenset[Process] = frozenset()
+_pid: int | None = None
 
 
 def is_applied() -> bool:
-    return _applied
+    return bool(_processes) and _pid == os.getpid()
 
 
-def apply_all(settings: PPCudaGraphSettings) -> list[str]:
-    """Apply every patch once per process; return the names applied now.
+def applied_for() -> frozenset[Process]:
+    """The processes this one has applied the patches of."""
+    return _processes if _pid == os.getpid() else frozenset()
 
-    A second call returns an empty list and changes nothing. If a patch
-    fails, the ones already applied are undone before the error propagates,
-    so vLLM is never left half-patched.
-    """
-    global _applied
-    if _applied:
-        return []
+
+def apply_for(processes: frozenset[Process], settings: PPCudaGraphSettings) -> list[str]:
+    """Apply each patch of ``processes`` not applied here yet; return the names applied now.
+
+    In a process forked from another, the parent's patches that are for none of
+    ``processes`` are undone first. If a patch fails, every patch applied here is undone
+    before the error propagates, so vLLM is never left half-patched."""
+    global _processes, _pid
+    if _pid != os.getpid():
+        for name in reversed(list(_undone)):
+            if not _patch(name).processes & processes:
+                _undone.pop(name)()
+        _considered.intersection_update(_undone)
+        _processes, _pid = frozenset(), os.getpid()
+    _processes |= processes
     applied: list[str] = []
     try:
         for patch in PATCHES:
+            if patch.name in _considered or not patch.processes & _processes:
+                continue
+            _considered.add(patch.name)
             undo = apply_patch(patch, settings)
             if undo is not None:
-                _undo_stack.append(undo)
+                _undone[patch.name] = undo
                 applied.append(patch.name)
     except BaseException:
         undo_all()
         raise
-    _applied = True
     return applied
+
+
+def apply_all(settings: PPCudaGraphSettings) -> list[str]:
+    """Every process's patches at once (one process that is all of them, as in tests)."""
+    return apply_for(EVERY_PROCESS, settings)
+
+
+def _patch(name: str) -> Patch:
+    return next(p for p in PATCHES if p.name == name)
 
 
 def apply_patch(patch: Patch | str, settings: PPCudaGraphSettings) -> Undo | None:
     """Apply one patch (or the one of that name) unless it stands aside or is scoped;
-    return its undo, or None when nothing changed.
-
-    ``apply_all`` applies each this way; tests apply one by name.
-    """
+    return its undo, or None when nothing changed."""
     if isinstance(patch, str):
-        patch = next(p for p in PATCHES if p.name == patch)
+        patch = _patch(patch)
     if patch.apply is None or patch.stands_aside(settings) is not None:
         return None
     return patch.apply(settings)
@@ -450,9 +524,9 @@ def standing(settings: PPCudaGraphSettings) -> list[tuple[Patch, str | None]]:
 
 
 def undo_all() -> None:
-    """Restore vLLM as it was before ``apply_all`` (used by tests)."""
-    global _applied
-    while _undo_stack:
-        undo = _undo_stack.pop()
-        undo()
-    _applied = False
+    """Restore vLLM as it was before the patches (used by tests)."""
+    global _processes, _pid
+    while _undone:
+        _undone.popitem()[1]()
+    _considered.clear()
+    _processes, _pid = frozenset(), None

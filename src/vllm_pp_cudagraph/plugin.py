@@ -1,9 +1,9 @@
 """vLLM general-plugin entry point (``vllm.general_plugins``: ``pp_cudagraph``).
 
-vLLM calls :func:`register` in every process it starts (API server, engine
-core, each worker, Ray workers), possibly more than once. It does nothing
-unless ``VLLM_PLUGINS`` names the plugin, and imports vLLM internals only
-once it knows it is active.
+vLLM calls :func:`register` in the processes it starts (API server, engine core, each
+worker, Ray workers), possibly more than once; each applies the patches of its kind
+(patches.py). It does nothing unless ``VLLM_PLUGINS`` names the plugin, and imports vLLM
+internals only once it knows it is active.
 """
 
 from __future__ import annotations
@@ -93,6 +93,41 @@ def report_without_traceback(*errors: type[BaseException]) -> None:
     sys.excepthook = hook
 
 
+#: vLLM's frames that load the plugins in a worker and in an engine core: (function, class).
+_WORKER_ENTRY = ("init_worker", ("vllm.v1.worker.worker_base", "WorkerWrapperBase"))
+_ENGINE_CORE_ENTRY = ("__init__", ("vllm.v1.engine.core", "EngineCore"))
+
+
+def processes_here(frame=None) -> frozenset:
+    """Which of vLLM's processes loads the plugin, from the vLLM call up the stack of
+    ``frame`` (the caller's): a worker's ``init_worker``, the engine core's constructor,
+    else the API server (or the process of an offline ``LLM``)."""
+    from vllm_pp_cudagraph.patches import Process
+
+    frame = frame or sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        classes = {(c.__module__, c.__name__) for c in type(owner).__mro__}
+        for (function, cls), process in ((_WORKER_ENTRY, Process.WORKER),
+                                         (_ENGINE_CORE_ENTRY, Process.ENGINE_CORE)):
+            if frame.f_code.co_name == function and cls in classes:
+                return frozenset({process})
+        frame = frame.f_back
+    return frozenset({Process.API_SERVER})
+
+
+def enter_process(processes: frozenset) -> None:
+    """Apply the patches of ``processes`` in this process (once each)."""
+    from vllm_pp_cudagraph import patches
+    from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
+
+    applied = patches.apply_for(processes, PPCudaGraphSettings.current())
+    if applied:
+        _logger().info("vllm-pp-cudagraph active in the %s (process %d): patched %s",
+                       " and ".join(sorted(p.value for p in patches.applied_for())),
+                       os.getpid(), ", ".join(applied))
+
+
 def register() -> None:
     """Entry point vLLM calls; re-entrant and inert unless enabled."""
     global _inactive_logged
@@ -106,23 +141,18 @@ def register() -> None:
             )
         return
 
-    from vllm_pp_cudagraph import patches
-    from vllm_pp_cudagraph.shared.settings import PluginConfigError, PPCudaGraphSettings, SettingsError
+    from vllm_pp_cudagraph.shared.settings import (
+        PluginConfigError,
+        PPCudaGraphSettings,
+        SettingsError,
+    )
+    from vllm_pp_cudagraph.shared.snapshots import ensure_metrics_dir
 
-    if patches.is_applied():
-        return
     report_without_traceback(SettingsError, PluginConfigError, UnsupportedVLLMError)
     settings = PPCudaGraphSettings.current()
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()
-    from vllm_pp_cudagraph.shared.snapshots import ensure_metrics_dir
-
     # Before the engine's processes start, so they inherit it: the workers leave their
     # plans and heartbeats there, with the per-stage metrics on or off.
     ensure_metrics_dir()
-    applied = patches.apply_all(settings)
-    _logger().info(
-        "vllm-pp-cudagraph active in process %d: patched %s",
-        os.getpid(),
-        ", ".join(applied) if applied else "nothing (already in place)",
-    )
+    enter_process(processes_here())

@@ -16,7 +16,6 @@ from _scheduler import make_requests, make_scheduler
 
 from benchmarks.tools import pipeline_sim
 from benchmarks.tools.pipeline_sim import PipelineClock, cadence_on_clock, serve_passes
-from vllm_pp_cudagraph.engine_core.decode_cadence import scheduler_state
 from benchmarks.tools.scheduler_hook_cost import empty_scheduler
 from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
@@ -81,15 +80,6 @@ def test_requests_arriving_at_once_leave_vllms_cadence_a_stage_idle_which_auto_t
     assert runs["auto"]["pass_req_per_s"][0] > 1.05 * runs["vllm"]["pass_req_per_s"][0]
 
 
-def test_the_cadence_hook_is_undone_after_a_simulation():
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-    clock = PipelineClock(2, host_ms=1.0, forward_ms=lambda tokens: 1.0)
-    with cadence_on_clock("auto", clock):
-        assert "schedule" in AsyncScheduler.__dict__
-    assert "schedule" not in AsyncScheduler.__dict__
-
-
 #: Model cost profiles (milliseconds): a small model whose steps cost host time whatever
 #: their size, and a big one whose stages' forwards grow with the batch.
 HOST_BOUND = {"host_ms": 2.0, "forward_ms": lambda n: 0.3 + 0.01 * n}
@@ -110,12 +100,11 @@ RECORDED_WINNER = {("qwen3-0.6b", 64): "merge", ("qwen3-0.6b", 1024): "balance",
 def timed(model_dir: str, cadence: str, profile: dict, pp: int = 2) -> tuple[Run, PipelineClock, object]:
     """Eight requests of 240 tokens arriving at once, served on a simulated pipeline."""
     clock = PipelineClock(pp, **profile)
-    scheduler = make_scheduler(model_dir, num_blocks=256, pp=pp)
     requests = make_requests(8, random.Random(0), prompt=(4, 4), output=(240, 240))
-    with cadence_on_clock(cadence, clock):
+    with cadence_on_clock(cadence, clock) as settings:
+        scheduler = make_scheduler(model_dir, num_blocks=256, pp=pp, settings=settings)
         run = serve(scheduler, requests, [0] * 8, clock=clock)
-    state = scheduler_state(scheduler)
-    return run, clock, state.chooser if state is not None else None
+    return run, clock, getattr(scheduler, "chooser", None)
 
 
 @pytest.mark.parametrize("profile, wins, loses", [(HOST_BOUND, "merge", "balance"),

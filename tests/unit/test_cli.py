@@ -55,8 +55,12 @@ def test_full_check_lists_the_patches(gpus):
     assert code == cli.EXIT_OK
     assert "imports: torch, torchvision, vLLM OK" in out
     assert cli.FULL_ONLY not in out
-    assert "runner-factory: applies  [vllm.v1.worker.gpu_worker.Worker._make_model_runner" in out
-    assert "breakable-env: stands aside: VLLM_PP_CUDAGRAPH_BREAKABLE is off" in out
+    assert ("runner-factory (worker): applies  "
+            "[vllm.v1.worker.gpu_worker.Worker._make_model_runner") in out
+    assert ("breakable-env (every process): stands aside: "
+            "VLLM_PP_CUDAGRAPH_BREAKABLE is off") in out
+    assert "scheduler-class (API server): applies" in out
+    assert "engine-core-check (engine core): applies" in out
     assert "GPUs visible: 2" in out
 
 

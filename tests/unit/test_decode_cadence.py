@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from _first_stage import MAX_REQS, FirstStage, Run, serve
-from _scheduler import make_requests, make_scheduler
+from _scheduler import make_requests, make_scheduler, use_cadence
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request
@@ -28,7 +28,6 @@ from vllm_pp_cudagraph import patches
 from vllm_pp_cudagraph.engine_core.decode_cadence import (
     lift_idle_cadence,
     merge_decode_groups,
-    scheduler_state,
 )
 from vllm_pp_cudagraph.shared.settings import DecodeCadence, PPCudaGraphSettings
 from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
@@ -42,9 +41,8 @@ def model_dir(tmp_path_factory):
 
 
 def _cadence(cadence: str):
-    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence=cadence))
-    assert undo is not None
-    return undo
+    """Schedulers built from now on are the plugin's, with ``cadence``; return the undo."""
+    return use_cadence(PPCudaGraphSettings(decode_cadence=cadence))
 
 
 @pytest.fixture
@@ -292,15 +290,13 @@ def test_lift_leaves_a_step_with_eligible_work_alone():
 
 
 def test_the_scheduler_runs_its_engines_planned_cadence(model_dir):
-    """The hook asks the engine's plan once per scheduler: vLLM's cadence at PP=1."""
+    """The scheduler plans its engine once: vLLM's cadence at PP=1."""
     undo = _cadence("merge")
     try:
         for pp, expected in ((2, DecodeCadence.MERGE), (1, DecodeCadence.VLLM)):
             scheduler = make_scheduler(model_dir, pp=pp)
             scheduler.schedule()
-            assert scheduler_state(scheduler).cadence is expected
-            # Kept beside vLLM's scheduler, not planted on it.
-            assert not [name for name in vars(scheduler) if "pp_cudagraph" in name]
+            assert scheduler.cadence is expected
     finally:
         undo()
 
@@ -364,13 +360,39 @@ def test_balanced_arrivals_and_preemption_never_decode_sooner_and_keep_tokens_ri
     assert sum(run.consumed_early for run in runs) == 0
 
 
-def test_patch_is_undone_exactly_and_off_when_disabled():
-    assert "schedule" not in AsyncScheduler.__dict__
-    assert patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence="vllm")) is None
-    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings())
-    assert AsyncScheduler.schedule.__wrapped__ is AsyncScheduler.__mro__[1].schedule
+def test_the_plugins_scheduler_is_named_only_for_a_pp_engine_on_vllms_async_scheduler(
+        model_dir):
+    """After vLLM settles a config, the plugin's scheduler is named where vLLM would run its
+    own async one under PP; a class the user chose, sync scheduling and PP=1 keep theirs."""
+    from _scheduler import pp_engine_config
+    from vllm.config import VllmConfig
+
+    from vllm_pp_cudagraph.api_server.scheduler_choice import wrap_config_post_init
+    from vllm_pp_cudagraph.shared.engine_plan import PLUGIN_SCHEDULER
+
+    settled = wrap_config_post_init(lambda config: None)  # vLLM's own part already ran
+    chosen = {}
+    for name, config in (("pp2", pp_engine_config(model_dir)),
+                         ("pp1", pp_engine_config(model_dir, pp=1)),
+                         ("sync", pp_engine_config(model_dir, async_scheduling=False)),
+                         ("own", pp_engine_config(model_dir))):
+        if name == "own":
+            config.scheduler_config.scheduler_cls = "my.Scheduler"
+        if name == "sync":
+            config.scheduler_config.scheduler_cls = None
+        settled(config)
+        chosen[name] = config.scheduler_config.scheduler_cls
+    assert chosen == {"pp2": PLUGIN_SCHEDULER, "pp1": None, "sync": None, "own": "my.Scheduler"}
+    config = pp_engine_config(model_dir)
+    settled(config)
+    assert config.scheduler_config.get_scheduler_cls().__mro__[1] is AsyncScheduler
+    own = VllmConfig.__dict__["__post_init__"]
+    assert patches.apply_patch("scheduler-class",
+                               PPCudaGraphSettings(decode_cadence="vllm")) is None
+    undo = patches.apply_patch("scheduler-class", PPCudaGraphSettings())
+    assert VllmConfig.__dict__["__post_init__"] is not own
     undo()
-    assert "schedule" not in AsyncScheduler.__dict__
+    assert VllmConfig.__dict__["__post_init__"] is own
 
 
 def requests_that_stop_early(count: int) -> tuple[list[Request], dict[str, int]]:
@@ -432,17 +454,3 @@ def test_requests_that_stop_early_or_are_aborted_leave_every_output_right(model_
             assert out == positions, (r.request_id, out)
             assert r.is_finished()
     assert cut_short, "no abort landed mid-request: nothing was tested"
-
-
-def test_without_async_scheduling_the_schedule_is_vllms():
-    """The cadence hook wraps the async scheduler alone; with async scheduling off vLLM
-    builds its plain Scheduler, whose schedule the plugin leaves untouched."""
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    before = Scheduler.__dict__["schedule"]
-    undo = _cadence("auto")
-    try:
-        assert Scheduler.__dict__["schedule"] is before
-        assert AsyncScheduler.schedule is not before
-    finally:
-        undo()

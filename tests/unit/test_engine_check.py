@@ -12,7 +12,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_pp_cudagraph.engine_core import engine_check
 from vllm_pp_cudagraph.engine_core.engine_check import WorkerRunnerError, check_workers, plan_of
-from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, plan_engine
+from vllm_pp_cudagraph.shared.engine_plan import PLUGIN_SCHEDULER, EngineFacts, plan_engine
 from vllm_pp_cudagraph.shared.settings import DecodeCadence, LayerPartition, PPCudaGraphSettings
 
 AUTO = DecodeCadence.AUTO
@@ -30,6 +30,8 @@ def config(tmp_path, monkeypatch):
 
     scheduler = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=2)
     config = scheduler.vllm_config
+    # As the API server names it with the plugin enabled (patches.py, scheduler-class).
+    config.scheduler_config.scheduler_cls = PLUGIN_SCHEDULER
     # MRV2 needs Triton; on this CPU the config would pick V1 (see _scheduler.py).
     monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
     return config
@@ -55,7 +57,7 @@ def ours(config, cadence=AUTO, partition=LayerPartition.VLLM, **changed):
 
 
 def test_a_worker_without_the_plugins_runner_is_refused_by_rank(config):
-    assert config.scheduler_config.get_scheduler_cls() is AsyncScheduler
+    assert config.scheduler_config.get_scheduler_cls().__mro__[1] is AsyncScheduler
     rpc, _ = rpc_answering([ours(config), STOCK])
     with pytest.raises(WorkerRunnerError, match=r"worker 1: vLLM's own runner.*DECODE_CADENCE=vllm"):
         check_workers(config, rpc, plan(config, AUTO))
@@ -204,26 +206,17 @@ def test_without_a_pipeline_stock_workers_are_expected_and_said_at_info(tmp_path
     assert record.levelname == "INFO" and "no pipeline (PP=1)" in record.getMessage()
 
 
-def test_the_engine_core_plans_once_for_its_check_and_its_scheduler_hook(config, monkeypatch):
-    """One plan per engine core: the engine check and the scheduler hook read the same
-    one, and a worker's plan for the same engine (with its GPU's memory) agrees with it."""
-    from vllm_pp_cudagraph.shared import engine_plan
-    from vllm_pp_cudagraph.engine_core import decode_cadence
+def test_the_engine_check_the_scheduler_and_a_worker_plan_the_engine_alike(tmp_path):
+    """Each process plans its engine from the same config and settings: the engine check's
+    plan, the one the plugin's scheduler holds and a worker's (with its GPU's memory)."""
+    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
-    made = []
-    real = engine_plan.plan_engine
-    monkeypatch.setattr(engine_plan, "plan_engine",
-                        lambda *a, **k: made.append(a) or real(*a, **k))
     settings = PPCudaGraphSettings(decode_cadence=AUTO)
-
-    class Core:
-        vllm_config = config
-        model_executor = type("Executor", (), {
-            "collective_rpc": lambda self, fn: [ours(config)] * 2})()
-
-    engine_check.wrap_initialize_kv_caches(lambda self: None, settings)(Core())
-    scheduler = type("Scheduler", (), {"vllm_config": config, "pp_size": 2})()
-    state = decode_cadence._SchedulerState.of(scheduler, settings)
-    assert len(made) == 1 and state.cadence is AUTO
-    worker = real(settings, engine_plan.EngineFacts.of(config), gpu_memory_bytes=141 << 30)
-    assert worker.record() == engine_plan.engine_core_plan(settings, config).record()
+    scheduler = make_scheduler(str(write_model_dir(tmp_path, tokenizer=False)), pp=2,
+                               settings=settings)
+    config = scheduler.vllm_config
+    config.scheduler_config.scheduler_cls = PLUGIN_SCHEDULER  # as the API server names it
+    checked = plan_engine(settings, EngineFacts.of(config))
+    worker = plan_engine(settings, EngineFacts.of(config), gpu_memory_bytes=141 << 30)
+    assert scheduler.plan.record() == checked.record() == worker.record()
+    assert scheduler.cadence is AUTO and scheduler.chooser is not None

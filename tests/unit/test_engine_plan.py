@@ -5,19 +5,26 @@ from __future__ import annotations
 import pytest
 from _scheduler import make_scheduler
 
-from vllm_pp_cudagraph.shared.engine_plan import LIFTING, EngineFacts, plan_engine
+from vllm_pp_cudagraph.shared.engine_plan import (
+    LIFTING,
+    PLUGIN_SCHEDULER,
+    EngineFacts,
+    plan_engine,
+)
 from vllm_pp_cudagraph.shared.settings import DecodeCadence, PPCudaGraphSettings
 
 
 @pytest.fixture
 def engine(tmp_path, monkeypatch):
-    """A real PP engine config (MRV2, the async scheduler) and a way to reshape it."""
+    """A real PP engine config (MRV2, the plugin's scheduler) and a way to reshape it."""
     from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
     def make(pp: int = 2, speculative=None, connector=None):
         config = make_scheduler(str(write_model_dir(tmp_path / f"m{pp}", tokenizer=False)),
                                 pp=pp).vllm_config
         monkeypatch.setattr(type(config), "use_v2_model_runner", property(lambda self: True))
+        if pp > 1:  # as the API server names it with the plugin enabled
+            config.scheduler_config.scheduler_cls = PLUGIN_SCHEDULER
         if speculative:
             monkeypatch.setattr(config, "speculative_config", type(
                 "Spec", (), {"method": speculative, "num_speculative_tokens": 3})())
@@ -73,13 +80,14 @@ def test_speculative_decoding_keeps_vllms_hand_off(engine):
     assert plan_config(settings(direct_handoff=True), engine()).direct_handoff
 
 
-def test_the_sync_scheduler_keeps_vllms_cadence(engine, monkeypatch):
-    from vllm.v1.core.sched.scheduler import Scheduler
-
+@pytest.mark.parametrize("scheduler", ["vllm.v1.core.sched.scheduler.Scheduler",
+                                       "vllm.v1.core.sched.async_scheduler.AsyncScheduler"])
+def test_a_scheduler_other_than_the_plugins_keeps_vllms_cadence(engine, scheduler):
+    """vLLM's sync scheduler, or a class the user named (here vLLM's own async one): the
+    engine runs vLLM's cadence, whatever the setting asks."""
     config = engine()
-    monkeypatch.setattr(type(config.scheduler_config), "get_scheduler_cls",
-                        lambda self: Scheduler)
-    assert plan_config(settings(), config).cadence is DecodeCadence.VLLM
+    config.scheduler_config.scheduler_cls = scheduler
+    assert plan_config(settings(decode_cadence="merge"), config).cadence is DecodeCadence.VLLM
 
 
 def test_a_known_failure_is_judged_on_the_split_the_engine_will_use(engine, monkeypatch):

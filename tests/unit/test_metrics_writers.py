@@ -10,7 +10,6 @@ from _scheduler import make_scheduler
 
 from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 from vllm_pp_cudagraph import patches
-from vllm_pp_cudagraph.engine_core.decode_cadence import scheduler_state
 from vllm_pp_cudagraph.shared import snapshots
 from vllm_pp_cudagraph.engine_core.engine_record import group_sizes
 from vllm_pp_cudagraph.worker.stage_clock import StageClock
@@ -34,13 +33,10 @@ def served(tmp_path, monkeypatch, cadence: str, output: int):
     from test_decode_cadence import make_requests, serve
 
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "metrics"))
-    undo = patches.apply_patch("decode-cadence", PPCudaGraphSettings(decode_cadence=cadence))
-    try:
-        model = str(write_model_dir(tmp_path / "m", tokenizer=False))
-        scheduler = make_scheduler(model, num_blocks=64, pp=2)
-        serve(scheduler, make_requests(8, random.Random(1), output=(output, output)), [0] * 8)
-    finally:
-        undo()
+    model = str(write_model_dir(tmp_path / "m", tokenizer=False))
+    scheduler = make_scheduler(model, num_blocks=64, pp=2,
+                               settings=PPCudaGraphSettings(decode_cadence=cadence))
+    serve(scheduler, make_requests(8, random.Random(1), output=(output, output)), [0] * 8)
     return scheduler
 
 
@@ -55,7 +51,7 @@ def test_the_scheduler_hook_writes_the_engines_snapshot(tmp_path, monkeypatch, c
 def test_the_engine_snapshot_counts_autos_trials(tmp_path, monkeypatch):
     """What ``auto``'s probes of other cadences cost is in the engine's snapshot."""
     scheduler = served(tmp_path, monkeypatch, "auto", output=60)
-    state = scheduler_state(scheduler)
+    state = scheduler
     state.record._last = None  # written at most every few seconds: write the last step now
     state.record.step(scheduler.running, str(state.chooser.cadence), state.chooser)
     snap = snapshots.read_engine_snapshot(0)
@@ -79,13 +75,9 @@ def test_without_metrics_the_hook_writes_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "metrics"))
     settings = PPCudaGraphSettings(decode_cadence="merge", metrics=False)
-    undo = patches.apply_patch("decode-cadence", settings)
-    try:
-        model = str(write_model_dir(tmp_path / "m", tokenizer=False))
-        serve(make_scheduler(model, num_blocks=64, pp=2),
-              make_requests(4, random.Random(1), output=(10, 10)), [0] * 4)
-    finally:
-        undo()
+    model = str(write_model_dir(tmp_path / "m", tokenizer=False))
+    serve(make_scheduler(model, num_blocks=64, pp=2, settings=settings),
+          make_requests(4, random.Random(1), output=(10, 10)), [0] * 4)
     assert snapshots.read_engine_snapshot(0) is None
 
 
@@ -208,12 +200,14 @@ def test_the_engine_check_records_the_plans_it_compared(tmp_path, monkeypatch, m
     from test_engine_check import ours, plan, rpc_answering
 
     from vllm_pp_cudagraph.engine_core.engine_check import check_workers
+    from vllm_pp_cudagraph.shared.engine_plan import PLUGIN_SCHEDULER
     from vllm_pp_cudagraph.shared.snapshots import read_plan_records
 
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS_DIR", str(tmp_path / "records"))
     monkeypatch.setenv("VLLM_PP_CUDAGRAPH_METRICS", metrics)
     config = make_scheduler(str(write_model_dir(tmp_path / "m", tokenizer=False)),
                             pp=2).vllm_config
+    config.scheduler_config.scheduler_cls = PLUGIN_SCHEDULER  # as the API server names it
     rpc, _ = rpc_answering([ours(config), ours(config)])
     check_workers(config, rpc, plan(config, "auto"))
     engine = read_plan_records(tmp_path / "records")["engine-0"]

@@ -8,8 +8,9 @@ from importlib.metadata import entry_points
 
 from conftest import DATA, run_python
 
-# Runs vLLM's own plugin loader in a fresh process, then reports what the
-# worker's runner import resolves to and which runner the config selects for
+# Runs vLLM's own plugin loader in a fresh process, from the call a vLLM worker loads
+# it with (so the plugin applies a worker's patches), then reports what the worker's
+# runner import resolves to and which runner the config selects for
 # a MoE model that vLLM 0.26 would otherwise run on the V1 runner.
 # The config is built before the plugin loads because on a machine without a
 # GPU vLLM refuses to validate a V2 config (no Triton driver); the property the
@@ -23,7 +24,11 @@ from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 moe = ModelConfig(model="{DATA / 'qwen3_moe_tiny'}", skip_tokenizer_init=True)
 config = VllmConfig(model_config=moe, device_config=DeviceConfig(device="cpu"))
 from vllm.plugins import load_general_plugins
-load_general_plugins()
+from vllm.v1.worker.worker_base import WorkerWrapperBase
+class Worker(WorkerWrapperBase):
+    def init_worker(self):  # as vLLM's worker process loads its plugins
+        load_general_plugins()
+Worker.__new__(Worker).init_worker()
 import inspect
 import re
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
@@ -72,8 +77,8 @@ def test_vllm_loader_with_plugin_named_swaps_runner_and_keeps_vllms_runner_choic
     assert report["moe_uses_v2"] is report_without_plugin()["moe_uses_v2"]
     assert report["applied"] is True
     # One "active" line per process, even though register() ran twice.
-    assert log.count("vllm-pp-cudagraph active in process") == 1
-    assert re.search(r"patched .*runner-factory,", log)
+    assert log.count("vllm-pp-cudagraph active in the worker") == 1
+    assert re.search(r"patched .*\brunner-factory\b", log)
 
 
 _without_plugin: list[tuple[dict, str]] = []

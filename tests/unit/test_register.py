@@ -15,6 +15,14 @@ from vllm_pp_cudagraph.shared.settings import PluginConfigError
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 STOCK_RUNNER = mr.GPUModelRunner
+processes_here = plugin.processes_here  # the real one; tests below stand in for it
+
+
+@pytest.fixture(autouse=True)
+def every_process(monkeypatch):
+    """The test process stands for each kind of vLLM process at once (the tests of the
+    processes' own patches below set it apart)."""
+    monkeypatch.setattr(plugin, "processes_here", lambda frame=None: patches.EVERY_PROCESS)
 
 
 @pytest.fixture(autouse=True)
@@ -81,30 +89,14 @@ def test_v1_runner_requested_together_with_plugin_is_refused(clean_env, worker):
 
 
 def test_each_patch_says_whether_it_stands_aside_here(clean_env):
-    """``check`` reports this; patches fixed upstream name the release they stop at."""
+    """``check`` reports this."""
     from vllm_pp_cudagraph.shared.settings import PluginConfigError, PPCudaGraphSettings
 
     standing = dict((p.name, why) for p, why in patches.standing(PPCudaGraphSettings()))
     assert standing["runner-factory"] is None
     assert standing["breakable-env"] == "VLLM_PP_CUDAGRAPH_BREAKABLE is off"
     off = PPCudaGraphSettings(decode_cadence="vllm", kv_update_in_graphs=False)
-    assert dict((p.name, why) for p, why in patches.standing(off))["decode-cadence"]
-    for patch in patches.PATCHES:
-        if patch.off_from is not None:
-            assert vllm_surface.parse_release(patch.off_from), patch.name
-
-
-def test_patches_fixed_upstream_stand_aside_from_their_release(clean_env):
-    """On this vLLM, a patch with ``off_from`` stands aside exactly when the
-    installed release is at or past it (the probe and the release agree)."""
-    from vllm_pp_cudagraph.shared.settings import PluginConfigError, PPCudaGraphSettings
-
-    installed = vllm_surface.parse_release(vllm_surface.installed_versions().vllm)
-    for patch, why in patches.standing(PPCudaGraphSettings()):
-        if patch.off_from is None:
-            continue
-        assert (why is not None) == (installed >= vllm_surface.parse_release(patch.off_from)), (
-            patch.name, why)
+    assert dict((p.name, why) for p, why in patches.standing(off))["scheduler-class"]
 
 
 def test_unsupported_vllm_version_is_refused_with_range_and_override(clean_env, worker):
@@ -140,7 +132,7 @@ def test_failing_patch_leaves_nothing_half_applied(clean_env, worker):
     def broken(settings):
         raise RuntimeError("boom")
 
-    failing = patches.Patch("broken", "nothing", "test", "never", broken)
+    failing = patches.Patch("broken", "nothing", "test", "never", patches.EVERY_PROCESS, broken)
     clean_env.setattr(patches, "PATCHES", (*patches.PATCHES, failing))
     clean_env.setenv("VLLM_PLUGINS", "pp_cudagraph")
     with pytest.raises(RuntimeError, match="boom"):
@@ -228,3 +220,89 @@ def test_a_bad_setting_stops_vllm_serve_with_one_line():
     assert "Traceback" not in proc.stdout + proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("vllm-pp-cudagraph: ") and name in last and says in last
+
+
+#: What each kind of process changes in vLLM, and nothing else: (owner, attribute).
+OWN_TARGETS = {
+    patches.Process.API_SERVER: {("vllm.config.vllm", "VllmConfig", "__post_init__")},
+    patches.Process.ENGINE_CORE: {("vllm.v1.engine.core", "EngineCore", "_initialize_kv_caches"),
+                                  ("vllm.distributed.device_communicators.shm_broadcast",
+                                   "MessageQueue", "dequeue")},
+    patches.Process.WORKER: {("vllm.v1.worker.gpu_worker", "Worker", "_make_model_runner")},
+}
+
+
+def _changed(before: dict) -> set:
+    return {target for target, own in before.items() if _own(target) is not own}
+
+
+def _own(target):
+    import importlib
+
+    module, cls, attr = target
+    return vars(getattr(importlib.import_module(module), cls)).get(attr)
+
+
+@pytest.mark.parametrize("process", list(patches.Process), ids=lambda p: p.name)
+def test_each_process_applies_its_own_patches_and_no_others(process, clean_env):
+    import vllm.plugins
+
+    from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
+
+    targets = set().union(*OWN_TARGETS.values())
+    before = {target: _own(target) for target in targets}
+    loader = vllm.plugins.load_general_plugins
+    try:
+        patches.apply_for(frozenset({process}), PPCudaGraphSettings())
+        assert _changed(before) == OWN_TARGETS[process]
+        assert vllm.plugins.load_general_plugins is not loader  # every process: the entry
+    finally:
+        patches.undo_all()
+    assert _changed(before) == set() and vllm.plugins.load_general_plugins is loader
+
+
+def test_a_forked_process_drops_its_parents_patches_for_its_own(clean_env, monkeypatch):
+    """A worker forked from the engine core inherits its patches; entering the worker
+    undoes them and applies the worker's."""
+    import os
+
+    from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
+
+    targets = set().union(*OWN_TARGETS.values())
+    before = {target: _own(target) for target in targets}
+    settings = PPCudaGraphSettings()
+    try:
+        patches.apply_for(frozenset({patches.Process.ENGINE_CORE}), settings)
+        parent = os.getpid()
+        monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+        patches.apply_for(frozenset({patches.Process.WORKER}), settings)
+        assert _changed(before) == OWN_TARGETS[patches.Process.WORKER]
+        # An engine core keeping its workers in process adds theirs to its own.
+        patches.apply_for(frozenset({patches.Process.ENGINE_CORE}), settings)
+        assert _changed(before) == (OWN_TARGETS[patches.Process.WORKER]
+                                    | OWN_TARGETS[patches.Process.ENGINE_CORE])
+    finally:
+        patches.undo_all()
+
+
+def test_the_process_is_told_by_the_vllm_call_that_loads_the_plugin():
+    """vLLM loads plugins from a worker's init_worker and the engine core's constructor;
+    anything else is the API server (or an offline LLM's process)."""
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    seen = []
+
+    class Wrapper(WorkerWrapperBase):
+        def init_worker(self, *args):  # vLLM's frame: the plugin is loaded from here
+            seen.append(processes_here())
+
+    class Core(EngineCore):
+        def __init__(self):
+            seen.append(processes_here())
+
+    Wrapper.__new__(Wrapper).init_worker()
+    Core()
+    seen.append(processes_here())
+    assert seen == [{patches.Process.WORKER}, {patches.Process.ENGINE_CORE},
+                    {patches.Process.API_SERVER}]

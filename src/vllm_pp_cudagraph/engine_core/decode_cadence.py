@@ -1,4 +1,5 @@
-"""The scheduler half of the decode cadence: which steps a request decodes in under PP.
+"""The scheduler half of the decode cadence: which steps a request decodes in under PP,
+run by :class:`PPCadenceScheduler`, vLLM's async scheduler with the engine's cadence.
 
 ``merge`` lets every running request decode at every step, ``balance`` evens the
 ``pp_size`` decode groups, ``fill`` gives a step that would be empty the group that can go
@@ -8,31 +9,19 @@ docs/architecture.md says why both are safe."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import weakref
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import PauseState
 
 from vllm_pp_cudagraph.shared import vllm_surface
 from vllm_pp_cudagraph.engine_core.cadence_policy import STOCK, CadenceChooser
-from vllm_pp_cudagraph.shared.engine_plan import engine_core_plan
+from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, plan_engine
 from vllm_pp_cudagraph.engine_core.engine_record import EngineRecord
 from vllm_pp_cudagraph.shared.settings import DecodeCadence, PPCudaGraphSettings
-
-ScheduleFn = Callable[..., Any]
-
-#: What the hook keeps per scheduler (:class:`_SchedulerState`), beside vLLM's object
-#: rather than on it.
-_STATES: weakref.WeakKeyDictionary[Any, _SchedulerState] = weakref.WeakKeyDictionary()
-
-
-def scheduler_state(scheduler: Any) -> _SchedulerState | None:
-    """What the hook keeps for ``scheduler``; None before its first step under the hook."""
-    return _STATES.get(scheduler)
-
 
 def may_lift(request: Any) -> bool:
     """Whether ``request`` may decode sooner than vLLM's cadence lets it: not under
@@ -121,74 +110,65 @@ def decode_tokens(output: Any) -> int:
     return sum(1 for n in output.num_scheduled_tokens.values() if n == 1)
 
 
-def wrap_schedule(original: ScheduleFn, settings: PPCudaGraphSettings) -> ScheduleFn:
-    """Wrap the async scheduler's ``schedule`` to run the cadence of its engine's plan;
-    under ``auto`` each scheduler gets its own :class:`CadenceChooser`, fed every step."""
+class PPCadenceScheduler(AsyncScheduler):
+    """vLLM's async scheduler that runs its engine's planned decode cadence under PP.
 
-    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = _STATES.get(self)
-        if state is None:
-            state = _STATES[self] = _SchedulerState.of(self, settings)
-        if state.cadence is DecodeCadence.VLLM:
-            return original(self, *args, **kwargs)
-        chooser = state.chooser
-        policy = chooser.cadence if chooser is not None else state.cadence
+    The API server names it as the engine's ``scheduler_cls`` (patches.py,
+    ``scheduler-class``); the engine core builds it, and it plans its engine once."""
+
+    def __init__(self, *args: Any, settings: PPCudaGraphSettings | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = settings or PPCudaGraphSettings.current()
+        facts = dataclasses.replace(EngineFacts.of(self.vllm_config), cadence_scheduler=True)
+        self.plan = plan_engine(settings, facts)
+        self.cadence: DecodeCadence = self.plan.cadence
+        #: Under ``auto``: measures vLLM's cadence and the others, and picks (cadence_policy).
+        self.chooser: CadenceChooser | None = (
+            CadenceChooser(self.pp_size) if self.cadence is DecodeCadence.AUTO else None)
+        self.record: EngineRecord | None = None
+        if settings.metrics and self.cadence is not DecodeCadence.VLLM:
+            parallel = self.vllm_config.parallel_config
+            plan = self.plan
+            self.record = EngineRecord(
+                engine=getattr(parallel, "data_parallel_rank", 0), pp_size=self.pp_size,
+                asked_cadence=str(plan.asked_cadence),
+                layer_split=(plan.layers or ()) if plan.split_decided else (),
+                split_reason=plan.partition.why if plan.split_decided else
+                "auto: each worker decides from its GPU's memory")
+        #: Each request's decode group under vLLM's cadence while ``auto`` tries another.
+        self.vllm_phases: dict[str, int] | None = None
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.cadence is DecodeCadence.VLLM:
+            return super().schedule(*args, **kwargs)
+        chooser = self.chooser
+        policy = chooser.cadence if chooser is not None else self.cadence
         step = self.current_step + 1
         if chooser is not None:
-            state.keep_vllms_groups(chooser, self.running, self.pp_size)
+            self._keep_vllms_groups(chooser)
         if policy is DecodeCadence.MERGE:
             merge_decode_groups(self.running, step)
         elif policy is DecodeCadence.BALANCE:
             balance_decode_groups(self.running, step, self.pp_size)
         elif policy is DecodeCadence.FILL and not may_admit(self):
             lift_idle_cadence(self.running, step)
-        output = original(self, *args, **kwargs)
+        output = super().schedule(*args, **kwargs)
         if chooser is not None:
-            chooser.record_step(decode_tokens(output), sum(1 for r in self.running if is_decoding(r)))
-        if state.record is not None:
-            state.record.step(self.running, str(policy), chooser)
+            chooser.record_step(decode_tokens(output),
+                                sum(1 for r in self.running if is_decoding(r)))
+        if self.record is not None:
+            self.record.step(self.running, str(policy), chooser)
         return output
 
-    schedule.__wrapped__ = original  # type: ignore[attr-defined]
-    return schedule
-
-
-@dataclass
-class _SchedulerState:
-    """What the hook keeps per scheduler: its plan's cadence, the ``auto`` chooser, and
-    the engine's metrics record."""
-
-    cadence: DecodeCadence
-    chooser: CadenceChooser | None
-    record: EngineRecord | None
-    #: Each request's decode group under vLLM's cadence while ``auto`` tries another.
-    vllm_phases: dict[str, int] | None = None
-
-    def keep_vllms_groups(self, chooser: CadenceChooser, running: list, pp_size: int) -> None:
-        """Let a trial leave no trace on vLLM's cadence: vLLM's cadence keeps whatever
-        groups it is given, so a trial that merged or evened them would otherwise decide
-        what vLLM's cadence measures next. The groups are recorded as a trial from it
-        starts and restored as it goes back to vLLM's cadence."""
+    def _keep_vllms_groups(self, chooser: CadenceChooser) -> None:
+        """Let a trial leave no trace on vLLM's cadence, which keeps whatever groups it is
+        given: the groups are recorded as a trial from it starts and restored as it ends."""
         on_stock = chooser.incumbent is STOCK
         if on_stock and chooser.cadence is not STOCK and self.vllm_phases is None:
-            self.vllm_phases = decode_phases(running, pp_size)
+            self.vllm_phases = decode_phases(self.running, self.pp_size)
         elif chooser.cadence is STOCK and self.vllm_phases is not None:
-            restore_decode_phases(running, self.vllm_phases, pp_size)
+            restore_decode_phases(self.running, self.vllm_phases, self.pp_size)
             self.vllm_phases = None
         elif not on_stock:
             self.vllm_phases = None
-
-    @classmethod
-    def of(cls, scheduler: Any, settings: PPCudaGraphSettings) -> _SchedulerState:
-        plan = engine_core_plan(settings, scheduler.vllm_config)
-        chooser = CadenceChooser(scheduler.pp_size) if plan.cadence is DecodeCadence.AUTO else None
-        record = None
-        if settings.metrics and plan.cadence is not DecodeCadence.VLLM:
-            parallel = scheduler.vllm_config.parallel_config
-            record = EngineRecord(
-                engine=getattr(parallel, "data_parallel_rank", 0), pp_size=scheduler.pp_size,
-                asked_cadence=str(plan.asked_cadence),
-                layer_split=(plan.layers or ()) if plan.split_decided else (),
-                split_reason=plan.partition.why if plan.split_decided else
-                "auto: each worker decides from its GPU's memory")
-        return cls(plan.cadence, chooser, record)

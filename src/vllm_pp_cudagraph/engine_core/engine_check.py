@@ -16,7 +16,7 @@ from vllm.logger import init_logger
 from vllm_pp_cudagraph.shared import support
 from vllm_pp_cudagraph.engine_core.stall_watch import SETTING as STALL_SETTING
 from vllm_pp_cudagraph.engine_core.stall_watch import StallWatch
-from vllm_pp_cudagraph.shared.engine_plan import LIFTING, EnginePlan, engine_core_plan
+from vllm_pp_cudagraph.shared.engine_plan import LIFTING, EngineFacts, EnginePlan, plan_engine
 from vllm_pp_cudagraph.shared.snapshots import PlanRecord, metrics_dir, write_snapshot
 from vllm_pp_cudagraph.shared import layer_partition
 from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
@@ -148,7 +148,7 @@ def wrap_initialize_kv_caches(original: Callable[..., Any],
         result = original(self, *args, **kwargs)
         try:
             active = check_workers(self.vllm_config, self.model_executor.collective_rpc,
-                                   engine_core_plan(settings, self.vllm_config))
+                                   plan_engine(settings, EngineFacts.of(self.vllm_config)))
         except WorkerRunnerError:
             self.model_executor.shutdown()
             raise

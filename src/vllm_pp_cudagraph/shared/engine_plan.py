@@ -1,10 +1,9 @@
-"""One engine's plan: every decision the plugin makes for an engine, made once by
-:func:`plan_engine` from the settings and the engine's facts, and read by the worker's
-runner factory, the runner, the scheduler hook, the engine check, ``check`` and ``plan``."""
+"""One engine's plan: every decision the plugin makes for an engine, made by
+:func:`plan_engine` from the settings and the engine's facts, and held by what acts on it
+(the engine core's scheduler, each worker's runner; ``check`` and ``plan`` print it)."""
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +37,8 @@ class EngineFacts:
     gpu_memory_utilization: float = layer_partition.DEFAULT_GPU_MEMORY_UTILIZATION
     kv_cache_memory_bytes: int | None = None
     v2_runner: bool = True  # whether vLLM builds MRV2 (it does on a GPU)
-    async_scheduler: bool = True  # whether the scheduler is vLLM's async one, or derives from it
+    #: Whether the engine core runs the plugin's scheduler (vLLM's async one, with the cadence).
+    cadence_scheduler: bool = True
     async_scheduling: bool | None = True
     speculative: str | None = None  # the drafting method; "" where vLLM names none
     kv_connector: str | None = None  # "" where a KV transfer config names no connector
@@ -46,8 +46,6 @@ class EngineFacts:
     @classmethod
     def of(cls, vllm_config: VllmConfig) -> EngineFacts:
         """The facts of the engine ``vllm_config`` configures."""
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
         model, cache = vllm_config.model_config, vllm_config.cache_config
         scheduler = vllm_config.scheduler_config
         drafts = support.drafting(vllm_config)
@@ -62,11 +60,19 @@ class EngineFacts:
             gpu_memory_utilization=cache.gpu_memory_utilization,
             kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
             v2_runner=vllm_config.use_v2_model_runner,
-            async_scheduler=issubclass(scheduler.get_scheduler_cls(), AsyncScheduler),
+            cadence_scheduler=_qualname(scheduler.get_scheduler_cls()) == PLUGIN_SCHEDULER,
             async_scheduling=getattr(scheduler, "async_scheduling", None),
             speculative=None if drafts is None else str(getattr(drafts, "method", "") or ""),
             kv_connector=None if transfer is None else str(
                 getattr(transfer, "kv_connector", "") or ""))
+
+
+#: The scheduler class the API server names for a PP engine on vLLM's async scheduler.
+PLUGIN_SCHEDULER = "vllm_pp_cudagraph.engine_core.decode_cadence.PPCadenceScheduler"
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 #: Cadences that may let a request decode sooner than vLLM's (``balance`` only delays).
@@ -131,12 +137,12 @@ def _stand_aside(settings: PPCudaGraphSettings, facts: EngineFacts) -> str | Non
 def _cadence(settings: PPCudaGraphSettings, facts: EngineFacts, stand_aside: str | None
              ) -> DecodeCadence:
     """``settings.decode_cadence`` where vLLM's MRV2 PP cadence exists to change and the
-    async scheduler (the one the ``decode-cadence`` patch wraps) runs it. Not with
+    plugin's scheduler runs it (not beside a scheduler class of the user's own). Not with
     speculative decoding (its rejected drafts reach the first stages through the same
     ring, unmeasured with consecutive decodes) nor a KV connector (its requests wait on
     transfers the cadence does not see)."""
     if (stand_aside or facts.speculative is not None or facts.kv_connector is not None
-            or not facts.async_scheduler):
+            or not facts.cadence_scheduler):
         return DecodeCadence.VLLM
     return settings.decode_cadence
 
@@ -176,22 +182,3 @@ def plan_engine(settings: PPCudaGraphSettings, facts: EngineFacts,
         direct_handoff=settings.direct_handoff and blocker is None and stand_aside is None,
         direct_handoff_blocker=blocker, layer_partition=settings.layer_partition,
         layers=partition.layers, split_decided=not partition.undecided, partition=partition)
-
-
-#: The engine core's plans by engine config: its scheduler hook and its engine check share one.
-_engine_core_plans: dict[int, tuple[weakref.ref, PPCudaGraphSettings, EnginePlan]] = {}
-
-
-def engine_core_plan(settings: PPCudaGraphSettings, vllm_config: VllmConfig) -> EnginePlan:
-    """The engine core's plan for the engine of ``vllm_config``, computed on first use (the
-    scheduler hook or the engine check, whichever comes first) and shared after."""
-    key = id(vllm_config)
-    held = _engine_core_plans.get(key)
-    if held is None or held[0]() is not vllm_config:
-        # Dropped with its config, so a later config at this id plans afresh.
-        weakref.finalize(vllm_config, _engine_core_plans.pop, key, None)
-    elif held[1] == settings:
-        return held[2]
-    plan = plan_engine(settings, EngineFacts.of(vllm_config))
-    _engine_core_plans[key] = (weakref.ref(vllm_config), settings, plan)
-    return plan

@@ -272,9 +272,19 @@ def _report_patches(report: _Report, settings: PPCudaGraphSettings) -> None:
     report.say("patches when enabled, on this vLLM with these settings:")
     for patch, why in rows:
         state = "applies" if why is None else f"stands aside: {why}"
-        report.say(f"  - {patch.name}: {state}  [{patch.target}]")
+        report.say(f"  - {patch.name} ({_processes(patch)}): {state}  [{patch.target}]")
     for scoped in [p for p in PATCHES if p.scope]:
-        report.say(f"  - {scoped.name}: applied later by {scoped.scope}  [{scoped.target}]")
+        report.say(f"  - {scoped.name} ({_processes(scoped)}): applied later by "
+                   f"{scoped.scope}  [{scoped.target}]")
+
+
+def _processes(patch) -> str:
+    """The processes a patch is applied in, as ``check --full`` names them."""
+    from vllm_pp_cudagraph.patches import EVERY_PROCESS, Process
+
+    if patch.processes == EVERY_PROCESS:
+        return "every process"
+    return ", ".join(p.value for p in Process if p in patch.processes)
 
 
 def _report_proven(report: _Report) -> None:
