@@ -7,7 +7,7 @@ Run it with the GPU image's Python and torch stack (or an approximation: torch
 2.11.0+cu130 and image-packages.txt from the package index), SITE holding the kit
 as install.sh installs it plus this package, and LD_LIBRARY_PATH holding the stubs
 built from stub_libcuda.c and stub_libnvml.c: vLLM then detects its CUDA platform
-itself, through its own pynvml copy, as on the GPU machines (two H200s, compute
+itself, through its own pynvml copy, as on the GPU hosts (two H200s, compute
 capability 9.0), while torch sees no CUDA device. It records:
 
 - the platform vLLM detects;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs a released vLLM for the GPU machines (Python 3.12, torch 2.11.0+cu130, no
+# Packs a released vLLM for the GPU hosts (Python 3.12, torch 2.11.0+cu130, no
 # package index) into part folders of at most PART_MIB MiB each, one transfer each.
 # See README.md for why this can work for vLLM 0.29+ and what is untested.
 #

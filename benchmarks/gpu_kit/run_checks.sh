@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first checks of a released vLLM (0.33.0) with this plugin on a GPU host (2 GPUs,
-# or one for the one-gpu steps), after the kit's install (README.md, "The next GPU
-# run"). From the repository root:
+# or one for the one-gpu steps), after the kit's install (README.md, "Run the
+# checks"). From the repository root:
 #
 #   bash benchmarks/gpu_kit/run_checks.sh DIR [STEP...]        run in the foreground
 #   bash benchmarks/gpu_kit/run_checks.sh start DIR [STEP...]  the same, detached
@@ -38,8 +38,8 @@
 #                stock and V1, each stage's GPU busy % per concurrency (--profile; the
 #                cell of ../results/2026-11-23-pipelining-pp2/run.sh); about 15 minutes
 #   serve-0.6b, serve-70b, serve-30b-a3b  the same for the other shapes
-#                (engine-* and serve-* are the acceptance table of pipelining that pays:
-#                docs/performance.md; each a bench invocation of its own)
+#                (engine-* and serve-* are the cells of docs/performance.md;
+#                each a bench invocation of its own)
 #   scoreboard-32b  the 2-GPU scoreboard of the Qwen3-32B dense shape (dummy weights,
 #                vLLM's attention choice, gpu_memory_utilization 0.9, max_num_seqs 1024),
 #                each cell a bench invocation into its own folder under scoreboard-32b/,
@@ -51,7 +51,7 @@
 #                1024 prompts of 64 in / 256 out: plugin, stock PP, TP). The cells share
 #                KIT_DEADLINE_S seconds (default 1500): each gets what the earlier ones
 #                left as its --deadline, one left under a minute is skipped, and
-#                bench.json is written as each run ends, so a lease cut short keeps
+#                bench.json is written as each run ends, so a run cut short keeps
 #                every finished run
 #   scoreboard-ray  the scoreboard's first serve point (64 in x concurrency 256) with the
 #                plugin and stock TP=2 over two Ray nodes on this host, one GPU each
@@ -130,8 +130,7 @@
 #                stock" adds stock's servers, KIT_TWO_NODE_HOWS=kill the kill alone
 #   gpu-tests    PP=2, the project's GPU tests (pytest -m gpu: tokens per graph mode,
 #                structured outputs, stage faults, a short soak, LoRA, the refusals), with
-#                the test-only vLLM plugins; about 30 minutes on 2 H200s, so a session
-#                of its own
+#                the test-only vLLM plugins; about 30 minutes on 2 H200s
 #   shared-batch PP=2 with both stages on GPU 0 of a one-GPU machine (shared_gpu/,
 #                test-only; NCCL between the stages over a loopback socket), Qwen3-0.6B
 #                shape, random weights, --workload batch: stock, the plugin and the
@@ -156,7 +155,7 @@
 #                check; the plugin's defaults against two stock servers (as the GPU
 #                matrix's soak-30b-a3b job on 2 GPUs); about 20 minutes
 #   shared-soak-32b  the same soak on the Qwen3-32B dense shape (over 30 minutes there:
-#                longer than a machine is lent; see KIT_PREVIOUS below)
+#                longer than one run; see KIT_PREVIOUS below)
 #   shared-soak-32b-pp4  the LoRA soak of the 32B shape at PP=4, every rank on GPU 0, 1,000
 #                requests a server: which kernels compile while serving, on which rank and
 #                when (the PP=4 soak's stalls), the plugin beside two stock servers
@@ -185,7 +184,7 @@
 #                none yet, Qwen3-4B, Qwen3-32B and Llama-3.1-70B (../tools/cost_table.py:
 #                stock vLLM at PP=1, dummy weights, 4 and 12 layers fitted per batch size;
 #                the 30B-A3B shape took 9 minutes on an H100); copy cost-tables/*/*.json into
-#                src/vllm_pp_cudagraph/planning/cost_tables/ to ship them. KIT_COST_SHAPES names
+#                src/vllm_pp_cudagraph/shared/cost_tables/ to ship them. KIT_COST_SHAPES names
 #                others (qwen3-0.6b and qwen3-30b-a3b ship already). Then one TP=2 rank's
 #                shard of the shapes in KIT_COST_TP_SHAPES (default qwen3-32b
 #                llama-3.1-70b; empty for none): the tables plan reads for TP
@@ -923,7 +922,7 @@ case "${1:-}" in
   start)
     [ $# -ge 2 ] || usage
     if grep -qs 'CHECKS DONE' "$2/steps.txt"; then
-      # A host kept from an earlier lease still holds that run: set it aside, so this
+      # A host kept from an earlier run still holds that run: set it aside, so this
       # run's pack holds only its own files.
       mv "$2" "$2.before-$(date +%s)" && echo "an earlier run's $2 set aside"
     fi
@@ -934,7 +933,7 @@ case "${1:-}" in
     [ $# -eq 3 ] || usage
     RES=$2; end=$((SECONDS + $3))
     if [ ! -e "$RES/console.txt" ]; then
-      # A machine given back (idle, or its time up) comes back bare: nothing to wait for.
+      # A fresh host comes back bare: nothing to wait for.
       echo "no run in $RES: nothing was started there on this machine (a fresh one?)" >&2
       exit 3
     fi

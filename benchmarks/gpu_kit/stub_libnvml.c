@@ -1,6 +1,6 @@
 /* For checking a kit on a machine without the NVIDIA driver: a libnvidia-ml.so.1 that
  * reports two H200s (compute capability 9.0), so vLLM's own platform detection (its
- * pynvml copy, vllm/third_party) picks the CUDA platform as on the GPU machines. Use it
+ * pynvml copy, vllm/third_party) picks the CUDA platform as on the GPU hosts. Use it
  * with stub_libcuda.c, which reports no CUDA device to the CUDA runtime.
  * gcc -shared -fPIC -o libnvidia-ml.so.1 stub_libnvml.c */
 #include <string.h>

@@ -8,7 +8,7 @@ else ``step_ms``). ``per_layer`` is a decoder layer's cost; ``fixed`` is the emb
 plus the LM head's and the sampler's. The embedding (one row gathered per token) is too
 small to measure apart: it keeps the bytes/FLOPs model's estimate, and the LM head
 and sampler get the rest. The table lands in ``OUT/<signature>.json``; copied into
-``src/vllm_pp_cudagraph/planning/cost_tables/`` it replaces the model for that shape.
+``src/vllm_pp_cudagraph/shared/cost_tables/`` it replaces the model for that shape.
 
     python -m benchmarks.tools.cost_table --out DIR (--shape qwen3-32b | --model DIR)
         [--layers 4,12] [--batches 1,32,64,128,256] [--context 64] [--tp N]

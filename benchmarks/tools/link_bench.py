@@ -1,6 +1,6 @@
 """What a link between two GPUs costs: NCCL send/recv and all-reduce, timed per message
 size under each interconnect the bench can simulate (``bench --interconnect``), fitted to a
-latency and a bandwidth that ``plan`` reads (src/vllm_pp_cudagraph/planning/links.json).
+latency and a bandwidth that ``plan`` reads (src/vllm_pp_cudagraph/commands/planning/links.json).
 
     python -m benchmarks.tools.link_bench --out DIR [--interconnect nvlink host socket]
 

@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cells", type=Path)
     parser.add_argument("--write-errors", type=Path, metavar="MEASURED_CELLS_JSON",
                         help="also store the median error by layout kind and workload there "
-                        "(src/vllm_pp_cudagraph/planning/measured_cells.json), for plan")
+                        "(src/vllm_pp_cudagraph/commands/planning/measured_cells.json), for plan")
     args = parser.parse_args(argv)
     table = rows(json.loads(args.cells.read_text()))
     print(markdown(table))

@@ -1,7 +1,7 @@
 """Each soak server's report on disk, so that a soak cut short can resume.
 
-A soak of a big model starts several servers one after another; where a machine
-is lent for less time than they take, the servers that finished are not run
+A soak of a big model starts several servers one after another; where a run
+has less time than they take, the servers that finished are not run
 again. Every server's report, with everything it served, goes to
 ``OUT/servers/MODE-RUN.json`` as it ends, beside the soak's settings that shaped
 it. ``--resume`` reuses the reports found there and serves only the rest; one

@@ -939,7 +939,7 @@ def test_a_tp_engine_that_does_not_repeat_itself_still_fails():
 
 
 def test_an_invocation_cut_short_leaves_every_finished_runs_numbers(tmp_path, monkeypatch):
-    """bench.json is written as each run ends, so a lease ending mid-invocation still
+    """bench.json is written as each run ends, so a run cut short mid-invocation still
     leaves the finished runs, judged, in a whole file."""
     argv = ["--workload", "batch", "--weights", "dummy", "--out", str(tmp_path),
             "--modes", "stock:eager,plugin:eager,v1:eager"]

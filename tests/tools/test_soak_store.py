@@ -16,7 +16,7 @@ from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResul
 
 
 class MachineGone(Exception):
-    """The lent machine went back mid-soak."""
+    """The host went away mid-soak."""
 
 
 def _served(texts: list[str]) -> dict:

@@ -241,7 +241,7 @@ def write_results(args: argparse.Namespace, reports: list[dict[str, Any]],
     """Write OUT/bench.json with the runs so far; ``complete`` once every run has had its turn.
 
     Written after each run, to a temporary file renamed over the last one, so that an
-    invocation cut short (a lease ending, a kill) leaves every finished run's numbers
+    invocation cut short (a deadline, a kill) leaves every finished run's numbers
     and never half a file.
     """
     judge_tokens(args, reports)

@@ -29,7 +29,7 @@ HOST_PER_REQUEST_S = 18e-6
 #: host-paced steps of the served 0.6B cells (PP=2, 32-512 requests a step).
 SERVE_HOST_STEP_S = 2.6e-3
 #: TTFT p50 under ``serve`` over one prefill of the running requests' prompts at the
-#: model's rates, fitted on the served 32B cells (benchmarks/results, 2026-11-27 check).
+#: model's rates, fitted on the served 32B cells (benchmarks/results/2026-11-27-plan-check-ttft-cpu).
 TTFT_P50_SHARE = 0.69
 #: Under ``serve``, the time per request a closed loop's wave of new requests waits to be
 #: taken in (API servers and engine core), where that is longer than their prefills, by
