@@ -52,16 +52,16 @@ STAGE_GAUGES: dict[str, tuple[str, Callable[[StageSnapshot], float | None]]] = {
     "stage_step_seconds": ("Mean GPU time of one step of the stage, in seconds.",
                            lambda s: s.step_ms / 1e3 if s.steps else None),
     "stage_handoff_seconds": ("Mean host time per step receiving intermediate tensors "
-                              "(direct hand-off only), in seconds.",
+                              "(not measured yet), in seconds.",
                               lambda s: None if s.handoff_ms is None else s.handoff_ms / 1e3),
     "stage_predicted_step_seconds": (
-        "Predicted decode-step time of the stage at the window's mean batch size, in seconds.",
+        "Predicted decode-step time of the stage at the engine's max_num_seqs, in seconds.",
         lambda s: None if s.predicted_step_ms is None else s.predicted_step_ms / 1e3),
     "stage_layers": ("Decoder layers on the stage.", lambda s: s.layers),
 }
 #: Per-stage counters: name (without ``_total``) -> (help, cumulative snapshot field).
 STAGE_COUNTERS: dict[str, tuple[str, str]] = {
-    "stage_handoff_bytes": ("Bytes of intermediate tensors the stage sent and received.",
+    "stage_handoff_bytes": ("Bytes of intermediate tensors the stage sent.",
                             "handoff_bytes_total"),
     "stage_graph_steps": ("Steps the stage replayed from a CUDA graph.", "graph_steps_total"),
     "stage_eager_steps": ("Steps the stage ran eagerly.", "eager_steps_total"),
