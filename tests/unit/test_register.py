@@ -202,12 +202,13 @@ def test_the_plugins_settings_are_no_unknown_vllm_variables(name, value, clean_e
         _validate_vllm_environ()  # undo leaves vLLM's table as it was
 
 
-def test_a_bad_setting_stops_vllm_serve_with_one_line():
+@pytest.mark.parametrize("name, value, says", [
+    ("VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "3,3", "VLLM_PP_LAYER_PARTITION=3,3"),
+    ("VLLM_PP_CUDAGRAPH_METRICS_DIR", "/etc/passwd", "expected a directory")])
+def test_a_bad_setting_stops_vllm_serve_with_one_line(name, value, says):
     """What an operator sees: one line naming the variable and what it takes, not a
     traceback through vLLM's argument parser, and a failed exit before anything starts.
     (Each setting's message: test_settings.py; the one line holds whichever it is.)"""
-    name, value = "VLLM_PP_CUDAGRAPH_LAYER_PARTITION", "3,3"
-    says = "VLLM_PP_LAYER_PARTITION=3,3"
     import subprocess
     import sys
 

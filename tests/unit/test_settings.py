@@ -57,6 +57,21 @@ def test_decode_cadence_names_its_choices():
     assert all(choice in str(err.value) for choice in ("auto", "merge", "balance", "fill", "vllm"))
 
 
+def test_a_metrics_dir_that_is_a_file_or_cannot_be_made_is_refused_naming_it(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for bad in (afile, afile / "below"):
+        with pytest.raises(SettingsError) as err:
+            PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_METRICS_DIR": str(bad)})
+        assert f"VLLM_PP_CUDAGRAPH_METRICS_DIR='{bad}': expected a directory" in str(err.value)
+
+
+def test_a_metrics_dir_that_does_not_exist_yet_is_made(tmp_path):
+    wanted = tmp_path / "a" / "b"
+    settings = PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_METRICS_DIR": str(wanted)})
+    assert settings.metrics_dir == str(wanted) and wanted.is_dir()
+
+
 def test_a_replaced_setting_says_what_to_set_instead():
     with pytest.raises(SettingsError, match="FILL_IDLE_STEPS was replaced: set "
                        "VLLM_PP_CUDAGRAPH_DECODE_CADENCE"):

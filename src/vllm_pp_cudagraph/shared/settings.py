@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Annotated, Any
@@ -57,6 +58,21 @@ def _partition_choice(value: Any) -> Any:
             "expected 'vllm' or 'auto'; a split set by hand goes in vLLM's own "
             f"VLLM_PP_LAYER_PARTITION={split} (which wins over this setting)"
         )
+    return value
+
+
+def _writable_directory(value: Any) -> Any:
+    """Empty, or a directory the engine's processes can write in, made here if missing."""
+    if not isinstance(value, str) or not value.strip():
+        return value
+    try:
+        os.makedirs(value, exist_ok=True)
+        with tempfile.TemporaryFile(dir=value):
+            pass
+    except OSError as exc:
+        reason = "it is a file" if os.path.isfile(value) else (exc.strerror or str(exc))
+        raise ValueError(f"expected a directory the server can write in ({reason}); "
+                         "leave it empty for a temporary one") from None
     return value
 
 
@@ -222,7 +238,7 @@ class PPCudaGraphSettings(BaseModel):
         description="Per-stage figures in vllm serve's /metrics and the log (docs/metrics.md).",
     )
 
-    metrics_dir: str = Field(
+    metrics_dir: Annotated[str, BeforeValidator(_writable_directory)] = Field(
         default="",
         description=(
             "Where the engine's processes leave those figures for the API server; empty: a "
