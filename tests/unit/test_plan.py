@@ -57,6 +57,22 @@ def test_a_layout_the_heads_do_not_divide_into_is_named(clean_env, capsys):
                          "divide by 3")
 
 
+def test_an_unknown_model_is_named_before_any_gpu_is_looked_for(clean_env, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["plan", "--model", "no-such-model", "--gpus", "2"])
+    assert exit_.value.code == cli.EXIT_MISCONFIGURED
+    assert "--model no-such-model: no readable config.json" in capsys.readouterr().err
+
+
+def test_without_a_visible_gpu_or_gpu_flag_plan_assumes_the_gpu_its_help_names(
+        clean_env, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_visible_gpus", lambda: [])
+    monkeypatch.setattr(cli, "_gpu_memory_bytes", lambda: None)
+    cli.main(["plan", "--model", "qwen3-0.6b", "--gpus", "2"])
+    out = capsys.readouterr().out
+    assert "(141 GiB x 0.92)" in out and "GPU: H200 (assumed: --gpu names yours" in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--gpus", "1"], "a plan compares layouts of at least 2 GPUs"),
     (["--gpus", "40"], "the model has 28 decoder layers, fewer than the stages of PP=40"),
@@ -72,13 +88,6 @@ def test_bad_layouts_are_refused_naming_the_flag(clean_env, capsys, argv, messag
         cli.main(["plan", "--model", "qwen3-0.6b", *H200, *argv])
     assert exit_.value.code == cli.EXIT_MISCONFIGURED
     assert message in capsys.readouterr().err
-
-
-def test_without_a_gpu_or_its_memory_the_flag_is_named(clean_env, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_gpu_memory_bytes", lambda: None)
-    with pytest.raises(SystemExit):
-        cli.main(["plan", "--model", "qwen3-0.6b", "--gpus", "2"])
-    assert "pass --gpu (e.g. h100) or --gpu-memory-gib" in capsys.readouterr().err
 
 
 def test_plan_and_check_agree_on_the_layer_split(clean_env, capsys):

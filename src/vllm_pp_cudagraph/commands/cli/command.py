@@ -419,18 +419,18 @@ def plan(parser: ArgumentParser, args: argparse.Namespace) -> int:
 
     _check_ranges(parser, args, ("gpus", "concurrency", "prompts", "input_len", "output_len",
                                  "max_num_seqs", "api_server_count"))
+    try:
+        config = read_model_config(args.model)  # an unknown model is named first
+    except ValueError as exc:
+        parser.error(str(exc))
     gpu, gpu_said = _plan_gpu(args.gpu)
     if args.gpu_memory_gib is not None:
         gpu_bytes = int(args.gpu_memory_gib * 2**30)
-    elif args.gpu is not None:
-        gpu_bytes = int(gpu.memory_gib * 2**30)
     else:
-        gpu_bytes = _gpu_memory_bytes()
-    if not gpu_bytes or gpu_bytes <= 0:
-        parser.error("no GPU is visible to read its memory from; pass --gpu (e.g. "
-                     "h100) or --gpu-memory-gib (e.g. 141 for an H200, 80 for an H100)")
+        # --gpu's memory, else the visible GPU's, else that of the GPU assumed (help).
+        visible = None if args.gpu is not None else _gpu_memory_bytes()
+        gpu_bytes = visible or int(gpu.memory_gib * 2**30)
     try:
-        config = read_model_config(args.model)
         settings = PPCudaGraphSettings.current()
         work = Workload(args.concurrency, args.input_len, args.output_len, args.max_num_seqs,
                         args.prompts, args.api_server_count)
