@@ -229,7 +229,10 @@ OWN_TARGETS = {
     patches.Process.ENGINE_CORE: {("vllm.v1.engine.core", "EngineCore", "_initialize_kv_caches"),
                                   ("vllm.distributed.device_communicators.shm_broadcast",
                                    "MessageQueue", "dequeue")},
-    patches.Process.WORKER: {("vllm.v1.worker.gpu_worker", "Worker", "_make_model_runner")},
+    # Worker._make_model_runner from 0.32; before, the MRV2 class the worker imports inline.
+    patches.Process.WORKER: {("vllm.v1.worker.gpu_worker", "Worker", "_make_model_runner")
+                             if vllm_surface.worker_runner_factory() else
+                             (vllm_surface.V2_RUNNER_MODULE, None, "GPUModelRunner")},
 }
 
 
@@ -241,7 +244,8 @@ def _own(target):
     import importlib
 
     module, cls, attr = target
-    return vars(getattr(importlib.import_module(module), cls)).get(attr)
+    owner = importlib.import_module(module)
+    return vars(owner if cls is None else getattr(owner, cls)).get(attr)
 
 
 @pytest.mark.parametrize("process", list(patches.Process), ids=lambda p: p.name)
