@@ -110,3 +110,19 @@ def test_the_version_is_the_changelogs_newest():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     newest = re.search(r"^## (\d+\.\d+\.\d+)", changelog, re.M).group(1)
     assert vllm_pp_cudagraph.__version__.startswith(newest)
+
+
+def test_every_data_file_of_the_package_is_in_the_wheel():
+    """A data file the package reads (the proven tables, cost tables, plan's cells) left out
+    of ``package-data`` is missing from an installed wheel, and the plugin fails to import."""
+    import fnmatch
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["vllm_pp_cudagraph"]
+    data = [path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*")
+            if path.is_file() and path.suffix not in (".py", ".pyc", ".typed", ".md")
+            and "__pycache__" not in path.parts]
+    assert data, "no data files found: is PACKAGE the source tree?"
+    missing = [f for f in data if not any(fnmatch.fnmatch(f, g) for g in globs)]
+    assert missing == []
