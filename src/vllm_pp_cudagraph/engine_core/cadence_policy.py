@@ -1,8 +1,5 @@
-"""Choose the PP decode cadence by measurement (``VLLM_PP_CUDAGRAPH_DECODE_CADENCE=auto``).
-
-:class:`CadenceChooser` times vLLM's own cadence, ``balance`` and ``merge`` in the engine
-core, per token a request waits, and keeps vLLM's unless another beats it by the margin;
-docs/architecture.md and docs/performance.md say why."""
+"""``VLLM_PP_CUDAGRAPH_DECODE_CADENCE=auto``: :class:`CadenceChooser` times vLLM's cadence,
+``balance`` and ``merge`` per token, and keeps vLLM's unless another beats it by the margin."""
 
 from __future__ import annotations
 
@@ -21,21 +18,14 @@ logger = init_logger("vllm.pp_cudagraph.cadence")
 
 #: Windows saw about the same load when their decoding requests differ by at most this share.
 SIMILAR_LOAD = 0.25
-
 #: vLLM's own cadence: ``auto`` starts on it and keeps it unless another beats it by the margin.
 STOCK = DecodeCadence.VLLM
-
 #: The cadences ``auto`` chooses between, in the order their trials are due.
 CANDIDATES = (STOCK, DecodeCadence.BALANCE, DecodeCadence.MERGE)
-
 #: How much faster than the incumbent a trial must measure to be adopted.
 MARGIN = 0.05
-
-#: A trial that measured this many times the incumbent's interval lost by a wide margin:
-#: it is not tried again at that load for much longer.
+#: A trial that measured this many times the incumbent's interval lost widely (long back-off).
 WIDE_LOSS = 1.25
-
-
 #: How many of the latest trials' verdicts the chooser keeps for the engine's record.
 KEPT_VERDICTS = 32
 
@@ -43,7 +33,6 @@ KEPT_VERDICTS = 32
 @dataclass(frozen=True)
 class Verdict:
     """How one trial of another cadence ended, at ``decoders`` decoding requests."""
-
     step: int
     cadence: DecodeCadence
     #: Seconds per token the trial measured (None before a round), and the incumbent's.
@@ -62,9 +51,7 @@ def _similar_load(decoders: float, reference: float, share: float = SIMILAR_LOAD
 
 @dataclass
 class _Window:
-    """Steps measured under one cadence (at clock seconds ``times``, the first its start),
-    in rounds of ``round_steps`` (``pp_size``: every decode group's turn once)."""
-
+    """Steps under one cadence, at clock ``times`` (the first its start), by ``round_steps``."""
     round_steps: int
     times: list[float]
     tokens: list[int]
@@ -75,32 +62,19 @@ class _Window:
         self.tokens.append(tokens)
         self.decoders.append(decoders)
 
-    @property
-    def steps(self) -> int:
-        return len(self.times)
-
-    @property
-    def mean_decoders(self) -> float:
-        return statistics.fmean(self.decoders)
-
     def token_interval(self, now: float) -> float | None:
-        """Seconds a decoding request waited per token: the median over the window's
-        rounds of a round's time per token it gave each decoding request; None where no
-        token was decoded or the engine was idle.
-
-        By rounds, not steps: where groups are uneven, steps alternate between long and
-        short (an empty step costs the scheduler a moment), and a round takes them all."""
+        """Seconds a decoding request waited per token: the median over the window's rounds
+        (not steps, which alternate long and short where groups are uneven) of a round's time
+        per token it gave each decoding request; None if no token was decoded or it idled."""
         durations = [b - a for a, b in zip(self.times, [*self.times[1:], now])]
         elapsed = now - self.times[0]
         longest = max(durations)
-        if elapsed <= 0 or (longest > 0.5 * elapsed
-                            and longest > 4 * statistics.median(durations)):
+        if elapsed <= 0 or (longest > 0.5 * elapsed and longest > 4 * statistics.median(durations)):
             return None
         per_token = []
         for first in range(0, len(durations) - self.round_steps + 1, self.round_steps):
             span = slice(first, first + self.round_steps)
-            tokens = sum(self.tokens[span])
-            if tokens:
+            if tokens := sum(self.tokens[span]):
                 decoders = statistics.fmean(self.decoders[span])
                 per_token.append(sum(durations[span]) * decoders / tokens)
         return statistics.median(per_token) if per_token else None
@@ -108,37 +82,23 @@ class _Window:
 
 @dataclass
 class _BackOff:
-    """A candidate held off at about ``load`` decoding requests: tried there again after
-    ``left`` more windows of the incumbent at that load; its next loss there backs it off
-    ``growth`` times ``gap``."""
-
+    """A candidate held off at about ``load`` decoding requests for ``left`` more incumbent
+    windows there; its next loss there backs it off ``growth`` times ``gap``."""
     load: float
     gap: int
     left: int
 
 
 class CadenceChooser:
-    """Picks vLLM's cadence, ``balance`` or ``merge`` for one scheduler: feed
-    :meth:`record_step` once per ``schedule()``; :attr:`cadence` is the cadence for the
-    next step, :attr:`incumbent` the one adopted (they differ while another is on trial).
+    """Picks vLLM's cadence, ``balance`` or ``merge`` for one scheduler: feed :meth:`record_step`
+    once per ``schedule()``; :attr:`cadence` is the next step's, :attr:`incumbent` the adopted one.
 
-    ``auto`` starts on vLLM's cadence. The incumbent is measured in windows of
-    ``window_rounds`` rounds; every so many windows one other candidate is tried for a
-    window at the same load, and adopted only if it beats the incumbent by ``margin``
-    there and again against the incumbent's next window, so vLLM's cadence is left only
-    for one that beats it, and taken back once it beats the one adopted. (A trial of
-    vLLM's cadence starts from the groups the incumbent formed, so a tie says nothing
-    about how vLLM's own groups would do: it needs the margin too.) A candidate that held
-    no better is tried again
-    ``growth`` times later each time (at most ``longest_gap`` windows); one that lost by
-    :data:`WIDE_LOSS` or more is backed off up to ``longest_backoff`` windows. Each
-    back-off belongs to the load it was earned at and counts only windows measured there:
-    when the load moves (a drain between bursts, each wave of a closed-loop benchmark),
-    the cadence adopted last at the new load is resumed at once, a candidate that lost
-    there waits out what is left of its back-off, and one never tried there is tried
-    soon. So however the load moves, trials take about the same share of the steps at
-    each load as at a steady one.
-    """
+    The incumbent (vLLM's at first) is measured in windows of ``window_rounds`` rounds; now and
+    then another is tried for a window and adopted only if it beats the incumbent by ``margin``
+    there and in the incumbent's next window (vLLM's cadence too, as its trial starts from the
+    incumbent's groups). Losers are retried ``growth`` times later each time. Back-offs belong to
+    the load they were earned at; when the load moves, the cadence adopted last there resumes, so
+    trials take about the same share of steps at every load."""
 
     window_rounds = 3
     margin = MARGIN
@@ -146,24 +106,18 @@ class CadenceChooser:
     growth = 4
     longest_gap = 128
     longest_backoff = 1024
-    #: The share by which the decoding requests move before the load counts as moved.
-    regroup = 0.5
-    #: How many of the incumbent's latest windows its reference is the median of.
-    recent = 3
+    regroup = 0.5  # the share by which decoding requests move before the load counts as moved
+    recent = 3  # how many of the incumbent's latest windows its reference is the median of
 
     def __init__(self, pp_size: int, clock: Callable[[], float] = time.monotonic):
-        self.pp_size = pp_size
-        #: Steps per window: every group decodes ``window_rounds`` times in one.
+        self.pp_size, self.clock = pp_size, clock
         self.window_steps = self.window_rounds * pp_size
-        self.clock = clock
-        self.incumbent = STOCK
-        self.cadence = STOCK
+        self.incumbent = self.cadence = STOCK
         #: Whether the incumbent is merge only because too few requests decoded to form groups.
         self._forced = False
         #: Per other candidate: windows of the incumbent between its trials, and left now.
         self._gap = {c: self.first_gap for c in CANDIDATES}
         self._windows_left = {c: 1 for c in CANDIDATES}
-        #: Per candidate, its back-off at each load it lost at.
         self._back_offs: dict[DecodeCadence, list[_BackOff]] = {c: [] for c in CANDIDATES}
         #: The loads (decoding requests) at which a cadence was adopted, and that cadence.
         self._winners: list[tuple[float, DecodeCadence]] = []
@@ -175,14 +129,12 @@ class CadenceChooser:
         #: The incumbent's last windows (token interval, decoding requests), newest last.
         self._recent: deque[tuple[float, float]] = deque(maxlen=self.recent)
         self._decided_decoders = 0.0
-        #: Adopted switches: (step, cadence, its token interval, the incumbent's, decoding requests).
+        #: (step, cadence, its token interval, the incumbent's, decoding requests) per switch.
         self.switches: list[tuple[int, DecodeCadence, float, float, float]] = []
         #: Trials started, and steps scheduled under a trial, per cadence (the probes' cost).
         self.trials: Counter[str] = Counter()
         self.trial_steps: Counter[str] = Counter()
-        #: Trials that lost by :data:`WIDE_LOSS` or more, per cadence.
         self.wide_losses: Counter[str] = Counter()
-        #: How the latest trials ended, oldest first.
         self.verdicts: deque[Verdict] = deque(maxlen=KEPT_VERDICTS)
         self._steps = 0
 
@@ -196,28 +148,26 @@ class CadenceChooser:
             self._settle -= 1
             self._window = None
             return self.cadence
-        window = self._window
-        if window is None:
+        if (window := self._window) is None:
             self._window = _Window(self.pp_size, [now], [tokens], [decoders])
             return self.cadence
-        if window.steps < self.window_steps:
-            if self._trial is not None and window.steps == self.pp_size:
-                interval = window.token_interval(now)
-                if self._far_behind(interval):
-                    # One round of the trial is enough to see it lose.
-                    self._end_trial(interval, window.mean_decoders)
+        if len(window.times) < self.window_steps:
+            if self._trial is not None and len(window.times) == self.pp_size:
+                # One round of the trial is enough to see it fall far behind.
+                interval, reference = window.token_interval(now), self._reference()
+                if interval is not None and reference is not None and interval > 1.5 * reference[0]:
+                    self._end_trial(interval, statistics.fmean(window.decoders))
                     return self.cadence
             window.add(now, tokens, decoders)
             return self.cadence
         interval = window.token_interval(now)
         self._window = _Window(self.pp_size, [now], [tokens], [decoders])
         if interval is not None:
-            self._judge(interval, window.mean_decoders)
+            self._judge(interval, statistics.fmean(window.decoders))
         return self.cadence
 
     def _judge(self, interval: float, decoders: float) -> None:
-        """Judge the window just measured: a trial's, the incumbent's after a trial that
-        won, or the incumbent's."""
+        """Judge the window just measured: a trial's, or the incumbent's (after a win or not)."""
         if self._trial is not None:
             reference = self._reference()
             if (reference is not None and _similar_load(decoders, reference[1])
@@ -240,8 +190,8 @@ class CadenceChooser:
         self._recent.append((interval, decoders))
         beaten = min(interval, self._reference()[0])
         won = self._wins(trial_interval, beaten)
-        self._verdict(trial, trial_interval, beaten, trial_decoders,
-                      "adopted" if won else "not confirmed")
+        self.verdicts.append(Verdict(self._steps, trial, trial_interval, beaten, trial_decoders,
+                                     "adopted" if won else "not confirmed"))
         if won:
             self._adopt(trial, trial_interval, trial_decoders, beaten)
         else:
@@ -251,12 +201,12 @@ class CadenceChooser:
     def _incumbent_window(self, interval: float, decoders: float) -> None:
         moved = not _similar_load(decoders, self._decided_decoders, share=self.regroup)
         if (moved or self._forced) and decoders >= self.pp_size:
-            # The load moved: before another trial, measure the cadence adopted last time
-            # at this load, else the incumbent, or vLLM's where the few requests before
-            # had forced merge.
-            resume = self._winner_at(decoders) or (STOCK if self._forced else self.incumbent)
-            self._forced = False
-            self.incumbent = resume
+            # The load moved: before another trial, measure the cadence adopted last at this
+            # load, else the incumbent, or vLLM's where too few requests had forced merge.
+            winner = next((cadence for load, cadence in reversed(self._winners)
+                           if _similar_load(decoders, load)), None)
+            resume = winner or (STOCK if self._forced else self.incumbent)
+            self._forced, self.incumbent = False, resume
             self._use(resume)
             self._recent.clear()
             self._decided_decoders = decoders
@@ -265,8 +215,7 @@ class CadenceChooser:
         self._recent.append((interval, decoders))
         if decoders < self.pp_size:
             # Too few requests to form groups: every other cadence leaves steps empty.
-            self._forced = True
-            self.incumbent = DecodeCadence.MERGE
+            self._forced, self.incumbent = True, DecodeCadence.MERGE
             self._use(DecodeCadence.MERGE)
             return
         for cadence in CANDIDATES:
@@ -283,96 +232,73 @@ class CadenceChooser:
             self._use(due[0])
 
     def _wins(self, interval: float, incumbent: float) -> bool:
-        """Whether a trial measured at ``interval`` beats the incumbent's ``incumbent``
-        by the margin."""
+        """Whether a trial at ``interval`` beats the incumbent's ``incumbent`` by the margin."""
         return interval < incumbent * (1 - self.margin)
 
     def _reference(self) -> tuple[float, float] | None:
-        """The incumbent's token interval to beat: the median of its recent windows
-        at about the latest one's load, and that load; None before any window."""
+        """The incumbent's interval to beat (median of recent windows near the latest load), and
+        that load; None before any window."""
         if not self._recent:
             return None
         latest = self._recent[-1][1]
-        near = [i for i, d in self._recent if _similar_load(d, latest)]
-        return statistics.median(near), latest
-
-    def _far_behind(self, interval: float | None) -> bool:
-        reference = self._reference()
-        return interval is not None and reference is not None and interval > 1.5 * reference[0]
+        return statistics.median([i for i, d in self._recent if _similar_load(d, latest)]), latest
 
     def _end_trial(self, interval: float | None, decoders: float) -> None:
-        """Go back to the incumbent; try the trial again later, much later where it lost
-        widely at the incumbent's load."""
+        """Back to the incumbent; retry the trial later, much later if it lost widely."""
         trial, reference = self._trial, self._reference()
         assert trial is not None
         self._trial = None
         self._use(self.incumbent)
         if reference is None or not _similar_load(decoders, reference[1]):
             self._windows_left[trial] = self._gap[trial]  # no back-off
-            self._verdict(trial, interval, None, decoders, "not comparable")
+            self.verdicts.append(Verdict(self._steps, trial, interval, None, decoders,
+                                         "not comparable"))
             return
         wide = interval is not None and interval >= WIDE_LOSS * reference[0]
-        self._verdict(trial, interval, reference[0], decoders, "lost widely" if wide else "held")
+        self.verdicts.append(Verdict(self._steps, trial, interval, reference[0], decoders,
+                                     "lost widely" if wide else "held"))
         if wide:
             self.wide_losses[trial.value] += 1
         self._back_off(trial, self.longest_backoff if wide else self.longest_gap)
 
-    def _verdict(self, trial: DecodeCadence, interval: float | None, against: float | None,
-                 decoders: float, outcome: str) -> None:
-        self.verdicts.append(Verdict(self._steps, trial, interval, against, decoders, outcome))
-
     def _back_off(self, trial: DecodeCadence, longest: int) -> None:
-        """The incumbent held against ``trial`` at the latest load: try it again there
-        ``growth`` times later than last time (at most ``longest`` windows)."""
+        """Retry ``trial`` at the latest load ``growth`` times later, at most ``longest``."""
         load = self._recent[-1][1]
         earlier = self._back_off_at(trial, load)
         gap = min(self.growth * (earlier.gap if earlier else self._gap[trial]), longest)
-        self._gap[trial] = gap
-        self._windows_left[trial] = gap
-        self._back_offs[trial] = [*self._back_offs_but_at(trial, load), _BackOff(load, gap, gap)]
+        self._gap[trial] = self._windows_left[trial] = gap
+        kept = [b for b in self._back_offs[trial] if not _similar_load(load, b.load)]
+        self._back_offs[trial] = [*kept, _BackOff(load, gap, gap)]
         self._decided_decoders = load
 
     def _back_off_at(self, cadence: DecodeCadence, decoders: float) -> _BackOff | None:
-        """``cadence``'s back-off nearest ``decoders`` decoding requests, where one is within
-        the share of a load move (a load that moved less is the same load)."""
+        """``cadence``'s back-off nearest ``decoders``, if one is within a load move of it."""
         near = [b for b in self._back_offs[cadence]
                 if _similar_load(decoders, b.load, share=self.regroup)]
         return min(near, key=lambda b: abs(math.log(max(decoders, 1.0) / max(b.load, 1.0))),
                    default=None)
 
-    def _back_offs_but_at(self, cadence: DecodeCadence, decoders: float) -> list[_BackOff]:
-        """``cadence``'s back-offs but those at about ``decoders`` decoding requests."""
-        return [b for b in self._back_offs[cadence] if not _similar_load(decoders, b.load)]
-
     def _adopt(self, cadence: DecodeCadence, interval: float, decoders: float,
                beaten: float) -> None:
         """Make ``cadence`` the incumbent: it measured ``interval`` against ``beaten``."""
-        before = self.incumbent
-        self.incumbent = cadence
+        before, self.incumbent = self.incumbent, cadence
         self._forced = False
         self._use(cadence)
         self.switches.append((self._steps, cadence, interval, beaten, decoders))
-        logger.info(
-            "vllm-pp-cudagraph: decode cadence %s at %.0f decoding requests "
-            "(%.2f ms per token against %.2f ms with %s)",
-            cadence, decoders, 1e3 * interval, 1e3 * beaten, before,
-        )
+        logger.info("vllm-pp-cudagraph: decode cadence %s at %.0f decoding requests "
+                    "(%.2f ms per token against %.2f ms with %s)",
+                    cadence, decoders, 1e3 * interval, 1e3 * beaten, before)
         self._decided_decoders = decoders
         self._winners = [*(w for w in self._winners if not _similar_load(decoders, w[0])),
                          (decoders, cadence)]
-        self._back_offs[cadence] = self._back_offs_but_at(cadence, decoders)
+        self._back_offs[cadence] = [b for b in self._back_offs[cadence]
+                                    if not _similar_load(decoders, b.load)]
         self._recent.clear()
         self._recent.append((interval, decoders))
         self._reset_gaps(decoders, first_trial_in=self.first_gap)
 
-    def _winner_at(self, decoders: float) -> DecodeCadence | None:
-        """The cadence adopted last at about ``decoders`` decoding requests, if any."""
-        return next((cadence for load, cadence in reversed(self._winners)
-                     if _similar_load(decoders, load)), None)
-
     def _reset_gaps(self, decoders: float, first_trial_in: int) -> None:
-        """A new load or incumbent: every candidate is due again soon, except one that
-        lost at about this load, which waits out what is left of its back-off there."""
+        """New load or incumbent: every candidate is due soon but one backed off at this load."""
         for cadence in CANDIDATES:
             held = self._back_off_at(cadence, decoders)
             self._gap[cadence] = held.gap if held else self.first_gap

@@ -1,11 +1,6 @@
-"""The scheduler half of the decode cadence: which steps a request decodes in under PP,
-run by :class:`PPCadenceScheduler`, vLLM's async scheduler with the engine's cadence.
-
-``merge`` lets every running request decode at every step, ``balance`` evens the
-``pp_size`` decode groups, ``fill`` gives a step that would be empty the group that can go
-first, ``auto`` measures vLLM's own cadence, ``balance`` and ``merge`` and leaves vLLM's
-only for one that beats it (cadence_policy.py). The worker half is first_stage_tokens.py;
-docs/architecture.md says why both are safe."""
+"""The scheduler half of the PP decode cadence (worker half: first_stage_tokens.py; why both are
+safe: docs/architecture.md). ``merge`` decodes every request every step, ``balance`` evens the
+decode groups, ``fill`` gives a would-be empty step the group due first, ``auto`` measures."""
 
 from __future__ import annotations
 
@@ -22,6 +17,7 @@ from vllm_pp_cudagraph.engine_core.cadence_policy import STOCK, CadenceChooser
 from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, plan_engine
 from vllm_pp_cudagraph.engine_core.engine_record import EngineRecord
 from vllm_pp_cudagraph.shared.settings import DecodeCadence, PPCudaGraphSettings
+
 
 def may_lift(request: Any) -> bool:
     """Whether ``request`` may decode sooner than vLLM's cadence lets it: not under
@@ -76,45 +72,18 @@ def balance_decode_groups(running: Iterable[Any], step: int, pp_size: int) -> in
     return len(movable)
 
 
-def decode_phases(running: Iterable[Any], pp_size: int) -> dict[str, int]:
-    """Each running request's decode group: its next eligible step modulo ``pp_size``."""
-    return {r.request_id: r.next_decode_eligible_step % pp_size for r in running}
-
-
-def restore_decode_phases(running: Iterable[Any], phases: dict[str, int], pp_size: int) -> None:
-    """Delay each request in ``phases`` to the next step of its recorded group (never
-    sooner; structured outputs are left alone)."""
-    for request in running:
-        phase = phases.get(request.request_id)
-        if phase is not None and not request.use_structured_output:
-            delay = (phase - request.next_decode_eligible_step) % pp_size
-            request.next_decode_eligible_step += delay
-
-
 def may_admit(scheduler: Any) -> bool:
-    """Whether this step could admit a waiting request, as ``Scheduler.schedule`` checks it.
-
-    KV-cache space is not checked: a step that then admits nothing stays idle,
-    as in vLLM.
-    """
-    if not any(vllm_surface.waiting_queues(scheduler)):
-        return False
-    if getattr(scheduler, "_pause_state", None) not in (None, PauseState.UNPAUSED):
+    """Whether this step could admit a waiting request, as ``Scheduler.schedule`` checks it
+    (not KV-cache space: a step that then admits nothing stays idle, as in vLLM)."""
+    if (not any(vllm_surface.waiting_queues(scheduler))
+            or getattr(scheduler, "_pause_state", None) not in (None, PauseState.UNPAUSED)):
         return False
     occupied = len(scheduler.running) + getattr(scheduler, "num_waiting_for_streaming_input", 0)
     return occupied < vllm_surface.admission_cap(scheduler)
 
 
-def decode_tokens(output: Any) -> int:
-    """Requests a scheduler output decodes one token for (without draft tokens: 1 each)."""
-    return sum(1 for n in output.num_scheduled_tokens.values() if n == 1)
-
-
 class PPCadenceScheduler(AsyncScheduler):
-    """vLLM's async scheduler that runs its engine's planned decode cadence under PP.
-
-    The API server names it as the engine's ``scheduler_cls`` (patches.py,
-    ``scheduler-class``); the engine core builds it, and it plans its engine once."""
+    """vLLM's async scheduler with the engine's planned PP cadence (patches.py, scheduler-class)."""
 
     def __init__(self, *args: Any, settings: PPCudaGraphSettings | None = None,
                  **kwargs: Any) -> None:
@@ -123,13 +92,11 @@ class PPCadenceScheduler(AsyncScheduler):
         facts = dataclasses.replace(EngineFacts.of(self.vllm_config), cadence_scheduler=True)
         self.plan = plan_engine(settings, facts)
         self.cadence: DecodeCadence = self.plan.cadence
-        #: Under ``auto``: measures vLLM's cadence and the others, and picks (cadence_policy).
         self.chooser: CadenceChooser | None = (
             CadenceChooser(self.pp_size) if self.cadence is DecodeCadence.AUTO else None)
         self.record: EngineRecord | None = None
         if settings.metrics and self.cadence is not DecodeCadence.VLLM:
-            parallel = self.vllm_config.parallel_config
-            plan = self.plan
+            parallel, plan = self.vllm_config.parallel_config, self.plan
             self.record = EngineRecord(
                 engine=getattr(parallel, "data_parallel_rank", 0), pp_size=self.pp_size,
                 asked_cadence=str(plan.asked_cadence),
@@ -154,21 +121,26 @@ class PPCadenceScheduler(AsyncScheduler):
         elif policy is DecodeCadence.FILL and not may_admit(self):
             lift_idle_cadence(self.running, step)
         output = super().schedule(*args, **kwargs)
-        if chooser is not None:
-            chooser.record_step(decode_tokens(output),
+        if chooser is not None:  # decodes: requests scheduled one token (no draft tokens)
+            chooser.record_step(sum(1 for n in output.num_scheduled_tokens.values() if n == 1),
                                 sum(1 for r in self.running if is_decoding(r)))
         if self.record is not None:
             self.record.step(self.running, str(policy), chooser)
         return output
 
     def _keep_vllms_groups(self, chooser: CadenceChooser) -> None:
-        """Let a trial leave no trace on vLLM's cadence, which keeps whatever groups it is
-        given: the groups are recorded as a trial from it starts and restored as it ends."""
+        """Let a trial leave no trace on vLLM's cadence, which keeps whatever groups it is given:
+        record each request's group as one starts, and delay it back to that group as it ends."""
         on_stock = chooser.incumbent is STOCK
         if on_stock and chooser.cadence is not STOCK and self.vllm_phases is None:
-            self.vllm_phases = decode_phases(self.running, self.pp_size)
+            self.vllm_phases = {r.request_id: r.next_decode_eligible_step % self.pp_size
+                                for r in self.running}
         elif chooser.cadence is STOCK and self.vllm_phases is not None:
-            restore_decode_phases(self.running, self.vllm_phases, self.pp_size)
+            for request in self.running:
+                phase = self.vllm_phases.get(request.request_id)
+                if phase is not None and not request.use_structured_output:
+                    request.next_decode_eligible_step += (
+                        (phase - request.next_decode_eligible_step) % self.pp_size)
             self.vllm_phases = None
         elif not on_stock:
             self.vllm_phases = None

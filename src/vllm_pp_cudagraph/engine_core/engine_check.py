@@ -1,7 +1,5 @@
-"""The engine core checks, once its workers exist, that they can follow the engine's plan:
-each worker returns its runner's plan, and an engine whose schedule or layer split needs
-the plugin's runner on a worker without it is refused (docs/architecture.md). Under PP,
-an engine whose workers all run the plugin's runner then gets its stall watch."""
+"""Once its workers exist, the engine core refuses an engine whose plan needs the plugin's runner
+on a worker without it (docs/architecture.md); under PP, one whose workers all run it is watched."""
 
 from __future__ import annotations
 
@@ -13,12 +11,10 @@ from typing import TYPE_CHECKING, Any
 from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 from vllm.logger import init_logger
 
-from vllm_pp_cudagraph.shared import support
-from vllm_pp_cudagraph.engine_core.stall_watch import SETTING as STALL_SETTING
-from vllm_pp_cudagraph.engine_core.stall_watch import StallWatch
+from vllm_pp_cudagraph.engine_core.stall_watch import SETTING as STALL_SETTING, StallWatch
 from vllm_pp_cudagraph.shared.engine_plan import LIFTING, EngineFacts, EnginePlan, plan_engine
 from vllm_pp_cudagraph.shared.snapshots import PlanRecord, metrics_dir, write_snapshot
-from vllm_pp_cudagraph.shared import layer_partition
+from vllm_pp_cudagraph.shared import layer_partition, support
 from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
 if TYPE_CHECKING:
@@ -36,16 +32,6 @@ def plan_of(worker: Any) -> dict[str, Any] | None:
     its runner's plan as plain values, or None where it runs vLLM's own runner."""
     plan = getattr(getattr(worker, "model_runner", None), "plan", None)
     return None if plan is None else plan.record()
-
-
-def _ask_workers(collective_rpc: Callable[..., list]) -> list[dict[str, Any] | None]:
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        return collective_rpc(plan_of)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def _refuse(problems: list[str], what: str, instead: str) -> WorkerRunnerError:
@@ -74,8 +60,7 @@ def check_plans(plan: EnginePlan, workers: list[dict[str, Any] | None]) -> list[
         raise WorkerRunnerError(
             f"The plugin's workers chose different layer splits ({sorted(splits)}): "
             f"{layer_partition.SETTING}=auto decides from each GPU's memory, and these GPUs "
-            f"differ. Set {layer_partition.VLLM_ENV} by hand, or "
-            f"{layer_partition.SETTING}=vllm.")
+            f"differ. Set {layer_partition.VLLM_ENV} by hand, or {layer_partition.SETTING}=vllm.")
     return problems
 
 
@@ -86,14 +71,17 @@ def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
     parallel = vllm_config.parallel_config
     if not vllm_config.use_v2_model_runner:
         architectures = getattr(vllm_config.model_config, "architectures", None) or ["this model"]
-        logger.warning(
-            "vllm-pp-cudagraph stands aside: vLLM runs %s on its V1 runner, which the "
-            "plugin does not change. Set VLLM_USE_V2_MODEL_RUNNER=1 to run Model Runner "
-            "V2 with the plugin's CUDA graphs (see the README's supported models).",
-            architectures[0],
-        )
+        logger.warning("vllm-pp-cudagraph stands aside: vLLM runs %s on its V1 runner, which the "
+                       "plugin does not change. Set VLLM_USE_V2_MODEL_RUNNER=1 to run Model "
+                       "Runner V2 with the plugin's CUDA graphs (see the README's supported "
+                       "models).", architectures[0])
         return False
-    workers = _ask_workers(collective_rpc)
+    import cloudpickle
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        workers = collective_rpc(plan_of)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     try:
         problems = check_plans(plan, workers)
     finally:
@@ -112,25 +100,20 @@ def check_workers(vllm_config: VllmConfig, collective_rpc: Callable[..., list],
                        len(workers) - len(problems), len(workers), layout, "; ".join(problems))
         return False
     logger.info("vllm-pp-cudagraph active on all %d workers (%s): decode cadence %s "
-                "(VLLM_PP_CUDAGRAPH_DECODE_CADENCE=%s), CUDA graphs %s%s", len(workers),
-                layout, plan.cadence, plan.asked_cadence,
-                vllm_config.compilation_config.cudagraph_mode,
+                "(VLLM_PP_CUDAGRAPH_DECODE_CADENCE=%s), CUDA graphs %s%s", len(workers), layout,
+                plan.cadence, plan.asked_cadence, vllm_config.compilation_config.cudagraph_mode,
                 ", breakable" if is_breakable_cudagraph_enabled() else "")
     return True
 
 
 def start_stall_watch(engine_core: Any, settings: PPCudaGraphSettings) -> StallWatch | None:
-    """Watch this engine core's pipeline steps (stall_watch.py), under PP and unless the
-    limit is 0; the thread holds the watch."""
+    """Watch this engine core's pipeline under PP unless the limit is 0 (its thread keeps it)."""
     parallel = engine_core.vllm_config.parallel_config
     if parallel.pipeline_parallel_size < 2 or settings.stall_limit_s == 0:
         return None
-
-    def in_flight() -> list[tuple]:
-        # vLLM's batch queue (0.33: EngineCore.batch_queue, set after the KV caches).
-        return list(getattr(engine_core, "batch_queue", None) or ())
-
-    watch = StallWatch(in_flight, metrics_dir(), getattr(parallel, "data_parallel_rank", 0),
+    # vLLM's batch queue (0.33: EngineCore.batch_queue, set after the KV caches).
+    watch = StallWatch(lambda: list(getattr(engine_core, "batch_queue", None) or ()),
+                       metrics_dir(), getattr(parallel, "data_parallel_rank", 0),
                        parallel.pipeline_parallel_size, parallel.tensor_parallel_size,
                        settings.stall_limit_s)
     logger.info("vllm-pp-cudagraph watches the pipeline for stuck stages (stall limit %.0f s, "
@@ -140,9 +123,8 @@ def start_stall_watch(engine_core: Any, settings: PPCudaGraphSettings) -> StallW
 
 def wrap_initialize_kv_caches(original: Callable[..., Any],
                               settings: PPCudaGraphSettings) -> Callable[..., Any]:
-    """Wrap ``EngineCore._initialize_kv_caches``: check the workers against the engine's
-    plan once it returns; on a refusal shut the executor down before raising."""
-
+    """Wrap ``EngineCore._initialize_kv_caches`` to check the workers against the engine's
+    plan once it returns; a refusal shuts the executor down before raising."""
     @functools.wraps(original)
     def _initialize_kv_caches(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)

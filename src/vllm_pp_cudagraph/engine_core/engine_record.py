@@ -1,6 +1,4 @@
-"""One engine's cadence figures in its engine core: the cadence in effect, its switches and
-the decode groups, written as an :class:`EngineSnapshot` every few seconds by the
-scheduler hook."""
+"""One engine's cadence, its switches and decode groups, as :class:`EngineSnapshot` files."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ def group_sizes(running: Iterable[Any], pp_size: int) -> tuple[int, ...]:
 @dataclass
 class EngineRecord:
     """Writes one engine's snapshot at most every :data:`INTERVAL_S` seconds."""
-
     engine: int
     pp_size: int
     asked_cadence: str
@@ -58,7 +55,6 @@ def trial_record(verdict: Verdict) -> dict[str, Any]:
     """One trial's verdict as the engine's record keeps it (times in ms per token)."""
     def ms(seconds: float | None) -> float | None:
         return None if seconds is None else round(1e3 * seconds, 2)
-
     return {"step": verdict.step, "cadence": str(verdict.cadence),
             "ms_per_token": ms(verdict.interval), "against_ms": ms(verdict.against),
             "decoding": round(verdict.decoders), "outcome": verdict.outcome}

@@ -1,19 +1,11 @@
-"""The engine core's watch over its pipeline: a stage that stops completing steps while
-work is in flight is named and stopped in seconds, not after vLLM's execute timeout.
-
-A stage that raises stops its worker (stage_failure.py). One that hangs (a collective
-that never completes, a kernel that never returns, a process stopped by a signal) leaves
-the engine core waiting for a step result until ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``
-(300 s), with nothing naming the stage. The watch runs in a thread of the engine core:
-it sees which steps the engine has handed out and not yet got back (its batch queue,
-read and never changed), and when the oldest has been out longer than the stall limit
-it reads the ranks' heartbeats on this host (shared/heartbeats.py), names the stuck
-rank, has that stage dump its threads' stacks and kills its process, so that vLLM stops
-the server as it does when a worker dies.
-"""
+"""The engine core's watch over its pipeline: a stage that hangs with work in flight is named
+and stopped in seconds, not after ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300 s). Once a step in
+the batch queue is out past the stall limit, the stuck rank (from this host's heartbeats) dumps
+its stacks and is killed, so vLLM stops the server as when a worker dies."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -28,7 +20,6 @@ from vllm_pp_cudagraph.shared.heartbeats import STACKS_SIGNAL, Beat, process_sta
 
 logger = logging.getLogger("vllm.pp_cudagraph.stall_watch")
 
-#: The setting that sets the limit.
 SETTING = "VLLM_PP_CUDAGRAPH_STALL_LIMIT_S"
 #: The limit is at least this many times the longest a step has been out so far.
 LONGEST_STEP_FACTOR = 5.0
@@ -44,30 +35,23 @@ EXIT_CODE = 70
 @dataclass(frozen=True)
 class Verdict:
     """The rank the watch holds stuck, and what it saw."""
-
     stage: int
     tp_rank: int
     beat: Beat | None  # None: the rank runs on another host
     why: str
 
     def names(self) -> str:
-        if self.beat is None:
-            return f"pipeline stage {self.stage} (TP rank {self.tp_rank}, on another host)"
-        return (f"pipeline stage {self.stage} (TP rank {self.tp_rank}, host "
-                f"{self.beat.host}, pid {self.beat.pid})")
+        where = ("on another host" if self.beat is None
+                 else f"host {self.beat.host}, pid {self.beat.pid}")
+        return f"pipeline stage {self.stage} (TP rank {self.tp_rank}, {where})"
 
 
 def stuck_rank(beats: list[Beat], pp_size: int, tp_size: int, now: float,
                state: Callable[[int], str | None] = process_state) -> Verdict:
-    """The rank that holds the pipeline up, from the heartbeats of this host's ranks.
-
-    Every rank runs the same steps in order, and a stage finishes a step only after the
-    stages before it handed it on. So the stuck step is the one after the fewest any rank
-    has finished, and the first rank (by stage, then TP rank) that has not finished it
-    holds everything up; within a stage a rank that has not even begun it (a TP peer that
-    never joined a collective) before one that waits inside it. A rank whose process is
-    stopped by a signal, or gone, is named before all of them.
-    """
+    """The rank that holds the pipeline up, from this host's ranks' heartbeats: one whose
+    process is stopped or gone; else, as a stage finishes a step only after those before it,
+    the first (by stage, then TP rank) with the fewest steps done, within a stage one that has
+    not begun the step (a TP peer that never joined a collective) before one inside it."""
     for beat in beats:
         if (letter := state(beat.pid)) in ("T", "t"):
             return Verdict(beat.stage, beat.tp_rank, beat,
@@ -90,32 +74,23 @@ def stuck_rank(beats: list[Beat], pp_size: int, tp_size: int, now: float,
 
 
 def _flush_logs() -> None:
-    for handler in [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers]:
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - best effort before stopping
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
+    for out in [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers,
+                sys.stdout, sys.stderr]:
+        with contextlib.suppress(Exception):  # best effort before stopping
+            out.flush()
 
 
 def _send(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.kill(pid, sig)
-    except OSError:
-        pass
 
 
 def stop_engine(verdict: Verdict, beats: Iterable[Beat], *,
                 send: Callable[[int, int], None] = _send,
                 sleep: Callable[[float], None] = time.sleep,
                 exit_process: Callable[[int], None] = os._exit) -> None:
-    """Have the stuck stage write its threads' stacks (the other stages, where its process
-    is stopped) and kill its ranks' processes on this host, so that vLLM stops the server
-    as when a worker dies; end this engine core if it still runs ``STOP_GRACE_S`` later."""
+    """Have the stuck stage dump its stacks (the others, where its process is stopped) and kill
+    its ranks on this host; end this engine core if it still runs ``STOP_GRACE_S`` later."""
     local = [b for b in beats if b.stage == verdict.stage]
     # A stopped process cannot write its stacks: then the others' show what they wait on.
     stopped = verdict.beat is not None and "stopped by a signal" in verdict.why
@@ -133,31 +108,23 @@ def stop_engine(verdict: Verdict, beats: Iterable[Beat], *,
 
 
 class StallWatch:
-    """Watches the steps an engine core has handed out; names and stops a stuck stage.
-
-    ``in_flight`` returns the steps out now (vLLM's batch queue entries, whose first
-    item is the step's future); a step is back once its future is done. ``act`` is called
-    once, with the verdict and the heartbeats, when the oldest step has been out longer
-    than the limit.
-    """
+    """Watches the steps an engine core has handed out (``in_flight``: vLLM's batch queue
+    entries, each a step's future first); ``act`` gets the verdict and heartbeats once one is out
+    past the limit."""
 
     def __init__(self, in_flight: Callable[[], list[tuple]], directory: Path, engine: int,
                  pp_size: int, tp_size: int, limit_s: float,
                  act: Callable[[Verdict, list[Beat]], None] = stop_engine,
                  poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.in_flight = in_flight
-        self.directory = directory
-        self.engine = engine
-        self.pp_size = pp_size
-        self.tp_size = tp_size
+        self.directory, self.engine = directory, engine
+        self.pp_size, self.tp_size = pp_size, tp_size
         self.limit_s = limit_s
         self.act = act
-        self.poll_s = poll_s
-        self.clock = clock
+        self.poll_s, self.clock = poll_s, clock
         # The steps seen out and not yet back, oldest first, with when each was first seen.
         self._out: list[tuple[tuple, float]] = []
-        # The longest a step has been out, seen so far (s).
-        self.longest_s = 0.0
+        self.longest_s = 0.0  # the longest a step has been out so far
         self.fired: Verdict | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -184,8 +151,7 @@ class StallWatch:
         self._out = kept
         if not kept or now - kept[0][1] <= self.limit():
             return None
-        beats = read_beats(self.directory, self.engine)
-        return stuck_rank(beats, self.pp_size, self.tp_size, now)
+        return stuck_rank(read_beats(self.directory, self.engine), self.pp_size, self.tp_size, now)
 
     def report(self, verdict: Verdict, waited_s: float) -> str:
         return (f"vllm-pp-cudagraph: {verdict.names()} is stuck: no step came back for "
@@ -194,14 +160,12 @@ class StallWatch:
 
     def run(self) -> None:
         while not self._stop.wait(self.poll_s):
-            verdict = self.check()
-            if verdict is None:
-                continue
-            self.fired = verdict
-            logger.critical("%s", self.report(verdict, self.clock() - self._out[0][1]))
-            _flush_logs()
-            self.act(verdict, read_beats(self.directory, self.engine))
-            return
+            if (verdict := self.check()) is not None:
+                self.fired = verdict
+                logger.critical("%s", self.report(verdict, self.clock() - self._out[0][1]))
+                _flush_logs()
+                self.act(verdict, read_beats(self.directory, self.engine))
+                return
 
     def start(self) -> StallWatch:
         self._thread = threading.Thread(target=self.run, daemon=True,
