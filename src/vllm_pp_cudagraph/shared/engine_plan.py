@@ -1,34 +1,30 @@
-"""One engine's plan: every decision the plugin makes for an engine, made by
-:func:`plan_engine` from the settings and the engine's facts, and held by what acts on it
-(the engine core's scheduler, each worker's runner; ``check`` and ``plan`` print it)."""
+"""One engine's plan: every decision the plugin makes for it, from settings and facts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_pp_cudagraph.shared import support
-from vllm_pp_cudagraph.shared import layer_partition
-from vllm_pp_cudagraph.shared.stage_costs import num_hidden_layers
+from vllm_pp_cudagraph.shared import layer_partition, support
 from vllm_pp_cudagraph.shared.settings import (
-    DecodeCadence,
-    LayerPartition,
-    PPCudaGraphSettings,
-    hand_set_partition,
-)
+    DecodeCadence, LayerPartition, PPCudaGraphSettings, hand_set_partition)
+from vllm_pp_cudagraph.shared.stage_costs import num_hidden_layers
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+#: The scheduler class the API server names for a PP engine on vLLM's async scheduler.
+PLUGIN_SCHEDULER = "vllm_pp_cudagraph.engine_core.decode_cadence.PPCadenceScheduler"
+#: Cadences that may let a request decode sooner than vLLM's (``balance`` only delays).
+LIFTING = frozenset({DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL})
+
 
 @dataclass(frozen=True)
 class EngineFacts:
-    """What a plan reads of an engine: taken from a starting engine's ``VllmConfig`` by
-    :meth:`of`, or described by ``check`` and ``plan`` for an engine not started."""
+    """What a plan reads of an engine: its ``VllmConfig``'s (:meth:`of`), or ``check``'s."""
 
     pp: int
-    #: The model's Hugging Face config (object or dict), for the split's costs.
-    model: Any
+    model: Any  # the Hugging Face config (object or dict), for the split's costs
     max_num_seqs: int
     max_num_batched_tokens: int | None = None
     num_layers: int | None = None  # vLLM's count, where it differs from the config's
@@ -37,17 +33,16 @@ class EngineFacts:
     gpu_memory_utilization: float = layer_partition.DEFAULT_GPU_MEMORY_UTILIZATION
     kv_cache_memory_bytes: int | None = None
     v2_runner: bool = True  # whether vLLM builds MRV2 (it does on a GPU)
-    #: Whether the engine core runs the plugin's scheduler (vLLM's async one, with the cadence).
-    cadence_scheduler: bool = True
+    cadence_scheduler: bool = True  # whether the engine core runs PLUGIN_SCHEDULER
     async_scheduling: bool | None = True
     speculative: str | None = None  # the drafting method; "" where vLLM names none
     kv_connector: str | None = None  # "" where a KV transfer config names no connector
 
     @classmethod
     def of(cls, vllm_config: VllmConfig) -> EngineFacts:
-        """The facts of the engine ``vllm_config`` configures."""
         model, cache = vllm_config.model_config, vllm_config.cache_config
         scheduler = vllm_config.scheduler_config
+        scheduler_cls = scheduler.get_scheduler_cls()
         drafts = support.drafting(vllm_config)
         transfer = getattr(vllm_config, "kv_transfer_config", None)
         return cls(
@@ -60,44 +55,28 @@ class EngineFacts:
             gpu_memory_utilization=cache.gpu_memory_utilization,
             kv_cache_memory_bytes=cache.kv_cache_memory_bytes,
             v2_runner=vllm_config.use_v2_model_runner,
-            cadence_scheduler=_qualname(scheduler.get_scheduler_cls()) == PLUGIN_SCHEDULER,
+            cadence_scheduler=(f"{scheduler_cls.__module__}.{scheduler_cls.__qualname__}"
+                               == PLUGIN_SCHEDULER),
             async_scheduling=getattr(scheduler, "async_scheduling", None),
             speculative=None if drafts is None else str(getattr(drafts, "method", "") or ""),
             kv_connector=None if transfer is None else str(
                 getattr(transfer, "kv_connector", "") or ""))
 
 
-#: The scheduler class the API server names for a PP engine on vLLM's async scheduler.
-PLUGIN_SCHEDULER = "vllm_pp_cudagraph.engine_core.decode_cadence.PPCadenceScheduler"
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-#: Cadences that may let a request decode sooner than vLLM's (``balance`` only delays).
-LIFTING = frozenset({DecodeCadence.AUTO, DecodeCadence.MERGE, DecodeCadence.FILL})
-
-
 @dataclass(frozen=True)
 class EnginePlan:
-    """What the plugin does for one engine. Every process of the engine computes the same
-    plan from the same inputs; the layer split under ``auto`` needs the GPU's memory, which
-    only a worker reads (``split_decided`` says whether this plan had it)."""
+    """What the plugin does for one engine, alike in each of its processes; only a worker
+    knows the GPU's memory ``auto``'s split needs (``split_decided``: this plan had it)."""
 
-    #: Why stock vLLM of this release fails this engine, and what to change.
-    refusal: str | None
-    #: Why the workers run vLLM's own runner; None where they run the plugin's.
-    stand_aside: str | None
+    refusal: str | None  # why stock vLLM of this release fails this engine, what to change
+    stand_aside: str | None  # why the workers run vLLM's own runner
     no_pipeline: bool
-    #: The decode cadence the engine core's scheduler runs.
-    cadence: DecodeCadence
+    cadence: DecodeCadence  # what the engine core's scheduler runs
     asked_cadence: DecodeCadence
     direct_handoff: bool
     direct_handoff_blocker: str | None
     layer_partition: LayerPartition
-    #: Layers per stage, where known (vLLM's split under the default is known only to vLLM).
-    layers: tuple[int, ...] | None
+    layers: tuple[int, ...] | None  # per stage, where known (vLLM's default split: to vLLM)
     split_decided: bool
     partition: layer_partition.Decision = field(compare=False, repr=False)
 
@@ -108,9 +87,8 @@ class EnginePlan:
     @property
     def predicted_stage_ms(self) -> list[float] | None:
         """Each stage's predicted decode-step time, where the split was costed."""
-        if self.partition.costs is None or not self.layers:
-            return None
-        return self.partition.stage_ms(self.layers)
+        costed = self.partition.costs is not None and self.layers
+        return self.partition.stage_ms(self.layers) if costed else None
 
     def record(self) -> dict[str, Any]:
         """The plan as plain values, for ``bench``, ``check`` and the metrics snapshot."""
@@ -125,43 +103,21 @@ class EnginePlan:
                 "predicted_stage_ms": self.predicted_stage_ms}
 
 
-def _stand_aside(settings: PPCudaGraphSettings, facts: EngineFacts) -> str | None:
-    if reason := support.no_pipeline_reason(facts.pp):
-        return reason
-    if not facts.v2_runner:
-        return "vLLM runs this model on its V1 runner"
-    return support.unproven_reason(facts.speculative, facts.kv_connector,
-                                   settings.allow_unproven)
-
-
 def _cadence(settings: PPCudaGraphSettings, facts: EngineFacts, stand_aside: str | None
              ) -> DecodeCadence:
-    """``settings.decode_cadence`` where vLLM's MRV2 PP cadence exists to change and the
-    plugin's scheduler runs it (not beside a scheduler class of the user's own). Not with
-    speculative decoding (its rejected drafts reach the first stages through the same
-    ring, unmeasured with consecutive decodes) nor a KV connector (its requests wait on
-    transfers the cadence does not see)."""
+    """``settings.decode_cadence`` where the plugin's scheduler runs the MRV2 PP cadence. Not
+    with speculative decoding (rejected drafts reach the first stages through the same ring,
+    unmeasured) nor a KV connector (its requests wait on transfers the cadence does not see)."""
     if (stand_aside or facts.speculative is not None or facts.kv_connector is not None
             or not facts.cadence_scheduler):
         return DecodeCadence.VLLM
     return settings.decode_cadence
 
 
-def _handoff_blocker(facts: EngineFacts) -> str | None:
-    if facts.pp <= 1:
-        return "no pipeline parallelism"
-    if facts.speculative is not None:
-        return "speculative decoding (its drafts change what a step hands on)"
-    return None
-
-
 def plan_engine(settings: PPCudaGraphSettings, facts: EngineFacts,
                 gpu_memory_bytes: int | None = None) -> EnginePlan:
-    """The plan for the engine of ``facts`` under ``settings`` and the process's hand-set
-    split (``hand_set_partition()``, vLLM's variable); ``gpu_memory_bytes`` is the GPU's (a
-    worker's, or the one ``check`` and ``plan`` are told of), which the ``auto`` layer split
-    needs."""
-    no_pipeline = support.no_pipeline_reason(facts.pp) is not None
+    """The plan for ``facts`` under ``settings``; ``auto``'s split needs ``gpu_memory_bytes``."""
+    no_pipeline_reason = support.no_pipeline_reason(facts.pp)
     memory = layer_partition.Memory(
         gpu_memory_bytes if facts.kv_cache_memory_bytes is None else None,
         facts.gpu_memory_utilization, facts.kv_cache_memory_bytes)
@@ -170,13 +126,19 @@ def plan_engine(settings: PPCudaGraphSettings, facts: EngineFacts,
         hand_set_partition(), num_layers=facts.num_layers, dtype_bytes=facts.dtype_bytes,
         quantized=facts.quantized, memory=memory,
         max_num_batched_tokens=facts.max_num_batched_tokens)
-    refusal = None if no_pipeline else support.known_failure(
+    refusal = None if no_pipeline_reason else support.known_failure(
         facts.pp, facts.speculative, facts.async_scheduling,
         facts.num_layers or num_hidden_layers(facts.model), partition.layers)
-    stand_aside = _stand_aside(settings, facts)
-    blocker = _handoff_blocker(facts) if settings.direct_handoff else None
+    stand_aside = no_pipeline_reason or (
+        "vLLM runs this model on its V1 runner" if not facts.v2_runner else
+        support.unproven_reason(facts.speculative, facts.kv_connector, settings.allow_unproven))
+    blocker = None
+    if settings.direct_handoff and facts.pp <= 1:
+        blocker = "no pipeline parallelism"
+    elif settings.direct_handoff and facts.speculative is not None:
+        blocker = "speculative decoding (its drafts change what a step hands on)"
     return EnginePlan(
-        refusal=refusal, stand_aside=stand_aside, no_pipeline=no_pipeline,
+        refusal=refusal, stand_aside=stand_aside, no_pipeline=no_pipeline_reason is not None,
         cadence=_cadence(settings, facts, stand_aside),
         asked_cadence=settings.decode_cadence,
         direct_handoff=settings.direct_handoff and blocker is None and stand_aside is None,

@@ -1,11 +1,5 @@
-"""Each pipeline rank's heartbeat: where it is in its serving steps, in a file of its host.
-
-A worker maps ``heartbeat-<engine>-<stage>-<tp rank>.bin`` in the deployment's metrics
-directory and updates it in place at each phase of a step (memory stores, no system
-call), so a reader in another process on the same host (the engine core's stall watch,
-the API server's metrics) sees how far every local rank got even when that rank's
-process is stopped or blocked. Stdlib only.
-"""
+"""Each rank's heartbeat file, mapped and updated in place at each phase of a step (no system
+call), so another process of the host sees how far it got even while stopped. Stdlib only."""
 
 from __future__ import annotations
 
@@ -21,6 +15,9 @@ from pathlib import Path
 
 #: The signal on which a pipeline worker writes its threads' stacks to its stderr.
 STACKS_SIGNAL = signal.SIGUSR1
+# pid, stage, tp rank, phase, steps begun, steps done, phase since, last step done at
+# (time.monotonic(): one clock for every process of a host), then the host name.
+_LAYOUT = struct.Struct("<qiiiqqdd64s")
 
 
 class Phase(IntEnum):
@@ -32,18 +29,11 @@ class Phase(IntEnum):
     SAMPLING = 3
 
     def describe(self) -> str:
-        return {
-            Phase.BETWEEN_STEPS: "between steps (in the worker's hand-off send or receive, "
-                                 "or waiting for the engine's next step)",
-            Phase.FORWARD: "in its forward pass",
-            Phase.RECEIVING_TOKENS: "receiving the last stage's sampled tokens",
-            Phase.SAMPLING: "sampling",
-        }[self]
-
-
-# pid, stage, tp rank, phase, steps begun, steps done, phase since, last step done at
-# (time.monotonic(): one clock for every process of a host), then the host name.
-_LAYOUT = struct.Struct("<qiiiqqdd64s")
+        return {Phase.BETWEEN_STEPS: "between steps (in the worker's hand-off send or receive, "
+                                     "or waiting for the engine's next step)",
+                Phase.FORWARD: "in its forward pass",
+                Phase.RECEIVING_TOKENS: "receiving the last stage's sampled tokens",
+                Phase.SAMPLING: "sampling"}[self]
 
 
 def heartbeat_path(directory: Path, engine: int, stage: int, tp_rank: int) -> Path:
@@ -73,15 +63,9 @@ class Beat:
 class Heartbeat:
     """A rank's own heartbeat file, written in place."""
 
-    def __init__(self, path: Path, stage: int, tp_rank: int,
-                 clock=time.monotonic) -> None:
-        self.path = path
-        self.stage = stage
-        self.tp_rank = tp_rank
-        self.clock = clock
-        self.begun = 0
-        self.done = 0
-        self.phase = Phase.BETWEEN_STEPS
+    def __init__(self, path: Path, stage: int, tp_rank: int, clock=time.monotonic) -> None:
+        self.path, self.stage, self.tp_rank, self.clock = path, stage, tp_rank, clock
+        self.begun, self.done, self.phase = 0, 0, Phase.BETWEEN_STEPS
         self.phase_since = self.done_at = clock()
         self.host = socket.gethostname().encode()[:64]
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,8 +97,7 @@ class Heartbeat:
 
     def step_done(self) -> None:
         """The rank finished its part of the step it began last."""
-        self.done = self.begun
-        self.phase = Phase.BETWEEN_STEPS
+        self.done, self.phase = self.begun, Phase.BETWEEN_STEPS
         self.phase_since = self.done_at = self.clock()
         self._write()
 
@@ -124,9 +107,8 @@ def read_beats(directory: Path, engine: int) -> list[Beat]:
     beats = []
     for path in sorted(directory.glob(f"heartbeat-{engine}-*-*.bin")):
         try:
-            raw = path.read_bytes()
-            pid, stage, tp_rank, phase, begun, done, since, done_at, host = (
-                _LAYOUT.unpack(raw[:_LAYOUT.size]))
+            pid, stage, tp_rank, phase, begun, done, since, done_at, host = _LAYOUT.unpack(
+                path.read_bytes()[:_LAYOUT.size])
             beats.append(Beat(pid, stage, tp_rank, Phase(phase), begun, done, since,
                               done_at, host.rstrip(b"\0").decode(errors="replace")))
         except (OSError, struct.error, ValueError):
@@ -135,8 +117,7 @@ def read_beats(directory: Path, engine: int) -> list[Beat]:
 
 
 def process_state(pid: int) -> str | None:
-    """The state letter of a process of this host (``T``: stopped by a signal), or None
-    where there is no such process."""
+    """A process's state letter on this host (``T``: stopped by a signal), or None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -1,7 +1,4 @@
-"""Which decoder layers each pipeline stage builds: vLLM's split, or one chosen from costs.
-
-``auto`` picks, alike on every rank, the split whose slowest stage is predicted fastest
-within the KV-capacity rule; docs/performance.md ("Balanced stages") gives the rules."""
+"""Which layers each pipeline stage builds: vLLM's split, or one chosen from predicted costs."""
 
 from __future__ import annotations
 
@@ -12,35 +9,21 @@ from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.shared import vllm_surface
-from vllm_pp_cudagraph.shared.stage_costs import (
-    TABLES,
-    ModelShape,
-    StageCosts,
-    config_value,
-    num_hidden_layers,
-    stage_costs,
-    text_config,
-    unmodelled_reason,
-)
 from vllm_pp_cudagraph.shared.settings import (
-    LayerPartition,
-    PPCudaGraphSettings,
-    hand_set_partition,
-    set_variable,
-)
+    LayerPartition, PPCudaGraphSettings, hand_set_partition, set_variable)
+from vllm_pp_cudagraph.shared.stage_costs import (
+    TABLES, ModelShape, StageCosts, config_value, num_hidden_layers, stage_costs, text_config,
+    unmodelled_reason)
 
 SETTING = PPCudaGraphSettings.env_name("layer_partition")
 VLLM_ENV = vllm_surface.LAYER_PARTITION_ENV
 KV_TOLERANCE = 0.01
 MIN_GAIN = 0.01
-#: vLLM's default ``gpu_memory_utilization`` (CacheConfig, 0.26 and 0.33).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
-#: Bytes of one logit in the sampler's profiling run (fp32).
-LOGIT_BYTES = 4
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's CacheConfig default
+LOGIT_BYTES = 4  # one logit in the sampler's profiling run (fp32)
 GIB = 2**30
+LOG_PREFIX = "Layer partition "  # how stage 0's Decision.log_line begins
 
-#: How stage 0's :meth:`Decision.log_line` begins (for people: ``bench`` reads the records).
-LOG_PREFIX = "Layer partition "
 
 class LayerPartitionError(ValueError):
     """``VLLM_PP_CUDAGRAPH_LAYER_PARTITION`` cannot be honoured for this engine."""
@@ -50,11 +33,9 @@ class LayerPartitionError(ValueError):
 class Memory:
     """The memory an engine gives each stage for weights, activations and KV cache."""
 
-    gpu_bytes: int | None = None
-    """The GPU's total memory; None where it is not known."""
+    gpu_bytes: int | None = None  # the GPU's total memory, where known
     utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    kv_cache_bytes: int | None = None
-    """``cache_config.kv_cache_memory_bytes``: where set, every stage's KV room."""
+    kv_cache_bytes: int | None = None  # kv_cache_memory_bytes: where set, each stage's KV room
 
     @property
     def known(self) -> bool:
@@ -62,7 +43,6 @@ class Memory:
 
     @property
     def budget(self) -> int:
-        """``utilization x`` the GPU's memory, in bytes."""
         assert self.gpu_bytes is not None
         return int(self.utilization * self.gpu_bytes)
 
@@ -80,10 +60,8 @@ class KVRoom:
 
     memory: Memory
     costs: StageCosts
-    bytes_per_layer: int
-    """KV bytes one layer stores per token."""
-    logits_bytes: int
-    """The sampler's profiling peak on the last stage."""
+    bytes_per_layer: int  # KV bytes one layer stores per token
+    logits_bytes: int  # the sampler's profiling peak on the last stage
 
     def room(self, stage: int, pp: int, layers: int) -> int:
         """Bytes stage ``stage`` of ``pp`` holding ``layers`` layers has for KV."""
@@ -94,50 +72,15 @@ class KVRoom:
 
     def per_layer(self, split: tuple[int, ...]) -> Fraction:
         """The KV bytes per layer every stage of ``split`` can give (the fullest stage's)."""
-        pp = len(split)
-        return min(Fraction(self.room(s, pp, n), n) for s, n in enumerate(split))
+        return min(Fraction(self.room(s, len(split), n), n) for s, n in enumerate(split))
 
     def tokens(self, split: tuple[int, ...]) -> int:
-        """The tokens the engine's KV cache holds under ``split``."""
         return max(0, int(self.per_layer(split) / self.bytes_per_layer))
 
     def floor(self, base: tuple[int, ...]) -> Fraction:
-        """The least KV bytes per layer a stage must keep: vLLM's split's, less
-        :data:`KV_TOLERANCE` (none where the cache's bytes are fixed)."""
+        """The least KV bytes per layer a stage must keep: ``base``'s less :data:`KV_TOLERANCE`."""
         tolerance = 0 if self.memory.kv_cache_bytes is not None else Fraction(KV_TOLERANCE)
         return (1 - tolerance) * self.per_layer(base)
-
-
-def kv_room(costs: StageCosts, shape: ModelShape, memory: Memory,
-            logits_tokens: int) -> KVRoom:
-    """:class:`KVRoom` of a model of ``shape`` (its config names ``num_key_value_heads``)."""
-    per_layer = 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
-    return KVRoom(memory, costs, per_layer, logits_tokens * shape.vocab_size * LOGIT_BYTES)
-
-
-def _most_layers(costs: StageCosts, kv: KVRoom, floor: Fraction, pp: int, budget_s: float,
-                 num_layers: int) -> list[int]:
-    """For each stage, the most layers it can hold within ``budget_s`` and with at least
-    ``floor`` KV bytes per layer."""
-    most = []
-    for stage in range(pp):
-        n = 0
-        while (n < num_layers and costs.stage_s(stage, pp, n + 1) <= budget_s
-               and kv.room(stage, pp, n + 1) >= floor * (n + 1)):
-            n += 1
-        most.append(n)
-    return most
-
-
-def _fill(costs: StageCosts, base: tuple[int, ...], most: list[int]) -> tuple[int, ...]:
-    """``base`` cut to ``most``, the layers cut given to the stages that cost least after."""
-    pp = len(base)
-    layers = [min(b, m) for b, m in zip(base, most)]
-    for _ in range(sum(base) - sum(layers)):
-        open_stages = [s for s in range(pp) if layers[s] < most[s]]
-        stage = min(open_stages, key=lambda s: (costs.stage_s(s, pp, layers[s] + 1), s))
-        layers[stage] += 1
-    return tuple(layers)
 
 
 def balanced_split(costs: StageCosts, kv: KVRoom, num_layers: int, pp: int) -> tuple[int, ...]:
@@ -149,40 +92,51 @@ def balanced_split(costs: StageCosts, kv: KVRoom, num_layers: int, pp: int) -> t
                       for n in range(1, num_layers - pp + 2)})
 
     def fits(budget: float) -> list[int] | None:
-        most = _most_layers(costs, kv, floor, pp, budget, num_layers)
+        """Each stage's most layers within ``budget`` and ``floor``, where they hold them all."""
+        most = []
+        for stage in range(pp):
+            n = 0
+            while (n < num_layers and costs.stage_s(stage, pp, n + 1) <= budget
+                   and kv.room(stage, pp, n + 1) >= floor * (n + 1)):
+                n += 1
+            most.append(n)
         return most if min(most) >= 1 and sum(most) >= num_layers else None
 
     # The least budget that fits (vLLM's split fits its own slowest stage: at most the last).
     low = bisect_left(budgets, True, hi=len(budgets) - 1, key=lambda b: fits(b) is not None)
-    most = fits(budgets[low])
-    return base if most is None else _fill(costs, base, most)
+    if (most := fits(budgets[low])) is None:
+        return base
+    # ``base`` cut to ``most``; the layers cut go to the stages that cost least after.
+    layers = [min(b, m) for b, m in zip(base, most)]
+    for _ in range(sum(base) - sum(layers)):
+        open_stages = [s for s in range(pp) if layers[s] < most[s]]
+        stage = min(open_stages, key=lambda s: (costs.stage_s(s, pp, layers[s] + 1), s))
+        layers[stage] += 1
+    return tuple(layers)
 
 
 @dataclass(frozen=True)
 class Decision:
     """The layer partition an engine uses, where it comes from, and its predicted costs."""
 
-    source: str
-    """``hand-set``, ``auto`` (a split other than vLLM's) or ``vllm``."""
+    source: str  # hand-set, auto (a split other than vLLM's) or vllm
     why: str
-    layers: tuple[int, ...] | None = None
-    """Layers per stage; None where vLLM's split applies and is not known here."""
+    layers: tuple[int, ...] | None = None  # per stage; None: vLLM's, not known here
     costs: StageCosts | None = None
     vllm_layers: tuple[int, ...] | None = None
     kv: KVRoom | None = None
+    #: ``auto`` without the GPU's memory: the workers, which read it, may split otherwise.
     undecided: bool = False
-    """``auto`` without the GPU's memory: the workers, which read it, may split otherwise."""
 
     @property
     def noteworthy(self) -> bool:
-        """Whether it says more than that vLLM's split applies by default (``auto`` at
-        PP > 1, or a split set by hand)."""
+        """Whether it says more than that vLLM's split applies by default."""
         return self.source != "vllm" or self.vllm_layers is not None
 
     @property
     def env_value(self) -> str | None:
         """What ``VLLM_PP_LAYER_PARTITION`` must hold for it (None: leave it)."""
-        return ",".join(map(str, self.layers)) if self.source == "auto" and self.layers else None
+        return _join(self.layers) if self.source == "auto" and self.layers else None
 
     def stage_ms(self, layers: tuple[int, ...]) -> list[float]:
         assert self.costs is not None
@@ -192,43 +146,29 @@ class Decision:
         return max(self.stage_ms(layers))
 
     def log_line(self) -> str:
-        """The line stage 0 logs, e.g. ``Layer partition 10,10,8 over 3 stages; auto picks
-        10,10,8 for PP=3 ...`` (:meth:`describe`'s lines joined)."""
+        """The line stage 0 logs: the split in use, then :meth:`describe`'s lines."""
         used = f"{_join(self.layers)} over {len(self.layers)} stages; " if self.layers else ""
         return LOG_PREFIX + used + "; ".join(self.describe())
 
     def describe(self) -> list[str]:
-        """Lines that say which partition, why, and (costed) what each stage is predicted
-        to cost; the first line alone is the summary."""
-        lines = [self.why]
-        if self.costs is None or self.layers is None or self.vllm_layers is None:
+        """Which partition and why (the summary), then, where costed, each stage's costs."""
+        lines, layers, stock, kv = [self.why], self.layers, self.vllm_layers, self.kv
+        if self.costs is None or layers is None or stock is None:
             return lines
-        pp = len(self.layers)
-        start = 0
-        for stage, (n, ms) in enumerate(zip(self.layers, self.stage_ms(self.layers))):
+        pp, start = len(layers), 0
+        for stage, (n, ms) in enumerate(zip(layers, self.stage_ms(layers))):
             gib = self.costs.stage_bytes(stage, pp, n) / GIB
-            room = "" if self.kv is None else \
-                f", KV room {self.kv.room(stage, pp, n) / GIB:.2f} GiB"
+            room = "" if kv is None else f", KV room {kv.room(stage, pp, n) / GIB:.2f} GiB"
             lines.append(f"stage {stage}: layers {start}-{start + n - 1} ({n}), predicted "
                          f"{ms:.2f} ms per step, weights {gib:.2f} GiB{room}")
             start += n
-        lines.append(f"slowest stage {self.slowest_ms(self.layers):.2f} ms predicted against "
-                     f"{self.slowest_ms(self.vllm_layers):.2f} ms under vLLM's split "
-                     f"{_join(self.vllm_layers)}")
-        if self.kv is not None:
-            lines.append(f"KV cache {self.kv.tokens(self.layers)} tokens predicted against "
-                         f"{self.kv.tokens(self.vllm_layers)} under vLLM's split "
-                         f"({self.kv.memory.describe()})")
+        lines.append(f"slowest stage {self.slowest_ms(layers):.2f} ms predicted against "
+                     f"{self.slowest_ms(stock):.2f} ms under vLLM's split {_join(stock)}")
+        if kv is not None:
+            lines.append(f"KV cache {kv.tokens(layers)} tokens predicted against "
+                         f"{kv.tokens(stock)} under vLLM's split ({kv.memory.describe()})")
         lines.append(f"costs at batch {self.costs.batch} from {self.costs.source}")
         return lines
-
-
-def _parse(value: str, pp: int) -> tuple[int, ...] | None:
-    try:
-        layers = tuple(int(n) for n in value.split(","))
-    except ValueError:
-        return None
-    return layers if len(layers) == pp else None
 
 
 def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
@@ -236,16 +176,16 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
            dtype_bytes: int | None = None, quantized: bool = False,
            memory: Memory | None = None, max_num_batched_tokens: int | None = None,
            tables: Path = TABLES) -> Decision:
-    """The partition an engine of ``config`` (a Hugging Face config, object or dict) at
-    ``pp`` stages and ``max_num_seqs=batch`` uses under ``setting``.
-
-    ``hand_set``: a split set by hand in ``VLLM_PP_LAYER_PARTITION`` (it wins);
-    ``num_layers``: vLLM's count where it differs from the config's; ``memory``: what each
-    stage gets. Raises :class:`LayerPartitionError` (``auto``, more stages than layers)."""
+    """The partition for ``config`` (HF, object or dict) at ``pp`` stages, ``max_num_seqs=batch``;
+    ``hand_set`` wins. LayerPartitionError: ``auto`` with more stages than layers."""
     if hand_set is not None:
         over = f", which wins over {SETTING}=auto" if setting is LayerPartition.AUTO else ""
+        try:
+            layers = tuple(int(n) for n in hand_set.split(","))
+        except ValueError:
+            layers = None
         return Decision("hand-set", f"set by hand: {VLLM_ENV}={hand_set}{over}",
-                        _parse(hand_set, pp))
+                        layers if layers and len(layers) == pp else None)
     if pp < 2:
         return Decision("vllm", "vLLM's (one pipeline stage: nothing to split)")
     if setting is LayerPartition.VLLM:
@@ -269,8 +209,8 @@ def decide(setting: LayerPartition, config: Any, pp: int, batch: int,
                         vllm_layers=base, undecided=not memory.known)
     shape = ModelShape.from_config(config, dtype_bytes)
     costs = stage_costs(shape, batch, tables)
-    logits_tokens = min(batch, max_num_batched_tokens or batch)
-    kv = kv_room(costs, shape, memory, logits_tokens)
+    kv = KVRoom(memory, costs, 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes,
+                min(batch, max_num_batched_tokens or batch) * shape.vocab_size * LOGIT_BYTES)
     if kv.per_layer(base) <= 0:
         return Decision("vllm", f"auto keeps vLLM's split {_join(base)}: a stage has no room "
                         f"left for the KV cache under it ({memory.describe()})", base, costs,
@@ -296,16 +236,14 @@ def _join(layers: tuple[int, ...]) -> str:
 def gpu_memory_bytes() -> int | None:
     """This process's GPU's total memory; None where CUDA is not initialized (engine core)."""
     import torch
-
     if not torch.cuda.is_initialized():
         return None
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 def apply(decision: Decision) -> None:
-    """Set ``VLLM_PP_LAYER_PARTITION`` to ``decision``'s split before the worker builds its
-    model; otherwise back to the process's own (hand-set or unset), in case an earlier
-    engine in this process had it set."""
+    """Set ``VLLM_PP_LAYER_PARTITION`` to ``decision``'s split, else back to the process's own
+    (an earlier engine here may have set it), before the worker builds its model."""
     value = decision.env_value or hand_set_partition()
     # vLLM takes a split only from this variable (registry: layer-partition).
     set_variable(VLLM_ENV, value)

@@ -1,9 +1,5 @@
-"""Plugin settings, read from ``VLLM_PP_CUDAGRAPH_*`` environment variables.
-
-Environment variables are the only channel that reaches every process vLLM
-starts (API server, engine core, each worker, Ray workers) before the
-plugin runs there, so that is where settings live.
-"""
+"""Plugin settings, read from ``VLLM_PP_CUDAGRAPH_*`` environment variables: the one channel
+that reaches every process vLLM starts (API server, engine core, workers, Ray workers)."""
 
 from __future__ import annotations
 
@@ -17,10 +13,21 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 ENV_PREFIX = "VLLM_PP_CUDAGRAPH_"
-
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
-BOOL_VALUES = "1/0, true/false, yes/no, on/off"
+#: Settings that were replaced, with what to set instead.
+REPLACED = {"VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS":
+            "VLLM_PP_CUDAGRAPH_DECODE_CADENCE (fill for the old 1, vllm for the old 0)"}
+#: The plugin's name in ``VLLM_PLUGINS`` and its ``vllm.general_plugins`` entry point.
+PLUGIN_NAME = "pp_cudagraph"
+#: vLLM's own variable for a layer split set by hand; it wins over the plugin's setting.
+PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+#: vLLM's own variables the plugin reads (its ``VLLM_PP_CUDAGRAPH_*`` ones are the settings).
+VLLM_VARIABLES = frozenset({"VLLM_PLUGINS", "VLLM_USE_V2_MODEL_RUNNER", PARTITION_ENV,
+                            "VLLM_USE_BREAKABLE_CUDAGRAPH", "PROMETHEUS_MULTIPROC_DIR"})
+_current: PPCudaGraphSettings | None = None
+_UNREAD = object()
+_hand_set: Any = _UNREAD
 
 
 class SettingsError(ValueError):
@@ -32,14 +39,12 @@ class PluginConfigError(ValueError):
 
 
 def _parse_bool(value: Any) -> Any:
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-        raise ValueError(f"expected one of {BOOL_VALUES}")
-    return value
+    if not isinstance(value, str):
+        return value
+    lowered = value.strip().lower()
+    if lowered not in _TRUE + _FALSE:
+        raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+    return lowered in _TRUE
 
 
 EnvBool = Annotated[bool, BeforeValidator(_parse_bool)]
@@ -54,10 +59,8 @@ def _partition_choice(value: Any) -> Any:
     value = _lower(value)
     if isinstance(value, str) and re.fullmatch(r"[\d\s,]+", value) and re.search(r"\d", value):
         split = re.sub(r"\s", "", value)
-        raise ValueError(
-            "expected 'vllm' or 'auto'; a split set by hand goes in vLLM's own "
-            f"VLLM_PP_LAYER_PARTITION={split} (which wins over this setting)"
-        )
+        raise ValueError("expected 'vllm' or 'auto'; a split set by hand goes in vLLM's own "
+                         f"VLLM_PP_LAYER_PARTITION={split} (which wins over this setting)")
     return value
 
 
@@ -67,8 +70,7 @@ def _writable_directory(value: Any) -> Any:
         return value
     try:
         os.makedirs(value, exist_ok=True)
-        with tempfile.TemporaryFile(dir=value):
-            pass
+        tempfile.TemporaryFile(dir=value).close()
     except OSError as exc:
         reason = "it is a file" if os.path.isfile(value) else (exc.strerror or str(exc))
         raise ValueError(f"expected a directory the server can write in ({reason}); "
@@ -100,55 +102,23 @@ class LayerPartition(_Choice):
     AUTO = "auto"
 
 
-#: Settings that were replaced, with what to set instead.
-REPLACED = {
-    "VLLM_PP_CUDAGRAPH_FILL_IDLE_STEPS": (
-        "VLLM_PP_CUDAGRAPH_DECODE_CADENCE (fill for the old 1, vllm for the old 0)"
-    ),
-}
-
-
-_current: PPCudaGraphSettings | None = None
-
-#: vLLM's own variable for a layer split set by hand; it wins over the plugin's setting.
-PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
-_UNREAD = object()
-#: This process's hand-set split as it started (before the plugin sets the variable).
-_hand_set: Any = _UNREAD
-
-
 def hand_set_partition() -> str | None:
-    """The layer split set by hand in ``VLLM_PP_LAYER_PARTITION`` for this process, read
-    once, before a worker's runner sets the variable for vLLM itself (layer_partition)."""
+    """This process's ``VLLM_PP_LAYER_PARTITION`` as it started, before the plugin sets it."""
     global _hand_set
     if _hand_set is _UNREAD:
         _hand_set = os.environ.get(PARTITION_ENV) or None
     return _hand_set
 
 
-#: vLLM's own variables the plugin reads (its own ``VLLM_PP_CUDAGRAPH_*`` ones are read by
-#: :class:`PPCudaGraphSettings`).
-VLLM_VARIABLES = frozenset({
-    "VLLM_PLUGINS", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH", PARTITION_ENV,
-    "PROMETHEUS_MULTIPROC_DIR",
-})
-
-
 def environment_value(name: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """``name`` in this process's environment (or ``environ``), read now; ``name`` is one
-    of :data:`VLLM_VARIABLES` or the plugin's own (the one place the plugin reads any)."""
+    """``name`` in this process's environment (or ``environ``): the plugin's one reader."""
     if name not in VLLM_VARIABLES and not name.startswith(ENV_PREFIX):
         raise KeyError(f"{name} is not a variable the plugin reads; add it to VLLM_VARIABLES")
     return (os.environ if environ is None else environ).get(name)
 
 
 def plugin_variables_set() -> list[str]:
-    """The plugin's own variables set in this process."""
     return [name for name in os.environ if name.startswith(ENV_PREFIX)]
-
-
-#: The plugin's name in ``VLLM_PLUGINS`` and its ``vllm.general_plugins`` entry point.
-PLUGIN_NAME = "pp_cudagraph"
 
 
 def is_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -166,7 +136,6 @@ def set_variable(name: str, value: str | None) -> Callable[[], None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = new
-
     put(value)
     return lambda: put(previous)
 
@@ -176,75 +145,35 @@ class PPCudaGraphSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    allow_unsupported_vllm: EnvBool = Field(
-        default=False,
-        description="Activate on a vLLM outside the tested range (its internals may differ).",
-    )
-
-    allow_unproven: EnvBool = Field(
-        default=False,
-        description=(
-            "Run the plugin with a speculative method or KV connector it is not proven with "
-            "on this vLLM; without it such an engine runs as stock."
-        ),
-    )
-
-    breakable: EnvBool = Field(
-        default=False,
-        description="Breakable CUDA graphs, as vLLM's VLLM_USE_BREAKABLE_CUDAGRAPH=1.",
-    )
-
+    allow_unsupported_vllm: EnvBool = Field(default=False, description=(
+        "Activate on a vLLM outside the tested range (its internals may differ)."))
+    allow_unproven: EnvBool = Field(default=False, description=(
+        "Run the plugin with a speculative method or KV connector it is not proven with "
+        "on this vLLM; without it such an engine runs as stock."))
+    breakable: EnvBool = Field(default=False, description=(
+        "Breakable CUDA graphs, as vLLM's VLLM_USE_BREAKABLE_CUDAGRAPH=1."))
     decode_cadence: Annotated[DecodeCadence, BeforeValidator(_lower)] = Field(
-        default=DecodeCadence.AUTO,
-        description=(
+        default=DecodeCadence.AUTO, description=(
             "How often a request decodes under PP: auto, merge, balance, fill or vllm "
-            "(docs/settings.md, cadence_policy.py)."
-        ),
-    )
-
-    kv_update_in_graphs: EnvBool = Field(
-        default=True,
-        description="Keep each layer's KV-cache write inside piecewise CUDA graphs.",
-    )
-
-    direct_handoff: EnvBool = Field(
-        default=False,
-        description=(
-            "Hand tensors to the next stage without vLLM's per-step metadata "
-            "(stage_handoff.py; experimental)."
-        ),
-    )
-
+            "(docs/settings.md, cadence_policy.py)."))
+    kv_update_in_graphs: EnvBool = Field(default=True, description=(
+        "Keep each layer's KV-cache write inside piecewise CUDA graphs."))
+    direct_handoff: EnvBool = Field(default=False, description=(
+        "Hand tensors to the next stage without vLLM's per-step metadata "
+        "(stage_handoff.py; experimental)."))
     layer_partition: Annotated[LayerPartition, BeforeValidator(_partition_choice)] = Field(
-        default=LayerPartition.VLLM,
-        description=(
-            "How the layers are split over the stages: vllm (vLLM's even split) or auto "
-            "(the fastest predicted, layer_partition.py). A hand-set "
-            "VLLM_PP_LAYER_PARTITION wins."
-        ),
-    )
-
-    stall_limit_s: float = Field(
-        default=60.0,
-        ge=0,
-        description=(
-            "Seconds a pipeline step may stay out, with work in flight, before the server "
-            "names the stuck stage and stops; at least 5x the longest step seen; 0: off."
-        ),
-    )
-
-    metrics: EnvBool = Field(
-        default=True,
-        description="Per-stage figures in vllm serve's /metrics and the log (docs/metrics.md).",
-    )
-
+        default=LayerPartition.VLLM, description=(
+            "How the layers are split over the stages: vllm (vLLM's even split) or auto (the "
+            "fastest predicted, layer_partition.py). A hand-set VLLM_PP_LAYER_PARTITION wins."))
+    stall_limit_s: float = Field(default=60.0, ge=0, description=(
+        "Seconds a pipeline step may stay out, with work in flight, before the server "
+        "names the stuck stage and stops; at least 5x the longest step seen; 0: off."))
+    metrics: EnvBool = Field(default=True, description=(
+        "Per-stage figures in vllm serve's /metrics and the log (docs/metrics.md)."))
     metrics_dir: Annotated[str, BeforeValidator(_writable_directory)] = Field(
-        default="",
-        description=(
+        default="", description=(
             "Where the engine's processes leave those figures for the API server; empty: a "
-            "temporary directory."
-        ),
-    )
+            "temporary directory."))
 
     @staticmethod
     def env_name(field: str) -> str:
@@ -260,17 +189,14 @@ class PPCudaGraphSettings(BaseModel):
                 raise SettingsError(f"{key} was replaced: set {REPLACED[key]}.")
             if key.startswith(ENV_PREFIX) and key not in known:
                 raise SettingsError(
-                    f"Unknown setting {key}. Known settings: {', '.join(sorted(known))}."
-                )
+                    f"Unknown setting {key}. Known settings: {', '.join(sorted(known))}.")
         values = {known[key]: raw for key, raw in environ.items() if key in known}
         try:
             return cls(**values)
         except ValidationError as exc:
-            problems = []
-            for err in exc.errors():
-                field = str(err["loc"][0])
-                message = err["msg"].removeprefix("Value error, ")
-                problems.append(f"{cls.env_name(field)}={values.get(field)!r}: {message}")
+            fields = [(str(err["loc"][0]), err["msg"].removeprefix("Value error, "))
+                      for err in exc.errors()]
+            problems = [f"{cls.env_name(f)}={values.get(f)!r}: {msg}" for f, msg in fields]
             raise SettingsError("Invalid plugin setting: " + "; ".join(problems)) from None
 
     @classmethod

@@ -1,8 +1,4 @@
-"""Snapshot files through which pipeline stages and engine cores report their metrics.
-
-Each stage's worker writes ``stage-<stage>.json``, each engine core ``engine-<engine>.json``,
-into one directory per deployment; the API server's stat logger reads them. Stdlib only.
-"""
+"""Files through which stages and engine cores report metrics to the API server; stdlib only."""
 
 from __future__ import annotations
 
@@ -22,28 +18,25 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 METRICS_DIR_ENV = "VLLM_PP_CUDAGRAPH_METRICS_DIR"
-#: Seconds between two snapshots of a stage or an engine.
-INTERVAL_S = 5.0
+INTERVAL_S = 5.0  # seconds between two snapshots of a stage or an engine
 DEFAULT_MAX_AGE_S = 60.0
-#: The most cadence switches an engine snapshot lists.
-KEPT_SWITCHES = 64
-
+KEPT_SWITCHES = 64  # the most cadence switches an engine snapshot lists
 logger = logging.getLogger("vllm.pp_cudagraph.metrics")
 _write_failed_logged = False
 #: The directory this process made (the settings, read earlier, do not name it).
 _made_here: str | None = None
+#: A field type's JSON values and name in errors (others: ``X | None``, ``tuple[X, ...]``).
+_JSON_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "int": (int, "an integer"), "float": ((int, float), "a finite number"),
+    "str": (str, "a string"), "dict[str, Any]": (dict, "an object")}
+S = TypeVar("S", bound="_Snapshot")
 
 
 def ensure_metrics_dir() -> Path:
-    """The metrics directory (``VLLM_PP_CUDAGRAPH_METRICS_DIR``), created if needed.
-
-    Without the setting, makes a fresh temporary directory, sets the variable so that the
-    processes started from here use it too, and removes the directory when this process
-    exits.
-    """
+    """The metrics directory (``VLLM_PP_CUDAGRAPH_METRICS_DIR``), created if needed; without
+    the setting, a temporary one, set for the processes started here and removed at exit."""
     global _made_here
     from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings, set_variable
-
     if configured := _made_here or PPCudaGraphSettings.current().metrics_dir:
         path = Path(configured)
         path.mkdir(parents=True, exist_ok=True)
@@ -54,19 +47,7 @@ def ensure_metrics_dir() -> Path:
     return Path(_made_here)
 
 
-def metrics_dir() -> Path:
-    """The metrics directory of this deployment (:func:`ensure_metrics_dir`)."""
-    return ensure_metrics_dir()
-
-
-#: A field's type -> (the JSON values it takes, what an error calls it). The snapshots'
-#: other fields are ``X | None`` and ``tuple[X, ...]`` of these.
-_JSON_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "int": (int, "an integer"),
-    "float": ((int, float), "a finite number"),
-    "str": (str, "a string"),
-    "dict[str, Any]": (dict, "an object"),
-}
+metrics_dir = ensure_metrics_dir
 
 
 def _read_field(type_name: str, value: Any) -> Any:
@@ -88,9 +69,6 @@ def _read_field(type_name: str, value: Any) -> Any:
     return float(value) if type_name == "float" else value
 
 
-S = TypeVar("S", bound="_Snapshot")
-
-
 class _Snapshot:
     """JSON round trip shared by the snapshot dataclasses."""
 
@@ -100,10 +78,7 @@ class _Snapshot:
 
     @classmethod
     def from_json(cls: type[S], data: str | bytes | Mapping[str, Any]) -> S:
-        """Parse a snapshot; keys this version does not know are ignored.
-
-        Raises ``ValueError`` for text that is not a JSON object of this schema.
-        """
+        """Parse a snapshot, ignoring unknown keys; ValueError where it is not of this schema."""
         if not isinstance(data, Mapping):
             data = json.loads(data)
             if not isinstance(data, dict):
@@ -138,8 +113,7 @@ class StageSnapshot(_Snapshot):
     handoff_bytes_total: int
     graph_steps_total: int
     eager_steps_total: int
-    #: Since the stage started: steps timed, and their GPU time busy and waiting (ms), so
-    #: that a reader takes the mean over the span between two snapshots.
+    #: Totals since the stage started, so a reader takes means between two snapshots.
     timed_steps_total: int = 0
     busy_ms_total: float = 0.0
     idle_ms_total: float = 0.0
@@ -189,14 +163,11 @@ class EngineSnapshot(_Snapshot):
 
 @dataclass(frozen=True)
 class PlanRecord:
-    """What one rank built and decided (its engine plan's record), for ``bench`` and
-    ``check``: ``plan-<stage>-<tp rank>.json`` (``plan-engine-<engine>.json`` for the
-    engine check's verdict)."""
+    """One rank's plan record (``plan-<stage>-<tp rank>.json``), or the engine check's."""
 
     name: str
     record: Mapping[str, Any]
-    #: The file name's first word.
-    kind: ClassVar[str] = "plan"
+    kind: ClassVar[str] = "plan"  # the file name's first word
 
     @property
     def filename(self) -> str:
@@ -208,30 +179,20 @@ class PlanRecord:
 
 @dataclass(frozen=True)
 class CaptureRecord(PlanRecord):
-    """What one rank's CUDA-graph capture took beside the plugin's estimate of it before
-    the KV cache was sized: ``graphs-<stage>-<tp rank>.json``, for the soak's check."""
+    """One rank's CUDA-graph capture beside the plugin's pre-KV-cache estimate, for the soak."""
 
     kind: ClassVar[str] = "graphs"
 
 
 def read_capture_records(directory: Path) -> dict[tuple[int, int], dict[str, Any]]:
-    """Every capture record in ``directory`` by (stage, TP rank); unreadable ones are left
-    out."""
-    records = {}
-    for name, record in _read_records(directory, CaptureRecord.kind).items():
-        if ranks := re.fullmatch(r"([0-9]+)-([0-9]+)", name):
-            records[int(ranks[1]), int(ranks[2])] = record
-    return records
+    """Every readable capture record in ``directory`` by (stage, TP rank)."""
+    found = read_plan_records(directory, CaptureRecord.kind)
+    return {(int(ranks[1]), int(ranks[2])): record for name, record in found.items()
+            if (ranks := re.fullmatch(r"([0-9]+)-([0-9]+)", name))}
 
 
-def read_plan_records(directory: Path) -> dict[str, dict[str, Any]]:
-    """Every plan record in ``directory`` by name (``0-0``, ``engine-0``); unreadable
-    ones are left out."""
-    return _read_records(directory, PlanRecord.kind)
-
-
-def _read_records(directory: Path, kind: str) -> dict[str, dict[str, Any]]:
-    """The records of ``kind`` (:attr:`PlanRecord.kind`) in ``directory`` by name."""
+def read_plan_records(directory: Path, kind: str = PlanRecord.kind) -> dict[str, dict[str, Any]]:
+    """Every readable record of ``kind`` in ``directory`` by name (``0-0``, ``engine-0``)."""
     records = {}
     for path in sorted(Path(directory).glob(f"{kind}-*.json")):
         try:
@@ -241,15 +202,10 @@ def _read_records(directory: Path, kind: str) -> dict[str, dict[str, Any]]:
     return records
 
 
-def write_snapshot(
-    snapshot: StageSnapshot | EngineSnapshot | PlanRecord | CaptureRecord,
-    directory: Path | None = None,
-) -> Path | None:
-    """Write ``snapshot`` atomically (temporary file, then rename) into ``directory``.
-
-    Returns the file's path, or None where the write failed (logged once per process):
-    metrics must never stop a worker or an engine core.
-    """
+def write_snapshot(snapshot: StageSnapshot | EngineSnapshot | PlanRecord,
+                   directory: Path | None = None) -> Path | None:
+    """Write ``snapshot`` atomically into ``directory``; its path, or None where that failed
+    (logged once per process): metrics must never stop a worker or an engine core."""
     global _write_failed_logged
     directory = metrics_dir() if directory is None else Path(directory)
     target = directory / snapshot.filename
@@ -282,12 +238,9 @@ def _fresh(written: float, max_age_s: float, now: float | None) -> bool:
     return (time.time() if now is None else now) - written <= max_age_s
 
 
-def read_stage_snapshots(
-    engine: int = 0,
-    directory: Path | None = None,
-    max_age_s: float = DEFAULT_MAX_AGE_S,
-    now: float | None = None,
-) -> dict[int, StageSnapshot]:
+def read_stage_snapshots(engine: int = 0, directory: Path | None = None,
+                         max_age_s: float = DEFAULT_MAX_AGE_S,
+                         now: float | None = None) -> dict[int, StageSnapshot]:
     """Fresh stage snapshots of ``engine``, by stage; unreadable or stale files are skipped."""
     directory = metrics_dir() if directory is None else Path(directory)
     found: dict[int, StageSnapshot] = {}
@@ -300,15 +253,11 @@ def read_stage_snapshots(
     return found
 
 
-def read_engine_snapshot(
-    engine: int = 0,
-    directory: Path | None = None,
-    max_age_s: float = DEFAULT_MAX_AGE_S,
-    now: float | None = None,
-) -> EngineSnapshot | None:
+def read_engine_snapshot(engine: int = 0, directory: Path | None = None,
+                         max_age_s: float = DEFAULT_MAX_AGE_S,
+                         now: float | None = None) -> EngineSnapshot | None:
     """The fresh snapshot of ``engine``, or None where it is missing, unreadable or stale."""
     directory = metrics_dir() if directory is None else Path(directory)
     snap = read_snapshot(directory / f"engine-{engine}.json", EngineSnapshot)
-    if snap is None or snap.engine != engine or not _fresh(snap.time, max_age_s, now):
-        return None
-    return snap
+    fresh = snap is not None and snap.engine == engine and _fresh(snap.time, max_age_s, now)
+    return snap if fresh else None

@@ -1,28 +1,20 @@
-"""What each part of a model costs per decode step, to split its layers over the stages.
-
-A measured table (``cost_tables/*.json``) where one fits, else a bytes/FLOPs model: pure
-arithmetic on the config. docs/performance.md ("Balanced stages") says how far it holds."""
+"""Each part of a model's decode-step cost: from a measured table, else a bytes/FLOPs model."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: Cost tables shipped with the package, one JSON file per model shape.
-TABLES = Path(__file__).with_name("cost_tables")
-
-# One H200's effective decode rates, fitted to measured stage costs (only ratios decide).
-BYTES_PER_S = 4.15e12
-FLOPS_PER_S = 550e12
+TABLES = Path(__file__).with_name("cost_tables")  # one JSON file per model shape
 
 
 @dataclass(frozen=True)
 class Rates:
-    """A GPU's effective rates for the bytes/FLOPs model, and how a measured cost table
-    converts to it (``name``: how the output names the GPU)."""
+    """A GPU's effective rates for the bytes/FLOPs model (``name``: how output names it)."""
 
     bytes_per_s: float
     flops_per_s: float
@@ -31,17 +23,15 @@ class Rates:
     table_scale: Callable[[str], tuple[float, str] | None] | None = None
 
 
-#: The rates the model was fitted with, and tables as measured: what the runtime uses.
-FITTED = Rates(BYTES_PER_S, FLOPS_PER_S)
-#: Fixed time of one decoder layer's kernels (norms, rotary, attention, activations).
-LAYER_FIXED_S = 35e-6
+#: One H200's effective decode rates, fitted to measured stage costs (only ratios decide).
+FITTED = Rates(bytes_per_s=4.15e12, flops_per_s=550e12)
+LAYER_FIXED_S = 35e-6  # one layer's small kernels: norms, rotary, attention, activations
 EMBEDDING_FIXED_S = 5e-6
 LM_HEAD_FIXED_S = 10e-6
 SAMPLER_FIXED_S = 20e-6
-#: Bytes the sampler moves per logit: written in fp32, then read once more.
-SAMPLER_BYTES_PER_LOGIT = 8
-
+SAMPLER_BYTES_PER_LOGIT = 8  # written in fp32, then read once more
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
+TABLE_FIELDS = ("layer_ms", "embedding_ms", "lm_head_ms")
 
 
 def config_value(config: Any, key: str, default: Any = None) -> Any:
@@ -62,8 +52,7 @@ def num_hidden_layers(config: Any) -> int:
 
 
 def unmodelled_reason(config: Any) -> str | None:
-    """Why the bytes/FLOPs model (identical GQA layers with a gated MLP or MoE, in the
-    config's dtype) cannot cost ``config``'s layers, or None where it can."""
+    """Why the bytes/FLOPs model (identical GQA layers, gated MLP or MoE) cannot cost ``config``."""
     config = text_config(config)
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if not config_value(config, key):
@@ -87,10 +76,8 @@ def unmodelled_reason(config: Any) -> str | None:
 
 
 def _num_experts(config: Any) -> int:
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if value := config_value(config, key):
-            return int(value)
-    return 0
+    keys = ("num_experts", "num_local_experts", "n_routed_experts")
+    return next((int(value) for key in keys if (value := config_value(config, key))), 0)
 
 
 @dataclass(frozen=True)
@@ -115,27 +102,23 @@ class ModelShape:
     def from_config(cls, config: Any, dtype_bytes: int | None = None) -> ModelShape:
         """Read a Hugging Face config (object or dict); ``dtype_bytes`` overrides its dtype."""
         config = text_config(config)
-        hidden, heads = int(config_value(config, "hidden_size")), int(config_value(config, "num_attention_heads"))
+        value = functools.partial(config_value, config)
+        hidden, heads = int(value("hidden_size")), int(value("num_attention_heads"))
         experts = _num_experts(config)
-        expert_size = config_value(config, "moe_intermediate_size") or config_value(config, "intermediate_size", 0)
+        expert_size = value("moe_intermediate_size") or value("intermediate_size", 0)
         if dtype_bytes is None:
-            dtype = config_value(config, "torch_dtype") or config_value(config, "dtype") or "bfloat16"
+            dtype = value("torch_dtype") or value("dtype") or "bfloat16"
             dtype_bytes = _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
         return cls(
-            model_type=str(config_value(config, "model_type", "unknown")),
-            hidden_size=hidden,
-            num_layers=int(config_value(config, "num_hidden_layers")),
-            num_heads=heads,
-            num_kv_heads=int(config_value(config, "num_key_value_heads", heads)),
-            head_dim=int(config_value(config, "head_dim", hidden // heads)),
-            intermediate_size=int(config_value(config, "intermediate_size", 0)),
-            vocab_size=int(config_value(config, "vocab_size")),
-            dtype_bytes=dtype_bytes,
-            num_experts=experts,
-            experts_per_token=int(config_value(config, "num_experts_per_tok", 0)) if experts else 0,
+            model_type=str(value("model_type", "unknown")), hidden_size=hidden,
+            num_layers=int(value("num_hidden_layers")), num_heads=heads,
+            num_kv_heads=int(value("num_key_value_heads", heads)),
+            head_dim=int(value("head_dim", hidden // heads)),
+            intermediate_size=int(value("intermediate_size", 0)),
+            vocab_size=int(value("vocab_size")), dtype_bytes=dtype_bytes, num_experts=experts,
+            experts_per_token=int(value("num_experts_per_tok", 0)) if experts else 0,
             expert_intermediate_size=int(expert_size) if experts else 0,
-            shared_expert_intermediate_size=int(config_value(config, "shared_expert_intermediate_size", 0)),
-        )
+            shared_expert_intermediate_size=int(value("shared_expert_intermediate_size", 0)))
 
     def signature(self) -> str:
         """The key cost tables are filed under: every field the costs depend on."""
@@ -151,9 +134,8 @@ class ModelShape:
         attention = 2 * self.hidden_size * self.head_dim * (self.num_heads + self.num_kv_heads)
         if not self.num_experts:
             return attention + 3 * self.hidden_size * self.intermediate_size
-        router = self.hidden_size * self.num_experts
-        shared = 3 * self.hidden_size * self.shared_expert_intermediate_size
-        return attention + router + shared
+        return (attention + self.hidden_size * self.num_experts  # the router
+                + 3 * self.hidden_size * self.shared_expert_intermediate_size)
 
     @property
     def _expert_params(self) -> int:
@@ -185,12 +167,10 @@ class StageCosts:
     batch: int
     layer_s: float
     embedding_s: float
-    head_s: float
-    """The LM head and the sampler."""
+    head_s: float  # the LM head and the sampler
     layer_bytes: int
     vocab_bytes: int
-    source: str
-    """Where the times come from: a measured table, or the bytes/FLOPs model."""
+    source: str  # where the times come from: a measured table, or the bytes/FLOPs model
 
     def stage_s(self, stage: int, num_stages: int, layers: int) -> float:
         """Predicted decode step of pipeline stage ``stage`` holding ``layers`` layers."""
@@ -200,8 +180,8 @@ class StageCosts:
         return fixed + layers * self.layer_s
 
     def stage_bytes(self, stage: int, num_stages: int, layers: int) -> int:
-        """Weight bytes of stage ``stage``: its layers, the embedding on the first, the
-        LM head on the last (a copy of the embedding where the two are tied)."""
+        """Weight bytes of a stage: its layers, the embedding on the first, the LM head on the
+        last (a copy of the embedding where the two are tied)."""
         ends = (stage == 0) + (stage == num_stages - 1)
         return ends * self.vocab_bytes + layers * self.layer_bytes
 
@@ -211,26 +191,17 @@ def _roofline_s(bytes_read: float, flops: float, rates: Rates = FITTED) -> float
 
 
 def modelled_costs(shape: ModelShape, batch: int, rates: Rates = FITTED) -> StageCosts:
-    """The bytes/FLOPs model's costs of ``shape`` at ``batch`` tokens per step."""
     logits = batch * shape.vocab_size
     head = (_roofline_s(shape.vocab_bytes + logits * shape.dtype_bytes,
                         2 * logits * shape.hidden_size, rates) + LM_HEAD_FIXED_S
             + logits * SAMPLER_BYTES_PER_LOGIT / rates.bytes_per_s + SAMPLER_FIXED_S)
-    return StageCosts(
-        batch=batch,
-        layer_s=_roofline_s(shape.layer_bytes_read(batch), shape.layer_flops(batch), rates)
-        + LAYER_FIXED_S,
-        embedding_s=2 * batch * shape.hidden_size * shape.dtype_bytes / rates.bytes_per_s
-        + EMBEDDING_FIXED_S,
-        head_s=head,
-        layer_bytes=shape.layer_bytes,
-        vocab_bytes=shape.vocab_bytes,
-        source="the bytes/FLOPs model" + ("" if rates.name == FITTED.name
-                                          else f" at {rates.name}'s rates"),
-    )
-
-
-TABLE_FIELDS = ("layer_ms", "embedding_ms", "lm_head_ms")
+    layer = _roofline_s(shape.layer_bytes_read(batch), shape.layer_flops(batch), rates)
+    embedding = 2 * batch * shape.hidden_size * shape.dtype_bytes / rates.bytes_per_s
+    at = "" if rates.name == FITTED.name else f" at {rates.name}'s rates"
+    return StageCosts(batch=batch, layer_s=layer + LAYER_FIXED_S,
+                      embedding_s=embedding + EMBEDDING_FIXED_S, head_s=head,
+                      layer_bytes=shape.layer_bytes, vocab_bytes=shape.vocab_bytes,
+                      source="the bytes/FLOPs model" + at)
 
 
 class CostTableError(ValueError):
@@ -252,10 +223,8 @@ def read_table(path: Path) -> dict[str, Any]:
 
 
 def find_table(shape: ModelShape, directory: Path = TABLES) -> tuple[Path, dict] | None:
-    """The measured table for ``shape`` in ``directory``, or None."""
     for path in sorted(Path(directory).glob("*.json")):
-        table = read_table(path)
-        if table["signature"] == shape.signature():
+        if (table := read_table(path))["signature"] == shape.signature():
             return path, table
     return None
 
@@ -275,24 +244,20 @@ def _interpolate(rows: list[dict], batch: int, field: str) -> float:
 
 def table_costs(shape: ModelShape, path: Path, table: dict, batch: int,
                 rates: Rates = FITTED) -> StageCosts:
-    """The costs a measured ``table`` gives at ``batch`` (its weight bytes from ``shape``);
-    where ``rates`` convert from the table's GPU, scaled to theirs, and the source says so."""
+    """A measured ``table``'s costs at ``batch``, scaled to ``rates``' GPU where they can."""
     ms = {field: _interpolate(table["batches"], batch, field) / 1e3 for field in TABLE_FIELDS}
     device = table.get("measured", {}).get("device", "")
     scale, how = (rates.table_scale and rates.table_scale(device)) or (1.0, "")
-    return StageCosts(
-        batch=batch, layer_s=scale * ms["layer_ms"], embedding_s=scale * ms["embedding_ms"],
-        head_s=scale * ms["lm_head_ms"], layer_bytes=shape.layer_bytes,
-        vocab_bytes=shape.vocab_bytes,
-        source=f"the cost table {path.name} (measured{how})",
-    )
+    return StageCosts(batch=batch, layer_s=scale * ms["layer_ms"],
+                      embedding_s=scale * ms["embedding_ms"], head_s=scale * ms["lm_head_ms"],
+                      layer_bytes=shape.layer_bytes, vocab_bytes=shape.vocab_bytes,
+                      source=f"the cost table {path.name} (measured{how})")
 
 
 def stage_costs(shape: ModelShape, batch: int, directory: Path = TABLES,
                 rates: Rates = FITTED) -> StageCosts:
     """``shape``'s costs at ``batch``: its measured table where one exists, else the model."""
-    found = find_table(shape, directory)
-    if found is None:
+    if (found := find_table(shape, directory)) is None:
         return modelled_costs(shape, batch, rates)
     return table_costs(shape, *found, batch, rates)
 

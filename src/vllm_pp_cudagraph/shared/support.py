@@ -1,5 +1,4 @@
-"""What the plugin has proven on GPUs (``proven.json``, data the engine plan and ``check``
-read), and the engines it stands aside for or refuses."""
+"""What the plugin has proven on GPUs (``proven.json``), and engines it stands aside for."""
 
 from __future__ import annotations
 
@@ -32,21 +31,18 @@ def _features(kind: str) -> dict[str, Proven]:
 
 #: Speculative methods (vLLM's ``speculative_config.method``) proven with the plugin.
 PROVEN_SPECULATIVE: dict[str, Proven] = _features("speculative")
-#: KV connectors proven with the plugin.
 PROVEN_CONNECTORS: dict[str, Proven] = _features("connectors")
 #: Per release run on GPUs: what ran, the torch it ran with, and the layouts.
-GPU_EVIDENCE: dict[str, str] = {r: e["evidence"] for r, e in _PROVEN["releases"].items()}
-GPU_TORCH: dict[str, str] = {r: e["torch"] for r, e in _PROVEN["releases"].items()}
-PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {
-    r: tuple(e["layouts"]) for r, e in _PROVEN["releases"].items()}
+_RELEASES = _PROVEN["releases"].items()
+GPU_EVIDENCE: dict[str, str] = {r: e["evidence"] for r, e in _RELEASES}
+GPU_TORCH: dict[str, str] = {r: e["torch"] for r, e in _RELEASES}
+PROVEN_LAYOUTS: dict[str, tuple[str, ...]] = {r: tuple(e["layouts"]) for r, e in _RELEASES}
 #: Attention backends token-checked with the KV-cache write inside piecewise graphs.
 KV_UPDATE_PROVEN_BACKENDS = frozenset(_PROVEN["kv_update_in_graphs_backends"])
 #: Releases where stock vLLM fails speculative decoding under PP, async scheduling off.
 SPECULATIVE_SYNC_PP_FAILS: dict[str, str] = dict(_PROVEN["stock_fails"]["speculative_sync_pp"])
 #: Releases where stock vLLM cannot load an EAGLE-1 draft whose layer index clashes.
 EAGLE_DRAFT_NAME_CLASH: dict[str, str] = dict(_PROVEN["stock_fails"]["eagle_draft_name_clash"])
-
-
 #: How every line saying the plugin leaves an engine to stock vLLM begins (bench counts).
 STAND_ASIDE = "vllm-pp-cudagraph stands aside for this engine"
 
@@ -67,8 +63,7 @@ def _major_minor(version: str | None) -> str | None:
 
 
 def _unproven(kind: str, name: str, table: dict[str, Proven]) -> str | None:
-    proven = table.get(name)
-    here = release_line()
+    proven, here = table.get(name), release_line()
     if proven is not None and here in proven.releases:
         return None
     where = (f"proven on vLLM {', '.join(proven.releases)} only, not {here}"
@@ -78,14 +73,12 @@ def _unproven(kind: str, name: str, table: dict[str, Proven]) -> str | None:
 
 def no_pipeline_reason(pp: int) -> str | None:
     """Why the plugin has nothing to do for an engine of ``pp`` stages, or None."""
-    if pp > 1:
-        return None
-    return "no pipeline (PP=1): the plugin only changes pipeline-parallel engines"
+    return None if pp > 1 else (
+        "no pipeline (PP=1): the plugin only changes pipeline-parallel engines")
 
 
 def drafting(vllm_config: VllmConfig) -> Any | None:
-    """The engine's speculative config, or None where it drafts no tokens: the one test
-    of speculative decoding the plan's facts take."""
+    """The engine's speculative config, or None where it drafts no tokens."""
     speculative = getattr(vllm_config, "speculative_config", None)
     if speculative is None or not getattr(speculative, "num_speculative_tokens", 1):
         return None
@@ -94,9 +87,8 @@ def drafting(vllm_config: VllmConfig) -> Any | None:
 
 def known_failure(pp: int, speculative: str | None, async_scheduling: bool | None,
                   num_layers: int, layers: tuple[int, ...] | None = None) -> str | None:
-    """Why stock vLLM of this release fails an engine of ``pp`` stages drafting with the
-    ``speculative`` method (None: no drafts; "": a method vLLM did not name), with what to
-    change, or None; ``layers`` is the split the engine will use, where known (else vLLM's)."""
+    """Why stock vLLM of this release fails an engine drafting with ``speculative`` (None: no
+    drafts) under split ``layers`` (None: vLLM's), with what to change; None where it works."""
     if pp < 2 or speculative is None:
         return None
     if async_scheduling is False and (how := SPECULATIVE_SYNC_PP_FAILS.get(release_line())):
@@ -113,10 +105,9 @@ def known_failure(pp: int, speculative: str | None, async_scheduling: bool | Non
 
 def eagle_draft_layer_clash(pp: int, num_layers: int, layers: tuple[int, ...] | None = None
                             ) -> int | None:
-    """The layer index an EAGLE-1 draft would take on the last of ``pp`` stages, where that
-    stage already holds it, else None; under ``layers`` per stage, or vLLM's split."""
+    """The index an EAGLE-1 draft takes on the last stage (of ``layers``, else vLLM's split)
+    where that stage already holds it, else None."""
     from vllm.distributed.utils import get_pp_indices
-
     start, end = ((num_layers - layers[-1], num_layers) if layers
                   else get_pp_indices(num_layers, pp - 1, pp))
     return end - start if start <= end - start < end else None
@@ -124,14 +115,9 @@ def eagle_draft_layer_clash(pp: int, num_layers: int, layers: tuple[int, ...] | 
 
 def unproven_reason(speculative: str | None, connector: str | None,
                     allow_unproven: bool = False) -> str | None:
-    """Why the plugin leaves a PP engine drafting with the ``speculative`` method or moving
-    KV through ``connector`` to stock vLLM: one not proven with it here (``allow_unproven``
-    runs it regardless), or None."""
+    """Why the plugin leaves a PP engine to stock vLLM for a ``speculative`` method or KV
+    ``connector`` not proven with it here (unless ``allow_unproven``), or None."""
     if allow_unproven:
         return None
-    if speculative and (reason := _unproven("speculative method", speculative,
-                                            PROVEN_SPECULATIVE)):
-        return reason
-    if connector and (reason := _unproven("KV connector", connector, PROVEN_CONNECTORS)):
-        return reason
-    return None
+    return ((speculative and _unproven("speculative method", speculative, PROVEN_SPECULATIVE))
+            or (connector and _unproven("KV connector", connector, PROVEN_CONNECTORS)) or None)
