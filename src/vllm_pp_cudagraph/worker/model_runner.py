@@ -16,40 +16,23 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-from vllm_pp_cudagraph.shared import vllm_surface
-from vllm_pp_cudagraph.shared import support
+from vllm_pp_cudagraph.shared import layer_partition, support, vllm_surface
 from vllm_pp_cudagraph.shared.engine_plan import EngineFacts, EnginePlan, plan_engine
 from vllm_pp_cudagraph.shared.heartbeats import STACKS_SIGNAL, Heartbeat, Phase, heartbeat_path
-from vllm_pp_cudagraph.shared.snapshots import PlanRecord, metrics_dir, write_snapshot
-from vllm_pp_cudagraph.worker.stage_clock import StageClock
-from vllm_pp_cudagraph.shared import layer_partition
 from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
+from vllm_pp_cudagraph.shared.snapshots import PlanRecord, metrics_dir, write_snapshot
 from vllm_pp_cudagraph.worker.graphs.cudagraph_manager import PPCudaGraphManager
 from vllm_pp_cudagraph.worker.pipeline import stage_handoff
 from vllm_pp_cudagraph.worker.pipeline.first_stage_tokens import (
-    batch_req_indices,
-    consume_entries_needed_by,
-)
+    batch_req_indices, consume_entries_needed_by)
 from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
-    announce_runner,
-    check_peer_runners,
-    exchange_peers,
-    gather_from_stages,
-)
+    announce_runner, check_peer_runners, exchange_peers, gather_from_stages)
 from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
-    end_with_parent,
-    is_output_rank,
-    stopping_worker_on_error,
-)
+    end_with_parent, is_output_rank, stopping_worker_on_error)
 from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
-    DECLARED,
-    PRODUCED,
-    Schema,
-    check_handoff_schemas,
-    check_padding_agreement,
-    check_stage_inputs,
-    schema_of,
-)
+    DECLARED, PRODUCED, Schema, check_handoff_schemas, check_padding_agreement,
+    check_stage_inputs, schema_of)
+from vllm_pp_cudagraph.worker.stage_clock import StageClock
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -83,8 +66,7 @@ def check_graph_settings(vllm_config: VllmConfig) -> None:
     raise GraphConfigError(
         f"Breakable CUDA graphs were requested (VLLM_PP_CUDAGRAPH_BREAKABLE or "
         f"VLLM_USE_BREAKABLE_CUDAGRAPH), but {culprit} disables CUDA graphs. "
-        "Drop one of the two settings."
-    )
+        "Drop one of the two settings.")
 
 
 def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunner:
@@ -103,14 +85,12 @@ def build_runner(vllm_config: VllmConfig, device: torch.device) -> GPUModelRunne
 
 def worker_plan(vllm_config: VllmConfig) -> EnginePlan:
     """This worker's plan for its engine (with its GPU's memory), unless refused."""
-    return check_refusal(plan_engine(PPCudaGraphSettings.current(),
-                                     EngineFacts.of(vllm_config),
+    return check_refusal(plan_engine(PPCudaGraphSettings.current(), EngineFacts.of(vllm_config),
                                      layer_partition.gpu_memory_bytes()))
 
 
 def check_refusal(plan: EnginePlan) -> EnginePlan:
-    """``plan``, or an error naming what to change where it refuses the engine (an engine
-    stock vLLM of this release is known to fail)."""
+    """``plan``, unless it refuses the engine (one stock vLLM is known to fail)."""
     if plan.refusal:
         raise support.KnownStockFailureError(
             f"vllm-pp-cudagraph refuses this engine: {plan.refusal}.")
@@ -118,9 +98,8 @@ def check_refusal(plan: EnginePlan) -> EnginePlan:
 
 
 def write_plan_record(record: dict) -> None:
-    """Leave this rank's plan where ``bench`` and ``check`` read it (shared/snapshots.py),
-    with the per-stage metrics on or off: the record is what ran, not a metric, and which
-    process runs the rank."""
+    """Leave this rank's plan (what ran, and which process runs the rank) where ``bench``
+    and ``check`` read it (shared/snapshots.py), with the per-stage metrics on or off."""
     stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
     write_snapshot(PlanRecord(f"{stage}-{tp_rank}", {**record, "stage": stage,
                                                      "tp_rank": tp_rank, "pid": os.getpid()}))
@@ -129,8 +108,7 @@ def write_plan_record(record: dict) -> None:
 def check_manager_holders(runner: object) -> None:
     """Refuse a runner where anything still holds vLLM's own model CUDA-graph manager
     (the runner, or what it handed the manager to, such as ``FastPrefillHelper``)."""
-    stock = [name for name, value in _holders(runner)
-             if isinstance(value, ModelCudaGraphManager)
+    stock = [name for name, value in _holders(runner) if isinstance(value, ModelCudaGraphManager)
              and not isinstance(value, PPCudaGraphManager)]
     if stock or runner.cudagraph_manager is None:  # type: ignore[attr-defined]
         raise RuntimeError(
@@ -147,15 +125,9 @@ def _holders(runner: object):
 
 
 class PPCudaGraphModelRunner(GPUModelRunner):
-    """Model Runner V2 with the plugin's pipeline-parallel CUDA-graph handling.
-
-    Built by :func:`build_runner`, or directly with vLLM's arguments (and optionally
-    the engine's plan). It applies the plan's layer split before the model is built,
-    checks every stage hand-off against the persistent input buffers, measures graph
-    memory before the KV cache is sized, runs :class:`PPCudaGraphManager`, applies the
-    last stage's newer tokens on the first stages (first_stage_tokens.py) and stops its
-    worker when a serving step fails (stage_failure.py).
-    """
+    """Model Runner V2 with the plugin's pipeline-parallel CUDA-graph handling: layer split,
+    hand-off checks, graph memory before KV-cache sizing, :class:`PPCudaGraphManager`, newer
+    tokens on first stages, and a worker stopped when a serving step fails."""
 
     cudagraph_manager: PPCudaGraphManager | None
 
@@ -175,15 +147,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         self.tp_size = get_tp_group().world_size
         self.replies_to_engine = is_output_rank(
             self.is_last_pp_rank, get_tp_group().rank_in_group, get_pcp_group().rank_in_group)
-        logger.info(
-            "PPCudaGraphModelRunner on pipeline stage %d of %d (first=%s, last=%s, "
-            "breakable=%s)",
-            self.pp_stage,
-            self.parallel_config.pipeline_parallel_size,
-            self.is_first_pp_rank,
-            self.is_last_pp_rank,
-            is_breakable_cudagraph_enabled(),
-        )
+        logger.info("PPCudaGraphModelRunner on pipeline stage %d of %d (first=%s, last=%s, "
+                    "breakable=%s)", self.pp_stage, self.parallel_config.pipeline_parallel_size,
+                    self.is_first_pp_rank, self.is_last_pp_rank, is_breakable_cudagraph_enabled())
         if self.use_pp:
             self._watch_engine_core()
             self._start_heartbeat()
@@ -192,14 +158,12 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self._choose_handoff()
 
     def _watch_engine_core(self) -> None:
-        # Under vLLM's multiprocess executor the engine core may exit without ending this
-        # worker, which would then hold its GPU (stage_failure.py).
+        # Under the multiprocess executor the engine core may exit without ending this worker.
         if self.parallel_config.distributed_executor_backend == "mp":
             end_with_parent()
 
     def _start_heartbeat(self) -> None:
-        """Show the engine core's stall watch where this rank is in its steps, and dump
-        this process's stacks when it asks (engine_core/stall_watch.py)."""
+        """Tell the engine core's stall watch where this rank is, and dump stacks when asked."""
         tp_rank = get_tp_group().rank_in_group
         engine = getattr(self.parallel_config, "data_parallel_rank", 0)
         self.heartbeat = Heartbeat(heartbeat_path(metrics_dir(), engine, self.pp_stage, tp_rank),
@@ -207,29 +171,19 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
 
     def _init_stage_state(self) -> None:
-        # Before vLLM's __init__, which may call the overrides that read it.
-        # vLLM's CUDA-graph estimate, reserved before the KV cache is sized.
-        self._graph_memory_estimate: int | None = None
-        # This step's received tokens, checked against its padding (stage_inputs.py).
-        self._received_tokens: int | None = None
-        # What this stage hands on, as its first dummy run produced it.
-        self._produced_schema: Schema | None = None
-        # This step's scheduled cached requests (first_stage_tokens.py).
-        self._step_cached_req_ids: list[str] | None = None
-        # This step's intermediate tensors still to receive (direct hand-off).
-        self._pending_input: stage_handoff.PendingStageInput | None = None
-        # Whether this stage passes intermediate tensors without per-step metadata.
-        self.direct_handoff = False
-        # Whether vLLM's executor reads this rank's step results (a failed step raises).
-        self.replies_to_engine = False
-        # Times this stage's serving steps for the metrics (TP rank 0 of each stage).
-        self.stage_clock: StageClock | None = None
-        # Where this rank is in its serving steps, for the stall watch (under PP).
-        self.heartbeat: Heartbeat | None = None
+        """Set before vLLM's __init__, which may call the overrides that read it."""
+        self._graph_memory_estimate: int | None = None  # vLLM's, reserved before KV-cache sizing
+        self._received_tokens: int | None = None  # this step's, checked against its padding
+        self._produced_schema: Schema | None = None  # what the first dummy run handed on
+        self._step_cached_req_ids: list[str] | None = None  # this step's (first_stage_tokens.py)
+        self._pending_input: stage_handoff.PendingStageInput | None = None  # direct hand-off
+        self.direct_handoff = False  # tensors handed on without per-step metadata
+        self.replies_to_engine = False  # vLLM's executor reads this rank (a failed step raises)
+        self.stage_clock: StageClock | None = None  # step timings (TP rank 0 of each stage)
+        self.heartbeat: Heartbeat | None = None  # where this rank is, for the stall watch
 
     def _choose_handoff(self) -> None:
-        """Hand tensors on without per-step metadata where the plan and this stage's
-        pipeline group allow it (stage_handoff.py)."""
+        """Hand tensors on without per-step metadata where the plan and pipeline group allow."""
         if not (self.plan.direct_handoff or self.plan.direct_handoff_blocker):
             return
         group = get_pp_group()
@@ -239,10 +193,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             return
         stage_handoff.enable(group)
         self.direct_handoff = True
-        logger.info(
-            "Pipeline stage %d passes intermediate tensors without per-step "
-            "metadata (direct hand-off)", self.pp_stage
-        )
+        logger.info("Pipeline stage %d passes intermediate tensors without per-step "
+                    "metadata (direct hand-off)", self.pp_stage)
 
     def load_model(self, *args, **kwargs) -> None:
         if self.use_pp:
@@ -255,15 +207,8 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         write_plan_record({**self.plan.record(), "direct_handoff": self.direct_handoff})
 
     def _register_sampling_warm_ups(self) -> None:
-        """Have vLLM's kernel warm-up compile the sampler's top-k/top-p kernels on the last stage.
-
-        MRV2 masks top-k/top-p with Triton kernels whenever FlashInfer's sampler stands
-        aside (it is off, or the batch holds a greedy or seeded request) but registers them
-        for warm-up only with speculative decoding, so Triton compiles a variant the first
-        time a batch of a new size class samples while serving, and every stream waits. The
-        plugin's cadences regroup requests, so such a batch size can first come well into a
-        load.
-        """
+        """Have vLLM's warm-up compile the last stage's top-k/top-p Triton kernels, which MRV2
+        warms only with drafts; else a new batch size compiles mid-load and every stream waits."""
         if self.is_last_pp_rank and getattr(self, "sampler", None) is not None:
             vllm_surface.register_sampling_warm_ups(self)
 
@@ -279,34 +224,24 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             engine=getattr(self.parallel_config, "data_parallel_rank", 0))
 
     def _apply_layer_split(self) -> None:
-        """Hand vLLM the plan's layer split before the model is built; stage 0 logs it
-        under ``auto`` and for a hand-set split (``Decision.log_line``)."""
+        """Apply the plan's layer split before the model is built; stage 0 logs a notable one."""
         decision = self.plan.partition
         layer_partition.apply(decision)
         if decision.noteworthy and self.pp_stage == 0 and get_tp_group().rank_in_group == 0:
             logger.info("%s", decision.log_line())
 
     def _check_stage_handoffs(self, produced: Schema | None = None) -> None:
-        """All stages compare what they send with what the next stage expects.
-
-        Called on every stage at the same two points before serving: after
-        loading, with what the model declares it sends, and after the
-        profiling run, with what its forward really returned. A forward that
-        returns other tensors than it declares would otherwise first fail on
-        a request, where vLLM 0.26 hangs instead of stopping.
-        """
+        """All stages compare what they send with what the next expects, after loading (as
+        declared) and after the profiling run (as produced): a mismatch stops start-up."""
         if produced is None:
             # The first exchange: a peer on vLLM's own runner would never join it.
             check_peer_runners(exchange_peers())
         sends = produced
         if sends is None and not self.is_last_pp_rank:
-            declared = self.model.make_empty_intermediate_tensors(
-                batch_size=1, dtype=self.model_config.dtype, device=self.device
-            )
-            sends = schema_of(declared.tensors)
-        expects = None
-        if self.intermediate_tensors is not None:
-            expects = schema_of(self.intermediate_tensors.tensors)
+            sends = schema_of(self.model.make_empty_intermediate_tensors(
+                batch_size=1, dtype=self.model_config.dtype, device=self.device).tensors)
+        expects = (None if self.intermediate_tensors is None
+                   else schema_of(self.intermediate_tensors.tensors))
         # Every stage evaluates the same gathered lists, so all raise or none does.
         everyone = gather_from_stages((sends, expects, produced is not None, self.direct_handoff))
         stage_handoff.check_stages_agree([direct for *_, direct in everyone])
@@ -321,18 +256,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self._warm_up_received_token_update()
 
     def _warm_up_received_token_update(self) -> None:
-        """Compile, before serving, the update a first stage applies with the last stage's tokens.
-
-        A first stage applies the broadcast tokens without query offsets or
-        penalty counts (``postprocess_sampled`` from the PP ring), a variant of
-        vLLM's token-update kernel that no warm-up runs, so Triton compiled it
-        at the first request. Here it runs on rows whose request index is -1,
-        which the kernel skips, so no request state changes. The tensors are
-        laid out as ``PPHandler.receive`` lays them out: the counts are two rows
-        of one int32 tensor, and Triton specialises on whether the second row
-        starts 16-byte aligned, so both cases run. Without speculative decoding
-        only (with drafts the update takes other arguments).
-        """
+        """Compile before serving the token-update variant a first stage applies with the last
+        stage's tokens (no vLLM warm-up runs it; not with drafts). The kernel skips rows of
+        request index -1; counts are two rows of one int32 tensor as ``PPHandler.receive`` lays
+        them out, and Triton specialises on the second row's 16-byte alignment, so both run."""
         if self.is_last_pp_rank or self.speculative_config is not None:
             return
         for num_reqs in (4, 1):
@@ -341,12 +268,10 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self.postprocess_sampled(
                 idx_mapping=torch.full((num_reqs,), -1, dtype=torch.int32, device=self.device),
                 sampled_tokens=torch.zeros(num_reqs, 1, dtype=torch.int64, device=self.device),
-                num_sampled=num_sampled,
-                num_rejected=num_rejected,
-            )
+                num_sampled=num_sampled, num_rejected=num_rejected)
 
     def profile_cudagraph_memory(self, *args, **kwargs) -> int:
-        # vLLM's estimate (0.29+), kept for the manager's record of what capture took.
+        # Kept for the manager's record of what capture took.
         self._graph_memory_estimate = super().profile_cudagraph_memory(*args, **kwargs)
         return self._graph_memory_estimate
 
@@ -357,22 +282,16 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         self.cudagraph_manager.estimated_bytes = self._graph_memory_estimate
 
     def capture_model(self, *args, **kwargs) -> int:
-        # Passed through: 0.33 added ``profile_only``, which 0.29-0.32 lack.
+        # *args: ``profile_only`` exists on some releases only.
         assert self.cudagraph_manager is not None
         if not self.cudagraph_manager.needs_capture():
-            # vLLM returns early here; other stages may still capture and then
-            # wait for this one's outcome.
+            # vLLM returns early here, but other stages may capture and wait for this outcome.
             self.cudagraph_manager.settle_with_other_stages()
         return super().capture_model(*args, **kwargs)
 
-    def execute_model(
-        self,
-        scheduler_output: SchedulerOutput,
-        intermediate_tensors: IntermediateTensors | None = None,
-        dummy_run: bool = False,
-        *args,
-        **kwargs,
-    ):
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      intermediate_tensors: IntermediateTensors | None = None,
+                      dummy_run: bool = False, *args, **kwargs):
         clock = None if dummy_run else self.stage_clock
         if clock is not None:
             clock.step_started()
@@ -394,28 +313,20 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         return bool(getattr(self.cudagraph_manager, "last_replayed", False))
 
     def _execute_step(self, scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs):
-        self._pending_input = None if dummy_run else stage_handoff.pending_input(
-            intermediate_tensors
-        )
+        self._pending_input = (None if dummy_run
+                               else stage_handoff.pending_input(intermediate_tensors))
         if self._pending_input is None and intermediate_tensors is not None and not dummy_run:
             assert self.intermediate_tensors is not None
             self._received_tokens = check_stage_inputs(
-                self.intermediate_tensors.tensors,
-                intermediate_tensors,
-                scheduler_output.total_num_scheduled_tokens,
-                self.pp_stage,
-                tp_size=self.tp_size,
-            )
+                self.intermediate_tensors.tensors, intermediate_tensors,
+                scheduler_output.total_num_scheduled_tokens, self.pp_stage, tp_size=self.tp_size)
         if not dummy_run:
             self._step_cached_req_ids = scheduler_output.scheduled_cached_reqs.req_ids
         try:
-            output = super().execute_model(
-                scheduler_output, intermediate_tensors, dummy_run, *args, **kwargs
-            )
+            output = super().execute_model(scheduler_output, intermediate_tensors, dummy_run,
+                                           *args, **kwargs)
         finally:
-            self._received_tokens = None
-            self._step_cached_req_ids = None
-            self._pending_input = None
+            self._received_tokens = self._step_cached_req_ids = self._pending_input = None
         if dummy_run and self._produced_schema is None and isinstance(output, IntermediateTensors):
             self._produced_schema = schema_of(output.tensors)
         return output
@@ -433,15 +344,13 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         return output
 
     def _serving_step(self, what: str, serving: bool = True) -> AbstractContextManager:
-        """Under PP, a serving step that raises stops this worker, or reaches the engine
-        from the rank it reads (stage_failure.py)."""
+        """Under PP, a failed serving step stops this worker (stage_failure.py)."""
         if serving and self.use_pp:
             return stopping_worker_on_error(self.pp_stage, what, self.replies_to_engine)
         return nullcontext()
 
     def update_pp_decode_requests(self) -> None:
-        # vLLM applies the tokens sampled pp_size steps ago; a request that
-        # decodes again sooner (decode_cadence.py) needs its newer ones too.
+        # vLLM applies tokens sampled pp_size steps ago; a request decoding sooner needs newer.
         heartbeat = self.heartbeat if self.heartbeat and self.heartbeat.in_step else None
         if heartbeat is not None:
             heartbeat.enter(Phase.RECEIVING_TOKENS)
@@ -457,8 +366,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
             self.postprocess_sampled(**outputs)
 
     def prepare_inputs(self, *args, **kwargs) -> InputBatch:
-        # Runs after this step's graph dispatch and before the received tensors
-        # are copied into the persistent buffers; vLLM copies the padded count.
+        # After graph dispatch, before vLLM copies the received tensors (the padded count).
         input_batch = super().prepare_inputs(*args, **kwargs)
         padded = input_batch.num_tokens_after_padding
         if self._received_tokens is not None:

@@ -1,6 +1,5 @@
-"""One pipeline stage's step timings in its worker: CUDA events recorded around each
-serving step and read once they have completed (a step or more later), so the step
-path never waits on the GPU; every few seconds a :class:`StageSnapshot` is written."""
+"""One stage's step timings: CUDA events around each serving step, read once complete so the
+step never waits on the GPU; every few seconds a :class:`StageSnapshot` is written."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from vllm_pp_cudagraph.shared.snapshots import INTERVAL_S, StageSnapshot, write_
 
 @dataclass(frozen=True)
 class _Window:
-    """A snapshot's span: opened at ``start`` (clock seconds), when the stage's running
-    totals were these; its own figures are the totals' growth since."""
+    """A snapshot's span from ``start`` (clock seconds) and the running totals then."""
 
     start: float
     steps: int

@@ -13,35 +13,16 @@ import torch.distributed as dist
 
 #: torch.distributed's point-to-point, broadcast, object and barrier functions.
 GUARDED_TORCH_FUNCTIONS = (
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "batch_isend_irecv",
-    "broadcast",
-    "broadcast_object_list",
-    "all_gather_object",
-    "gather_object",
-    "scatter_object_list",
-    "barrier",
-    "monitored_barrier",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast",
+    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+    "barrier", "monitored_barrier",
 )
 
 #: Methods of vLLM's GroupCoordinator that move data between pipeline stages.
 GUARDED_GROUP_METHODS = (
-    "send",
-    "recv",
-    "send_object",
-    "recv_object",
-    "send_tensor_dict",
-    "recv_tensor_dict",
-    "isend_tensor_dict",
-    "irecv_tensor_dict",
-    "broadcast",
-    "broadcast_object",
-    "broadcast_object_list",
-    "broadcast_tensor_dict",
-    "barrier",
+    "send", "recv", "send_object", "recv_object", "send_tensor_dict", "recv_tensor_dict",
+    "isend_tensor_dict", "irecv_tensor_dict", "broadcast", "broadcast_object",
+    "broadcast_object_list", "broadcast_tensor_dict", "barrier",
 )
 
 
@@ -65,25 +46,19 @@ def _targets(args: tuple, kwargs: dict, process_groups: tuple[object, ...]) -> b
     return any(c is not None and any(c is g for g in process_groups) for c in candidates)
 
 
-def _guarded(
-    name: str, fn: Callable[..., Any], process_groups: tuple[object, ...] | None
-) -> Callable[..., Any]:
-    """``process_groups`` None: always refuse while active; else only for those
-    groups or while a stream is capturing."""
+def _guarded(name: str, fn: Callable[..., Any],
+             process_groups: tuple[object, ...] | None) -> Callable[..., Any]:
+    """Refuse while active: always, or with ``process_groups`` only on those or while capturing."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if capture_guard_active() and (
-            process_groups is None
-            or _stream_capturing()
-            or _targets(args, kwargs, process_groups)
-        ):
+        if capture_guard_active() and (process_groups is None or _stream_capturing()
+                                       or _targets(args, kwargs, process_groups)):
             raise CapturedCommunicationError(
                 f"{name} was called during CUDA-graph capture. Pipeline "
                 "communication must never be recorded into a graph (its peer is "
                 "not replayed with it, so the step hangs). Move the call out of "
-                "the captured forward, or run this model with enforce_eager=True."
-            )
+                "the captured forward, or run this model with enforce_eager=True.")
         return fn(*args, **kwargs)
 
     wrapper.__pp_cudagraph_guarded__ = True  # type: ignore[attr-defined]
@@ -105,18 +80,15 @@ def forbid_pipeline_communication(groups: tuple[object, ...] = ()) -> Iterator[N
         setattr(owner, attr, _guarded(label, fn, process_groups))
 
     process_groups = tuple(
-        pg
-        for group in groups
+        pg for group in groups
         for pg in (getattr(group, "cpu_group", None), getattr(group, "device_group", None))
-        if pg is not None
-    )
+        if pg is not None)
     for name in GUARDED_TORCH_FUNCTIONS:
         wrap(dist, name, f"torch.distributed.{name}", process_groups)
     for group in groups:
         label = getattr(group, "unique_name", type(group).__name__)
         for name in GUARDED_GROUP_METHODS:
             wrap(group, name, f"{label}.{name}", None)
-
     previous = capture_guard_active()
     _state.active = True
     try:

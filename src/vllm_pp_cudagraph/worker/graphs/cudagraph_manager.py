@@ -14,49 +14,28 @@ from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-from vllm_pp_cudagraph.shared import vllm_surface
 from vllm_pp_cudagraph.shared.snapshots import CaptureRecord, write_snapshot
 from vllm_pp_cudagraph.worker.graphs import descriptors
 from vllm_pp_cudagraph.worker.graphs.capture_guard import (
-    CapturedCommunicationError,
-    forbid_pipeline_communication,
-)
+    CapturedCommunicationError, forbid_pipeline_communication)
 from vllm_pp_cudagraph.worker.graphs.graph_agreement import (
-    Agreement,
-    CaptureOutcome,
-    agree,
-    merge_tp_peers,
-)
+    Agreement, CaptureOutcome, agree, merge_tp_peers)
 from vllm_pp_cudagraph.worker.pipeline.stage_exchange import (
-    gather_from_stages,
-    gather_from_tp_peers,
-)
+    gather_from_stages, gather_from_tp_peers)
 
 logger = init_logger("vllm.pp_cudagraph.manager")
 
 
 def settle(outcome: CaptureOutcome) -> Agreement:
-    """What this rank keeps: its TP peers merge their outcomes into their stage's, then
-    the stages agree, so every rank of every stage decides alike."""
+    """What this rank keeps: TP peers merge outcomes per stage, then all stages agree."""
     return agree(gather_from_stages(merge_tp_peers(gather_from_tp_peers(outcome))),
                  outcome.stage)
 
 
 class PPCudaGraphManager(ModelCudaGraphManager):
-    """MRV2's model CUDA-graph manager with the plugin's PP handling.
-
-    On top of vLLM's capture and replay it:
-
-    - captures only FULL shapes whose dummy batch has uniform query lengths
-      (see :mod:`vllm_pp_cudagraph.worker.graphs.descriptors`);
-    - captures with pipeline communication forbidden
-      (:mod:`vllm_pp_cudagraph.worker.graphs.capture_guard`);
-    - after capture, agrees with the other stages on one set of graphs, or on
-      running eagerly together (:mod:`vllm_pp_cudagraph.worker.graphs.graph_agreement`);
-    - owns the piecewise entry point (:meth:`run_pw_graph`), running either
-      torch.compile's piecewise graphs or the breakable runner, which
-      :meth:`init_breakable_cg_runner` builds lazily on this manager's pool.
-    """
+    """MRV2's model CUDA-graph manager with PP handling: captures uniform FULL shapes only
+    (descriptors.py) with pipeline communication forbidden (capture_guard.py), then agrees
+    with the other stages on one set of graphs or all eager (graph_agreement.py)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -76,17 +55,13 @@ class PPCudaGraphManager(ModelCudaGraphManager):
 
     def _init_candidates(self) -> None:
         super()._init_candidates()
-        dropped = descriptors.prune_invalid(
-            self._capture_descs, self._candidates, self.max_num_reqs
-        )
+        dropped = descriptors.prune_invalid(self._capture_descs, self._candidates,
+                                            self.max_num_reqs)
         if dropped:
-            logger.info(
-                "Not capturing %d FULL graph shape(s) whose dummy batch would have "
-                "unequal query lengths (num_tokens %% num_reqs != 0): %s; their "
-                "batches replay the next larger uniform FULL graph.",
-                len(dropped),
-                sorted(d.num_tokens for d in dropped),
-            )
+            logger.info("Not capturing %d FULL graph shape(s) whose dummy batch would have "
+                        "unequal query lengths (num_tokens %% num_reqs != 0): %s; their "
+                        "batches replay the next larger uniform FULL graph.",
+                        len(dropped), sorted(d.num_tokens for d in dropped))
 
     def graph_counts(self) -> dict[str, int]:
         counts = {mode.name: len(descs) for mode, descs in self._capture_descs.items()}
@@ -112,26 +87,13 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         self.settle_with_other_stages(error)
         if fatal is not None:
             raise fatal
-
         used = free_before - torch.accelerator.get_memory_info()[0]
-        estimate = (
-            f", estimated {self.estimated_bytes / (1 << 30):.2f} GiB before KV-cache sizing"
-            if self.estimated_bytes is not None
-            else ""
-        )
-        logger.info(
-            "PPCudaGraphManager captured on pipeline stage %d: %s in %.1f s, "
-            "%.2f GiB%s",
-            self.stage,
-            self.graph_counts() or "no graphs (eager)",
-            time.perf_counter() - start,
-            used / (1 << 30),
-            estimate,
-        )
-        self._record_capture(used)
-
-    def _record_capture(self, used: int) -> None:
-        """Leave what this rank's graphs took beside the estimate (shared/snapshots.py)."""
+        estimate = "" if self.estimated_bytes is None else (
+            f", estimated {self.estimated_bytes / (1 << 30):.2f} GiB before KV-cache sizing")
+        logger.info("PPCudaGraphManager captured on pipeline stage %d: %s in %.1f s, %.2f GiB%s",
+                    self.stage, self.graph_counts() or "no graphs (eager)",
+                    time.perf_counter() - start, used / (1 << 30), estimate)
+        # What this rank's graphs took, beside the estimate (shared/snapshots.py).
         self.captured_bytes = max(self.captured_bytes, used)
         estimated = None if self.estimated_bytes is None else self.estimated_bytes / (1 << 30)
         record = {"estimated_gib": estimated, "captured_gib": self.captured_bytes / (1 << 30),
@@ -139,11 +101,8 @@ class PPCudaGraphManager(ModelCudaGraphManager):
         write_snapshot(CaptureRecord(f"{self.stage}-{get_tp_group().rank_in_group}", record))
 
     def settle_with_other_stages(self, error: str | None = None) -> None:
-        """Exchange capture outcomes with every rank and keep what all have.
-
-        Every rank must call this exactly once after (or instead of) capture,
-        including ranks with nothing to capture, or the others wait for it.
-        """
+        """Exchange capture outcomes with every rank and keep what all have; every rank must
+        call this once after (or instead of) capture, or the others wait for it."""
         captured = frozenset(d for descs in self._capture_descs.values() for d in descs)
         outcome = CaptureOutcome(self.stage, captured if error is None else frozenset(), error)
         self.apply_agreement(settle(outcome))
@@ -165,20 +124,15 @@ class PPCudaGraphManager(ModelCudaGraphManager):
             if desc not in agreement.keep:
                 del self.graphs[desc]
 
-    def init_breakable_cg_runner(
-        self, model: nn.Module, key_fn: Callable[..., Hashable] | None = None
-    ) -> None:
-        """Wrap ``model`` for breakable capture, once, sharing this manager's pool.
-
-        ``key_fn`` (vLLM 0.33+) keys graphs by more than the batch descriptor; it
-        is passed on only when given, so older wrappers, which lack it, work too.
-        """
+    def init_breakable_cg_runner(self, model: nn.Module,
+                                 key_fn: Callable[..., Hashable] | None = None) -> None:
+        """Wrap ``model`` for breakable capture, once, sharing this manager's pool; ``key_fn``
+        is passed on only when given, since older wrappers lack it."""
         if self.breakable_cg_runner is not None:
             return
         extra = {} if key_fn is None else {"key_fn": key_fn}
         runner = BreakableCUDAGraphWrapper(model, self.vllm_config, **extra)
-        # Graph segments come from the same pool as this manager's FULL graphs
-        # so their memory is shared instead of reserved twice.
+        # Share the FULL graphs' pool so segment memory is not reserved twice.
         if self.pool is not None:
             runner.graph_pool = self.pool
         self.breakable_cg_runner = runner
@@ -191,6 +145,5 @@ class PPCudaGraphManager(ModelCudaGraphManager):
             raise RuntimeError(
                 "Breakable CUDA graphs are enabled but were never captured on this "
                 "rank, so PIECEWISE steps cannot run. Disable breakable mode "
-                "(unset VLLM_PP_CUDAGRAPH_BREAKABLE and VLLM_USE_BREAKABLE_CUDAGRAPH)."
-            )
+                "(unset VLLM_PP_CUDAGRAPH_BREAKABLE and VLLM_USE_BREAKABLE_CUDAGRAPH).")
         return self.breakable_cg_runner(**model_inputs)

@@ -21,38 +21,26 @@ def captures_uniform_batch(desc: BatchExecutionDescriptor, max_num_reqs: int) ->
     num_reqs = capture_num_reqs(desc, max_num_reqs)
     if desc.num_tokens % num_reqs:
         return False
-    if desc.uniform_token_count is not None:
-        return desc.num_tokens == num_reqs * desc.uniform_token_count
-    return True
+    uniform = desc.uniform_token_count
+    return uniform is None or desc.num_tokens == num_reqs * uniform
 
 
 def is_valid(desc: BatchExecutionDescriptor, max_num_reqs: int) -> bool:
     """FULL graphs must capture uniform batches; piecewise graphs hold no attention."""
-    if desc.cg_mode != CUDAGraphMode.FULL:
-        return True
-    return captures_uniform_batch(desc, max_num_reqs)
+    return desc.cg_mode != CUDAGraphMode.FULL or captures_uniform_batch(desc, max_num_reqs)
 
 
 def _same_kind(a: BatchExecutionDescriptor, b: BatchExecutionDescriptor) -> bool:
-    return (
-        a.cg_mode == b.cg_mode
-        and a.uniform_token_count == b.uniform_token_count
-        and a.num_active_loras == b.num_active_loras
-        and (a.num_reqs is None) == (b.num_reqs is None)
-    )
+    return (a.cg_mode == b.cg_mode and a.uniform_token_count == b.uniform_token_count
+            and a.num_active_loras == b.num_active_loras
+            and (a.num_reqs is None) == (b.num_reqs is None))
 
 
-def replacement(
-    desc: BatchExecutionDescriptor, valid: Iterable[BatchExecutionDescriptor]
-) -> BatchExecutionDescriptor | None:
+def replacement(desc: BatchExecutionDescriptor,
+                valid: Iterable[BatchExecutionDescriptor]) -> BatchExecutionDescriptor | None:
     """The smallest valid descriptor of the same kind that covers ``desc``."""
-    covering = [
-        d
-        for d in valid
-        if _same_kind(d, desc)
-        and d.num_tokens >= desc.num_tokens
-        and (d.num_reqs is None or d.num_reqs >= (desc.num_reqs or 0))
-    ]
+    covering = [d for d in valid if _same_kind(d, desc) and d.num_tokens >= desc.num_tokens
+                and (d.num_reqs is None or d.num_reqs >= (desc.num_reqs or 0))]
     return min(covering, key=lambda d: (d.num_tokens, d.num_reqs or 0), default=None)
 
 
@@ -64,11 +52,9 @@ def _retain(table: dict, keep) -> None:
             del table[key]
 
 
-def prune_invalid(
-    capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescriptor]],
-    candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
-    max_num_reqs: int,
-) -> list[BatchExecutionDescriptor]:
+def prune_invalid(capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescriptor]],
+                  candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
+                  max_num_reqs: int) -> list[BatchExecutionDescriptor]:
     """Drop invalid descriptors in place from both tables; return those dropped (in
     ``candidates`` each gives way to its smallest valid covering one)."""
     dropped = [d for descs in capture_descs.values() for d in descs if not is_valid(d, max_num_reqs)]
@@ -90,11 +76,9 @@ def prune_invalid(
     return dropped
 
 
-def keep_only(
-    capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescriptor]],
-    candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
-    keep: frozenset[BatchExecutionDescriptor],
-) -> None:
+def keep_only(capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescriptor]],
+              candidates: dict[tuple[int, int], list[BatchExecutionDescriptor]],
+              keep: frozenset[BatchExecutionDescriptor]) -> None:
     """Restrict both tables to ``keep`` (after cross-stage agreement)."""
     _retain(capture_descs, keep.__contains__)
     _retain(candidates, keep.__contains__)

@@ -19,13 +19,11 @@ class CaptureOutcome:
 CAPTURE_FAILED_ADVICE = (
     "To keep CUDA graphs, give capture more room (lower gpu_memory_utilization, or "
     "fewer or smaller compilation_config.cudagraph_capture_sizes), or set "
-    "enforce_eager=True to skip capture"
-)
+    "enforce_eager=True to skip capture")
 
 
 def merge_tp_peers(outcomes: Sequence[CaptureOutcome]) -> CaptureOutcome:
-    """One stage's outcome from its tensor-parallel peers': the graphs all of them
-    captured, and every peer's failure named by its TP rank."""
+    """One stage's outcome from its TP peers': the graphs all captured, every failure named."""
     if len(outcomes) == 1:
         return outcomes[0]
     errors = [f"TP rank {rank}: {o.error}" for rank, o in enumerate(outcomes) if o.error]
@@ -53,18 +51,14 @@ def agree(outcomes: Sequence[CaptureOutcome], local_stage: int) -> Agreement:
     failed = [o for o in outcomes if o.error is not None]
     if failed:
         detail = "; ".join(f"stage {o.stage}: {o.error}" for o in failed)
-        return Agreement(
-            frozenset(), local, f"CUDA-graph capture failed ({detail}); every stage runs "
-            f"eagerly. {CAPTURE_FAILED_ADVICE}."
-        )
+        return Agreement(frozenset(), local, f"CUDA-graph capture failed ({detail}); every "
+                         f"stage runs eagerly. {CAPTURE_FAILED_ADVICE}.")
     common = frozenset.intersection(*(o.descriptors for o in outcomes))
     if common == local and all(o.descriptors == common for o in outcomes):
         return Agreement(common, frozenset(), None)
     sizes = ", ".join(f"stage {o.stage}: {len(o.descriptors)}" for o in outcomes)
-    reason = (
-        f"stages captured different graphs ({sizes}); keeping the {len(common)} "
-        "common to all. Different stages may have resolved different cudagraph "
-        "modes for their attention backends: set compilation_config.cudagraph_mode "
-        "explicitly to a mode every stage supports."
-    )
-    return Agreement(common, local - common, reason)
+    return Agreement(common, local - common,
+                     f"stages captured different graphs ({sizes}); keeping the {len(common)} "
+                     "common to all. Different stages may have resolved different cudagraph "
+                     "modes for their attention backends: set compilation_config.cudagraph_mode "
+                     "explicitly to a mode every stage supports.")

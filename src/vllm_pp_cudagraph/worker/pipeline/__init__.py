@@ -1,2 +1,1 @@
-"""Between a worker's stage and the next: the hand-off, its checks, the exchange of
-facts between stages, the first stage's tokens and a stage's failure."""
+"""Between a worker's stage and the next: hand-off, checks, exchange, tokens and failure."""

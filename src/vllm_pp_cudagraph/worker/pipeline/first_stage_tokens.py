@@ -1,7 +1,5 @@
-"""Applying the last stage's sampled tokens on a first stage as soon as a step needs them.
-
-The worker half of the decode cadence (decode_cadence.py is the scheduler's);
-docs/architecture.md ("One engine step at PP=2") says why."""
+"""Applying the last stage's sampled tokens on a first stage as soon as a step needs them: the
+worker half of the decode cadence (docs/architecture.md, "One engine step at PP=2")."""
 
 from __future__ import annotations
 
@@ -25,13 +23,10 @@ def _live_rows(handler: Any, entry: Any) -> np.ndarray:
     return alive & entry.need_sampled_mask
 
 
-def consume_entries_needed_by(
-    handler: Any, req_indices: np.ndarray, draft_tokens: Any = None
-) -> list[dict]:
-    """Consume from ``handler``'s ring, early, the entries a step with ``req_indices`` needs.
-
-    ``handler``: vLLM's ``PPHandler`` after ``get_prev_sampled_outputs``. Returns the
-    ``postprocess_sampled`` arguments of each consumed entry with live rows."""
+def consume_entries_needed_by(handler: Any, req_indices: np.ndarray,
+                              draft_tokens: Any = None) -> list[dict]:
+    """Consume early the entries of ``handler``'s ring (vLLM's ``PPHandler``) this step needs;
+    return the ``postprocess_sampled`` arguments of each with live rows."""
     if req_indices.size == 0:
         return []
     pending = list(handler.queue)[:-1]
@@ -47,15 +42,10 @@ def consume_entries_needed_by(
         entry = handler.queue[position]
         if entry is not None:
             handler.queue[position] = None
-            outputs = _consume_now(handler, entry, draft_tokens)
+            # vLLM's own consume of this entry: freed and unneeded rows masked, broadcast awaited.
+            handler.queue.appendleft(entry)
+            outputs = vllm_surface.prev_sampled_outputs(handler, draft_tokens)
+            handler.queue.pop()
             if outputs is not None:
                 consumed.append(outputs)
     return consumed
-
-
-def _consume_now(handler: Any, entry: Any, draft_tokens: Any = None) -> dict | None:
-    """vLLM's own consume of one entry: freed and unneeded rows masked, the broadcast awaited."""
-    handler.queue.appendleft(entry)
-    outputs = vllm_surface.prev_sampled_outputs(handler, draft_tokens)
-    handler.queue.pop()
-    return outputs

@@ -1,14 +1,12 @@
-"""Sharing one small Python object per rank with every rank of a vLLM process group, once
-every rank of the group is known to run the plugin's runner (a rank on vLLM's own runner
-never joins these exchanges, so without that check its peers would wait for it forever)."""
+"""Sharing one small object per rank with a vLLM process group, once every rank is known to
+run the plugin's runner (a rank on vLLM's own never joins, so its peers would wait forever)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-#: Seconds a rank waits for its peers' runners once its model is loaded. Every rank builds
-#: its runner just after the engine's process groups exist, before loading its model.
+#: Seconds a rank waits, model loaded, for its peers' runners (built before their models).
 PEER_WAIT_S = 60.0
 
 
@@ -22,7 +20,6 @@ def _key(rank: int) -> str:
 
 def _default_store() -> Any:
     from torch.distributed import distributed_c10d
-
     return distributed_c10d._get_default_store()
 
 
@@ -33,9 +30,8 @@ def announce_runner(rank: int, store: Any = None) -> None:
 
 def check_peer_runners(peers: dict[int, str], store: Any = None,
                        timeout_s: float | None = None) -> None:
-    """Wait until every rank of ``peers`` (global rank: what it is, for the message) has
-    announced the plugin's runner; raise naming those that did not within ``timeout_s``
-    (:data:`PEER_WAIT_S`)."""
+    """Wait until every rank of ``peers`` (global rank: its name) announced the plugin's
+    runner; raise naming those that did not within ``timeout_s`` (:data:`PEER_WAIT_S`)."""
     store = store or _default_store()
     timeout_s = PEER_WAIT_S if timeout_s is None else timeout_s
     keys = [_key(rank) for rank in peers]
@@ -58,7 +54,6 @@ def gather_from_group(obj: Any, group: Any) -> list[Any]:
     """Return every rank's ``obj`` of vLLM's ``group``, in rank order, on every rank; call
     it on all ranks at the same point, outside graph capture (gloo broadcasts)."""
     import torch.distributed as dist
-
     gathered = []
     for src in range(group.world_size):
         box = [obj if src == group.rank_in_group else None]
@@ -71,14 +66,12 @@ def gather_from_group(obj: Any, group: Any) -> list[Any]:
 def gather_from_stages(obj: Any) -> list[Any]:
     """Every pipeline stage's ``obj`` (this rank's pipeline group), in stage order."""
     from vllm.distributed.parallel_state import get_pp_group
-
     return gather_from_group(obj, get_pp_group())
 
 
 def gather_from_tp_peers(obj: Any) -> list[Any]:
     """Every tensor-parallel peer's ``obj`` within this stage, in TP rank order."""
     from vllm.distributed.parallel_state import get_tp_group
-
     return gather_from_group(obj, get_tp_group())
 
 
@@ -86,7 +79,6 @@ def exchange_peers() -> dict[int, str]:
     """The global ranks this rank exchanges with (its pipeline and tensor-parallel groups),
     each named by its stage and TP rank."""
     from vllm.distributed.parallel_state import get_pp_group, get_tp_group
-
     pp, tp = get_pp_group(), get_tp_group()
     peers = {rank: f"pipeline stage {stage}" for stage, rank in enumerate(pp.ranks)}
     for tp_rank, rank in enumerate(tp.ranks):

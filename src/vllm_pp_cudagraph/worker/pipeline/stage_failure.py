@@ -1,11 +1,8 @@
 """A pipeline stage that fails while serving stops its worker, so vLLM stops the server.
 
-vLLM's executors read a step's result from one rank only, the first of the last stage.
-An error there reaches the engine as it does without the plugin, and that worker ends a
-moment later; an error on any other rank would leave every stage waiting for this one,
-so that worker ends at once. Under vLLM's multiprocess executor every worker also ends
-once the process that started it (the engine core) is gone: a stage blocked on a peer
-that failed waits inside NCCL, where vLLM's own shutdown signal never reaches it."""
+vLLM reads step results from the last stage's first rank only: an error there reaches the
+engine and the worker ends soon after; elsewhere every stage would wait, so it ends at once.
+Under the mp executor workers also end with the engine core: NCCL waits miss its shutdown."""
 
 from __future__ import annotations
 
@@ -24,16 +21,14 @@ logger = init_logger("vllm.pp_cudagraph.stage_failure")
 #: Exit status of a worker stopped by a failed step (EX_SOFTWARE).
 EXIT_CODE = 70
 
-#: Seconds a failed worker lives on before it ends where something must reach the server
-#: first: the error the output rank raised (vLLM's executor reads it from that rank), or
-#: under Ray the worker's log line, which Ray forwards from a separate process.
+#: Seconds a failed worker lives on where something must reach the server first: the output
+#: rank's raised error, or under Ray the log line, which Ray forwards from another process.
 EXIT_GRACE_S = 2.0
 
 
 def _flush_logs() -> None:
-    streams = [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers,
-               sys.stdout, sys.stderr]
-    for stream in streams:
+    for stream in [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers,
+                   sys.stdout, sys.stderr]:
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - best effort before exiting (the reader may be gone)
@@ -58,13 +53,10 @@ def _watch(parent_pid: int, on_gone: Callable[[], None], poll_s: float) -> None:
     on_gone()
 
 
-def end_with_parent(
-    exit_process: Callable[[int], None] = os._exit,
-    sleep: Callable[[float], None] = time.sleep,
-    poll_s: float = 1.0,
-) -> threading.Thread:
-    """End this worker ``EXIT_GRACE_S`` after the process that started it exits, unless
-    vLLM ended it first; returns the watching thread."""
+def end_with_parent(exit_process: Callable[[int], None] = os._exit,
+                    sleep: Callable[[float], None] = time.sleep,
+                    poll_s: float = 1.0) -> threading.Thread:
+    """End this worker ``EXIT_GRACE_S`` after its parent exits, unless vLLM ended it first."""
     parent_pid = os.getppid()
 
     def end() -> None:
@@ -83,45 +75,29 @@ def end_with_parent(
     return thread
 
 
-def _in_ray_worker() -> bool:
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
-
-
 @contextmanager
 def stopping_worker_on_error(
-    stage: int,
-    what: str,
-    replies_to_engine: bool = False,
-    exit_process: Callable[[int], None] = os._exit,
-    sleep: Callable[[float], None] = time.sleep,
-    start_timer: Callable[[float, Callable[[], None]], None] = _start_timer,
-) -> Iterator[None]:
-    """Run a serving step; on an exception log it and end this worker process, or, on
-    the rank whose result vLLM's executor reads (``replies_to_engine``), raise it and
-    end the process ``EXIT_GRACE_S`` later."""
+        stage: int, what: str, replies_to_engine: bool = False,
+        exit_process: Callable[[int], None] = os._exit, sleep: Callable[[float], None] = time.sleep,
+        start_timer: Callable[[float, Callable[[], None]], None] = _start_timer) -> Iterator[None]:
+    """Run a serving step; on an exception log it and end this worker, or, where vLLM reads
+    the result (``replies_to_engine``), raise it and end ``EXIT_GRACE_S`` later."""
     try:
         yield
     except Exception:
         if replies_to_engine:
             logger.critical("Pipeline stage %d failed in %s; vLLM's executor receives the "
                             "error from this rank and shuts the server down.", stage, what)
-            # The other stages wait on this rank inside blocking calls that vLLM's
-            # shutdown cannot interrupt; they end with errors once this process is gone.
+            # Other stages block on this rank past vLLM's shutdown until this process is gone.
             _flush_logs()
             start_timer(EXIT_GRACE_S, lambda: exit_process(EXIT_CODE))
             raise
-        logger.critical(
-            "Pipeline stage %d failed in %s. Stopping this worker (exit %d) so vLLM "
-            "shuts the server down; under pipeline parallelism it would otherwise "
-            "wait for this stage forever.",
-            stage,
-            what,
-            EXIT_CODE,
-            exc_info=True,
-        )
+        logger.critical("Pipeline stage %d failed in %s. Stopping this worker (exit %d) so vLLM "
+                        "shuts the server down; under pipeline parallelism it would otherwise "
+                        "wait for this stage forever.", stage, what, EXIT_CODE, exc_info=True)
         _flush_logs()
-        if _in_ray_worker():
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():  # Ray forwards the log line separately
             sleep(EXIT_GRACE_S)
         exit_process(EXIT_CODE)
         raise

@@ -1,7 +1,5 @@
-"""Passing intermediate tensors to the next pipeline stage without per-step metadata.
-
-With ``VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1`` (:func:`enable`, :func:`receive_into`);
-docs/architecture.md (step 3, "Hand-off") says why it is safe."""
+"""Passing intermediate tensors to the next pipeline stage without per-step metadata, with
+``VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1``; docs/architecture.md (step 3, "Hand-off") says why."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def check_stages_agree(direct_per_stage: list[bool]) -> None:
         raise HandoffDisagreementError(
             f"Pipeline stages disagree on the direct hand-off: on for stages {on}, off for "
             "the others. Set VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF alike in the environment of "
-            "every stage's process (on every node under Ray)."
-        )
+            "every stage's process (on every node under Ray).")
 
 
 class _SentMetadata:
@@ -44,18 +41,11 @@ class _SentMetadata:
 class PendingStageInput(dict):
     """One step's intermediate tensors: empty until :func:`receive_into` fills them."""
 
-    def __init__(
-        self,
-        group: Any,
-        src: int,
-        all_gather_group: Any,
-        all_gather_tensors: dict[str, bool] | None,
-    ) -> None:
+    def __init__(self, group: Any, src: int, all_gather_group: Any,
+                 all_gather_tensors: dict[str, bool] | None) -> None:
         super().__init__()
-        self.group = group
-        self.src = src
-        self.all_gather_group = all_gather_group
-        self.all_gather_tensors = all_gather_tensors
+        self.group, self.src = group, src
+        self.all_gather_group, self.all_gather_tensors = all_gather_group, all_gather_tensors
 
 
 def group_blocker(group: Any) -> str | None:
@@ -77,9 +67,8 @@ def enable(group: Any) -> Callable[[], None]:
     return undo
 
 
-def _tp_share(
-    group: Any, key: str, tensor: torch.Tensor, all_gather_group: Any, all_gather_tensors: Any
-) -> torch.Tensor | None:
+def _tp_share(group: Any, key: str, tensor: torch.Tensor, all_gather_group: Any,
+              all_gather_tensors: Any) -> torch.Tensor | None:
     """This TP rank's contiguous share of ``tensor`` where vLLM would all-gather it."""
     if not group._should_use_all_gather(key, tensor.numel(), all_gather_group, all_gather_tensors):
         return None
@@ -91,13 +80,9 @@ def _comm_group(group: Any, tensor: torch.Tensor) -> Any:
     return group.cpu_group if tensor.is_cpu else group.device_group
 
 
-def send_tensors(
-    group: Any,
-    tensor_dict: Mapping[str, torch.Tensor],
-    dst: int | None = None,
-    all_gather_group: Any = None,
-    all_gather_tensors: dict[str, bool] | None = None,
-) -> list:
+def send_tensors(group: Any, tensor_dict: Mapping[str, torch.Tensor], dst: int | None = None,
+                 all_gather_group: Any = None,
+                 all_gather_tensors: dict[str, bool] | None = None) -> list:
     """Post the sends of ``tensor_dict``'s tensors to ``dst``, in key order; return handles."""
     if dst is None:
         dst = (group.rank_in_group + 1) % group.world_size
@@ -114,21 +99,17 @@ def send_tensors(
     return handles
 
 
-def defer_receive(
-    group: Any,
-    src: int | None = None,
-    all_gather_group: Any = None,
-    all_gather_tensors: dict[str, bool] | None = None,
-) -> tuple[PendingStageInput, list, list]:
+def defer_receive(group: Any, src: int | None = None, all_gather_group: Any = None,
+                  all_gather_tensors: dict[str, bool] | None = None,
+                  ) -> tuple[PendingStageInput, list, list]:
     """Stand in for ``irecv_tensor_dict``: nothing is posted until :func:`receive_into`."""
     if src is None:
         src = (group.rank_in_group - 1) % group.world_size
     return PendingStageInput(group, src, all_gather_group, all_gather_tensors), [], []
 
 
-def receive_into(
-    pending: PendingStageInput, buffers: Mapping[str, torch.Tensor], num_tokens: int
-) -> None:
+def receive_into(pending: PendingStageInput, buffers: Mapping[str, torch.Tensor],
+                 num_tokens: int) -> None:
     """Receive the step's ``num_tokens`` rows of each key into ``buffers``; fill ``pending``."""
     group = pending.group
     received: list[tuple[str, torch.Tensor, torch.Tensor | None]] = []

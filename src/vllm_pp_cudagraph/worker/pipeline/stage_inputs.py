@@ -1,6 +1,5 @@
-"""Checking what a pipeline stage receives against its persistent input buffers.
-
-From tensor metadata alone, so no check waits on the transfer."""
+"""Checking what a pipeline stage receives against its persistent input buffers, from tensor
+metadata alone, so no check waits on the transfer."""
 
 from __future__ import annotations
 
@@ -12,11 +11,6 @@ import torch
 
 class StageInputMismatchError(RuntimeError):
     """The tensors a pipeline stage received do not match what it expects."""
-
-
-def _received_tensors(received: object) -> Mapping[str, torch.Tensor]:
-    # Reading `.tensors` on AsyncIntermediateTensors waits for the transfer; metadata is final.
-    return object.__getattribute__(received, "tensors")
 
 
 def _key_problems(expected: Mapping, got: Mapping) -> list[str]:
@@ -33,18 +27,12 @@ def _dims(buffer: torch.Tensor) -> str:
     return ", ".join(map(str, buffer.shape[1:]))
 
 
-def check_stage_inputs(
-    expected: Mapping[str, torch.Tensor],
-    received: object,
-    min_tokens: int,
-    stage: int | None = None,
-    tp_size: int = 1,
-) -> int:
-    """Validate ``received`` against the buffers ``expected`` (``[max_tokens, *dims]``).
-
-    Returns its one token count (``min_tokens`` to the buffer size); raises
-    :class:`StageInputMismatchError`. ``tp_size``: the TP group of pending receives."""
-    tensors = _received_tensors(received)
+def check_stage_inputs(expected: Mapping[str, torch.Tensor], received: object, min_tokens: int,
+                       stage: int | None = None, tp_size: int = 1) -> int:
+    """Return the token count of ``received``, or raise :class:`StageInputMismatchError`
+    where it does not fit the buffers ``expected`` (``tp_size``: of pending receives)."""
+    # Reading `.tensors` on AsyncIntermediateTensors waits for the transfer; metadata is final.
+    tensors = object.__getattribute__(received, "tensors")
     problems = _key_problems(expected, tensors)
     token_counts = set()
     for key in expected.keys() & tensors.keys():
@@ -52,18 +40,25 @@ def check_stage_inputs(
         problems += tensor_problems
         if tokens is not None:
             token_counts.add(tokens)
-    num_tokens, count_problems = _agreed_token_count(token_counts, min_tokens)
-    problems += count_problems
+    if len(token_counts) > 1:
+        problems.append(f"keys disagree on the token count: {sorted(token_counts)}")
+    num_tokens = min(token_counts, default=0)
+    if token_counts and num_tokens < min_tokens:
+        problems.append(f"received {num_tokens} tokens but this step schedules {min_tokens}")
     if problems:
-        raise _mismatch_error(stage, problems)
+        where = f"pipeline stage {stage}" if stage is not None else "this pipeline stage"
+        raise StageInputMismatchError(
+            f"{where} received intermediate tensors that do not match its input "
+            f"buffers: {'; '.join(problems)}. The previous stage's model produces "
+            "different tensors than this stage's make_empty_intermediate_tensors() "
+            "declares; check that every stage runs the same model code and "
+            "configuration (model, dtype, --pipeline-parallel-size).")
     return num_tokens
 
 
-def _tensor_problems(
-    key: str, want: torch.Tensor, got: torch.Tensor, tp_size: int
-) -> tuple[int | None, list[str]]:
-    """The tokens ``got`` carries for buffer ``want`` (None where its shape does
-    not fit the buffer) and what is wrong with it, as messages."""
+def _tensor_problems(key: str, want: torch.Tensor, got: torch.Tensor,
+                     tp_size: int) -> tuple[int | None, list[str]]:
+    """Tokens ``got`` carries for buffer ``want`` (None if its shape does not fit), and problems."""
     problems = []
     if got.dtype != want.dtype:
         problems.append(f"{key!r} has dtype {got.dtype}, expected {want.dtype}")
@@ -71,53 +66,25 @@ def _tensor_problems(
     if shape_problem is not None:
         return None, [*problems, shape_problem]
     if tokens > want.shape[0]:
-        problems.append(
-            f"{key!r} carries {tokens} tokens, more than the buffer's "
-            f"{want.shape[0]} (max_num_batched_tokens)"
-        )
+        problems.append(f"{key!r} carries {tokens} tokens, more than the buffer's "
+                        f"{want.shape[0]} (max_num_batched_tokens)")
     return tokens, problems
 
 
-def _token_count(
-    key: str, want: torch.Tensor, got: torch.Tensor, tp_size: int
-) -> tuple[int | None, str | None]:
+def _token_count(key: str, want: torch.Tensor, got: torch.Tensor,
+                 tp_size: int) -> tuple[int | None, str | None]:
     """The leading dim of ``got`` read against buffer ``want``, or why it cannot be read (a
     1-D ``got`` is a pending receive: one of ``tp_size`` flat shares)."""
     if got.dim() == 1 and want.dim() > 1:
         numel = got.numel() * tp_size
         row = math.prod(want.shape[1:])
         if numel % row:
-            return None, (
-                f"{key!r} has {numel} elements, not a whole number of "
-                f"(tokens, {_dims(want)}) rows"
-            )
+            return None, (f"{key!r} has {numel} elements, not a whole number of "
+                          f"(tokens, {_dims(want)}) rows")
         return numel // row, None
     if got.dim() != want.dim() or got.shape[1:] != want.shape[1:]:
         return None, f"{key!r} has shape {tuple(got.shape)}, expected (tokens, {_dims(want)})"
     return got.shape[0], None
-
-
-def _agreed_token_count(token_counts: set[int], min_tokens: int) -> tuple[int, list[str]]:
-    """The smallest of the keys' token counts (0 for none) and, as messages, the
-    keys disagreeing or carrying fewer tokens than this step schedules."""
-    problems = []
-    if len(token_counts) > 1:
-        problems.append(f"keys disagree on the token count: {sorted(token_counts)}")
-    num_tokens = min(token_counts, default=0)
-    if token_counts and num_tokens < min_tokens:
-        problems.append(f"received {num_tokens} tokens but this step schedules {min_tokens}")
-    return num_tokens, problems
-
-
-def _mismatch_error(stage: int | None, problems: list[str]) -> StageInputMismatchError:
-    where = f"pipeline stage {stage}" if stage is not None else "this pipeline stage"
-    return StageInputMismatchError(
-        f"{where} received intermediate tensors that do not match its input "
-        f"buffers: {'; '.join(problems)}. The previous stage's model produces "
-        "different tensors than this stage's make_empty_intermediate_tensors() "
-        "declares; check that every stage runs the same model code and "
-        "configuration (model, dtype, --pipeline-parallel-size)."
-    )
 
 
 def check_padding_agreement(received_tokens: int, padded_tokens: int, stage: int) -> None:
@@ -128,8 +95,7 @@ def check_padding_agreement(received_tokens: int, padded_tokens: int, stage: int
             f"padding) but the previous stage sent {received_tokens}: the stages "
             "chose different CUDA graphs for this step. Set the same "
             "compilation_config.cudagraph_mode and cudagraph_capture_sizes for all "
-            "stages, or run with enforce_eager=True."
-        )
+            "stages, or run with enforce_eager=True.")
 
 
 Schema = dict[str, tuple[tuple[int, ...], str]]
@@ -145,15 +111,10 @@ DECLARED = "declared by make_empty_intermediate_tensors()"
 PRODUCED = "returned by the model's forward in the profiling run"
 
 
-def check_handoff_schemas(
-    sends: list[Schema | None],
-    expects: list[Schema | None],
-    sent_as: str = DECLARED,
-    reserved_prefixes: tuple[str, ...] = (),
-) -> None:
-    """At start-up: raise unless what each stage's model sends equals what the next expects.
-
-    ``sends[i]``/``expects[i]``: stage i's output/input buffers (None where it has none);
+def check_handoff_schemas(sends: list[Schema | None], expects: list[Schema | None],
+                          sent_as: str = DECLARED, reserved_prefixes: tuple[str, ...] = ()) -> None:
+    """At start-up, raise unless what each stage sends (``sends[i]``, None for none) equals
+    what the next expects (``expects[i + 1]``);
     ``reserved_prefixes``: keys a :data:`DECLARED` schema may lack."""
     problems = []
     for stage in range(len(sends) - 1):
@@ -169,13 +130,10 @@ def check_handoff_schemas(
         detail = _key_problems(want, out)
         for k in differ:
             detail.append(f"{k!r} is {out[k]} but expected {want[k]} (dims, dtype)")
-        problems.append(
-            f"stage {stage} -> stage {stage + 1} (tensors {sent_as}): {'; '.join(detail)}"
-        )
+        problems.append(f"stage {stage} -> stage {stage + 1} (tensors {sent_as}): "
+                        f"{'; '.join(detail)}")
     if problems:
         raise StageInputMismatchError(
-            "Pipeline stages disagree on the tensors they exchange: "
-            + " | ".join(problems)
+            "Pipeline stages disagree on the tensors they exchange: " + " | ".join(problems)
             + ". Every stage must run the same model code and configuration "
-            "(same vLLM and model version, dtype and hf_config on every host)."
-        )
+            "(same vLLM and model version, dtype and hf_config on every host).")
