@@ -1,14 +1,12 @@
 """Pipeline-parallel CUDA graphs for vLLM's Model Runner V2, as a vLLM plugin.
 
-Enable it in a vLLM deployment with ``VLLM_PLUGINS=pp_cudagraph``; or build the runner
-through :func:`build_runner` (the plugin's runner, or vLLM's own where the plugin stands
-aside), or import :class:`PPCudaGraphModelRunner` / :class:`PPCudaGraphManager`
-directly. Those names are loaded on first access, so importing this package stays cheap
-(the plugin entry point must not pull in vLLM's worker code when inactive).
+Enable it with ``VLLM_PLUGINS=pp_cudagraph``, or use :func:`build_runner` or the classes
+directly: they load on first access, so an inactive plugin pulls in no vLLM worker code.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0.dev0"
@@ -28,7 +26,5 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'vllm_pp_cudagraph' has no attribute {name!r}")

@@ -1,35 +1,22 @@
-"""Every change this plugin makes to vLLM, in one place.
-
-Each :class:`Patch` names its target, why it is needed, and the vLLM change
-that would let it go. ``apply_all`` is re-entrant (vLLM calls plugins once per
-process, but tests and embedding applications may call ``register`` again) and
+"""Every change this plugin makes to vLLM, in one place: the plugin's own subclasses (runner,
+CUDA-graph manager) are reached only through these patches. ``apply_for`` is re-entrant and
 ``undo_all`` restores vLLM exactly as it was.
-
-Everything else the plugin does happens in its own subclasses
-(:class:`~vllm_pp_cudagraph.worker.model_runner.PPCudaGraphModelRunner`,
-:class:`~vllm_pp_cudagraph.worker.graphs.cudagraph_manager.PPCudaGraphManager`), which vLLM
-only reaches through the patches listed here.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 import sys
 from collections.abc import Callable
-import os
 from dataclasses import dataclass
 from enum import Enum
 
 from vllm_pp_cudagraph.shared import vllm_surface
-from vllm_pp_cudagraph.shared.settings import (
-    DecodeCadence,
-    PluginConfigError,
-    PPCudaGraphSettings,
-    environment_value,
-    plugin_variables_set,
-    set_variable,
-)
+from vllm_pp_cudagraph.shared.settings import (DecodeCadence, PluginConfigError,
+                                               PPCudaGraphSettings, environment_value,
+                                               plugin_variables_set, set_variable)
 
 Undo = Callable[[], None]
 
@@ -45,20 +32,11 @@ class Process(str, Enum):
 EVERY_PROCESS = frozenset(Process)
 
 
-def _always_applies(settings: PPCudaGraphSettings) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class Patch:
-    """One documented modification of vLLM, with a way to undo it.
-
-    ``apply`` applies the patch where it does not stand aside and returns how to undo it,
-    or None when nothing changed (None for a patch that exists only inside ``scope``).
-    ``stands_aside`` says why the patch is not applied with these settings on this vLLM,
-    or None. ``processes``: the processes it is applied in (and only there). ``scope``, for
-    a patch the plugin applies later, to one object or inside a context manager: the dotted
-    name of what applies and reverts it (``apply_for`` leaves it alone)."""
+    """One documented modification of vLLM, applied only in ``processes``: ``apply`` returns
+    its undo (None: nothing changed), ``stands_aside`` why not with these settings (None: it
+    applies). A scoped patch has no ``apply``: the ``scope`` callable applies it later."""
 
     name: str
     target: str
@@ -66,26 +44,18 @@ class Patch:
     drop_when: str
     processes: frozenset[Process]
     apply: Callable[[PPCudaGraphSettings], Undo | None] | None = None
-    stands_aside: Callable[[PPCudaGraphSettings], str | None] = _always_applies
+    stands_aside: Callable[[PPCudaGraphSettings], str | None] = lambda settings: None
     scope: str | None = None
 
 
 def _wrap_attr(owner: object, attr: str, wrap: Callable[[Callable], Callable]) -> Undo:
-    """Replace ``owner.attr`` (of a class or module) by ``wrap`` of what it resolves to now.
-
-    Undo restores the owner's own attribute, or removes the wrapper when a class's
-    attribute was inherited, so the owner is exactly as it was.
-    """
+    """Replace ``owner.attr`` by ``wrap`` of what it resolves to now; undo restores the
+    owner's own attribute, or deletes the wrapper where a class inherited it."""
     own = owner.__dict__.get(attr)
     setattr(owner, attr, wrap(getattr(owner, attr)))
-
-    def undo() -> None:
-        if own is None:
-            delattr(owner, attr)
-        else:
-            setattr(owner, attr, own)
-
-    return undo
+    if own is None:
+        return lambda: delattr(owner, attr)
+    return lambda: setattr(owner, attr, own)
 
 
 def _declaring_plugin_variables(original: Callable) -> Callable:
@@ -155,16 +125,14 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo:
     if current is not None:
         raise PluginConfigError(
             "VLLM_PP_CUDAGRAPH_BREAKABLE=1 asks for breakable CUDA graphs but "
-            f"VLLM_USE_BREAKABLE_CUDAGRAPH={current!r} turns them off; drop one of the two."
-        )
+            f"VLLM_USE_BREAKABLE_CUDAGRAPH={current!r} turns them off; drop one of the two.")
     already = [m for m in vllm_surface.BREAKABLE_DECORATED_MODULES if m in sys.modules]
     if already and vllm_surface.breakable_decided_at_import():
         raise PluginConfigError(
             "VLLM_PP_CUDAGRAPH_BREAKABLE=1 came too late in this process: vLLM already "
             f"imported {already[0]} without breakable graph breaks. Set the variable "
             "in the environment of the process that starts vLLM, or set "
-            "VLLM_USE_BREAKABLE_CUDAGRAPH=1 there."
-        )
+            "VLLM_USE_BREAKABLE_CUDAGRAPH=1 there.")
     return set_variable("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
 
 
@@ -207,9 +175,7 @@ def _patch_engine_core_check(settings: PPCudaGraphSettings) -> Undo:
 
 
 def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
-    if settings.kv_update_in_graphs:
-        return None
-    return "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS is off"
+    return None if settings.kv_update_in_graphs else "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS is off"
 
 
 def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
@@ -239,181 +205,93 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="process-entry",
         target="vllm.plugins.load_general_plugins (the module attribute vLLM's processes call)",
-        why=(
-            "vLLM runs its general plugins once per process, from the API server's "
-            "arguments, the engine core's constructor and each worker's init_worker; a "
-            "process forked from another inherits its patches and never calls a plugin "
-            "again. Each later call now tells the plugin which process is starting here "
-            "(from vLLM's frame that calls it), so every process applies its own patches "
-            "and a forked one drops those of its parent."
-        ),
+        why="vLLM does not say which process loads a plugin, and a forked one keeps its parent's "
+            "patches; each load now finds out, so each process applies its own and drops the rest.",
         drop_when="vLLM tells a plugin which kind of process loads it.",
-        processes=EVERY_PROCESS,
-        apply=_patch_process_entry,
+        processes=EVERY_PROCESS, apply=_patch_process_entry,
     ),
     Patch(
         name="env-names",
         target="vLLM's check of the VLLM_* variables set (Platform.validate_environ, 0.33; "
                "before that vllm.envs.validate_environ)",
-        why=(
-            "vLLM treats every VLLM_* variable it does not define as unknown: it warns "
-            "about each (\"Unknown vLLM environment variable detected\"), and with "
-            "fail_on_environ_validation refuses to start. For that check alone the "
-            "plugin's settings set in this process are in vLLM's table. Kept there, they "
-            "would enter vLLM's compile-cache key (compile_factors hashes every variable "
-            "of the table), so a metrics directory made afresh on each start would make "
-            "every restart recompile; what the settings change in the compiled graph "
-            "reaches vLLM through its own config and variables, which it hashes itself."
-        ),
-        drop_when="vLLM lets a plugin declare its environment variables, outside its "
-                  "compile-cache key.",
-        processes=frozenset({Process.API_SERVER}),
-        apply=_patch_env_names,
+        why="vLLM warns about or refuses VLLM_* variables it does not define, so the plugin's "
+            "join its table for that check only: kept there, they would enter its cache key.",
+        drop_when="vLLM lets a plugin declare its variables, outside its compile-cache key.",
+        processes=frozenset({Process.API_SERVER}), apply=_patch_env_names,
     ),
     Patch(
         name="breakable-env",
         target="environment: VLLM_USE_BREAKABLE_CUDAGRAPH=1 (with VLLM_PP_CUDAGRAPH_BREAKABLE=1)",
-        why=(
-            "vLLM decides from this variable at config time that breakable mode turns "
-            "torch.compile off, and up to 0.32 at import time whether attention ops "
-            "break breakable captures. The plugin setting is translated into it "
-            "before anything imports the attention layers (the next patch does), "
-            "so both switches behave the same in every process."
-        ),
+        why="vLLM reads breakable mode from this variable (up to 0.32 at import time), so the "
+            "plugin's setting is translated into it before the attention layers are imported.",
         drop_when="vLLM reads breakable mode from its config instead of the environment.",
-        processes=EVERY_PROCESS,
-        apply=_patch_breakable_env,
+        processes=EVERY_PROCESS, apply=_patch_breakable_env,
         stands_aside=_breakable_env_stands_aside,
     ),
     Patch(
         name="runner-factory",
         target=(f"{vllm_surface.WORKER_MODULE}.Worker.{vllm_surface.RUNNER_FACTORY} (0.32+), else "
                 f"{vllm_surface.V2_RUNNER_MODULE}.GPUModelRunner, which the worker imports inline"),
-        why=(
-            "vLLM has no setting that selects the MRV2 runner class. The worker's factory "
-            "(\"subclasses override this\") builds the plugin's runner, or vLLM's own where "
-            "the engine's plan stands aside; before 0.32 the worker builds MRV2 from this "
-            "module attribute, which then points at the same factory. Models vLLM runs on "
-            "its V1 runner are left there."
-        ),
-        drop_when=(
-            "vLLM offers a runner-class setting, or upstream MRV2 has the PP graph handling "
-            "this plugin adds (not the case up to 0.33)."
-        ),
-        processes=frozenset({Process.WORKER}),
-        apply=_patch_runner_factory,
+        why="No vLLM setting selects the MRV2 runner class, so the worker's factory builds the "
+            "plugin's runner (vLLM's own where the plan stands aside); models on V1 stay there.",
+        drop_when="vLLM offers a runner-class setting, or upstream MRV2 handles PP graphs.",
+        processes=frozenset({Process.WORKER}), apply=_patch_runner_factory,
     ),
     Patch(
         name="scheduler-class",
         target=(f"{vllm_surface.VLLM_CONFIG_MODULE}.VllmConfig.__post_init__: "
                 "scheduler_config.scheduler_cls (with VLLM_PP_CUDAGRAPH_DECODE_CADENCE, "
                 "default auto)"),
-        why=(
-            "With MRV2 and PP a request may decode only every pp_size-th step, so "
-            "requests take turns in groups of whatever size they arrived in and a lone "
-            "group leaves steps empty. The plugin's scheduler, a subclass of vLLM's async "
-            "one, moves requests before each step as the setting says (docs/settings.md; "
-            "structured outputs never are; the plugin's runner applies the last stage's "
-            "newer tokens on the first stages before a lifted step). vLLM takes a "
-            "scheduler class from its config; where the user gave none, the config names "
-            "the plugin's once vLLM has settled async scheduling. A scheduler class of the "
-            "user's own is kept, with vLLM's cadence. Details: decode_cadence.py."
-        ),
+        why="Under PP a request decodes only every pp_size-th step, so uneven groups leave steps "
+            "empty; unless the user names one, a subclass of vLLM's async scheduler regroups them.",
         drop_when="vLLM's scheduler lets a request decode on consecutive steps under PP.",
-        processes=frozenset({Process.API_SERVER}),
-        apply=_patch_scheduler_class,
+        processes=frozenset({Process.API_SERVER}), apply=_patch_scheduler_class,
         stands_aside=_cadence_stands_aside,
     ),
     Patch(
         name="engine-core-check",
         target=f"{vllm_surface.ENGINE_CORE_MODULE}.EngineCore._initialize_kv_caches",
-        why=(
-            "A changed decode cadence is safe only if every worker runs the plugin's runner, "
-            "which applies the newer tokens on the first stages; a worker without the "
-            "package (a Ray node installed apart) would serve stale tokens. Once the "
-            "engine core has its workers it asks each for its runner class and, if one "
-            "is not the plugin's, shuts them down and refuses to start. It also logs "
-            "when vLLM runs a pipeline-parallel model on its V1 runner, where the "
-            "plugin stands aside. Details: engine_check.py."
-        ),
+        why="A changed decode cadence is safe only if every worker runs the plugin's runner, so "
+            "the engine core refuses to start otherwise (and logs PP models on vLLM's V1 runner).",
         drop_when="the decode cadence patch goes (see scheduler-class).",
-        processes=frozenset({Process.ENGINE_CORE}),
-        apply=_patch_engine_core_check,
+        processes=frozenset({Process.ENGINE_CORE}), apply=_patch_engine_core_check,
     ),
     Patch(
         name="kv-update-in-graphs",
-        target=(
-            f"{vllm_surface.VLLM_CONFIG_MODULE}.VllmConfig.__post_init__ "
-            "(with VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS, default on)"
-        ),
-        why=(
-            "vLLM splits piecewise graphs at each layer's KV-cache write as well as at "
-            "its attention, so the write runs eagerly: a host round trip per layer. "
-            "With torch's hoisted layer names (2.11+) one piece serves every layer with "
-            "the write inside, so under PP the (non-MLA) write leaves vLLM's split "
-            "points, with the backends proven with it. Details: piecewise_split.py."
-        ),
-        drop_when=(
-            "vLLM stops splitting at unified_kv_cache_update when layer names are "
-            "hoisted (the comment at its default split points, vLLM issue #33267)."
-        ),
-        processes=frozenset({Process.API_SERVER}),
-        apply=_patch_kv_update_in_graphs,
+        target=(f"{vllm_surface.VLLM_CONFIG_MODULE}.VllmConfig.__post_init__ "
+                "(with VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS, default on)"),
+        why="vLLM splits piecewise graphs at each layer's KV-cache write, a host round trip per "
+            "layer; under PP with hoisted layer names and proven backends the write stays in.",
+        drop_when="vLLM stops splitting at unified_kv_cache_update for hoisted names (#33267).",
+        processes=frozenset({Process.API_SERVER}), apply=_patch_kv_update_in_graphs,
         stands_aside=_kv_update_stands_aside,
     ),
     Patch(
         name="remote-reply",
         target=f"{vllm_surface.MESSAGE_QUEUE_MODULE}.MessageQueue.dequeue (readers on another node)",
-        why=(
-            "A worker on another node replies through a zmq socket that dequeue polls "
-            "with no look at the queue's shutdown. When such a worker dies (PP over two "
-            "Ray nodes), the executor shuts its queues down, but the engine core's step "
-            "keeps waiting for the dead worker's reply, so the server holds its requests "
-            "and serves nothing for VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s). The "
-            "wrapper polls in slices and raises once the queue is shut down, as a "
-            "shared-memory reader does; every reply is still read by vLLM's dequeue. "
-            "Details: remote_reply.py."
-        ),
+        why="A remote reader's dequeue ignores shutdown, so a dead worker on another node stalls "
+            "the engine for VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; the wrapper raises at shutdown.",
         drop_when="vLLM's remote MessageQueue readers honour shutdown.",
-        processes=frozenset({Process.ENGINE_CORE}),
-        apply=_patch_remote_reply,
+        processes=frozenset({Process.ENGINE_CORE}), apply=_patch_remote_reply,
         stands_aside=_remote_reply_stands_aside,
     ),
     Patch(
         name="direct-handoff",
-        target=(
-            "isend_tensor_dict / irecv_tensor_dict of the runner's own pipeline "
-            f"{vllm_surface.PARALLEL_STATE_MODULE}.GroupCoordinator (with "
-            "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1)"
-        ),
-        why=(
-            "Before each hand-off of intermediate tensors vLLM sends their keys and "
-            "shapes over gloo, and the receiving stage's host waits for them before "
-            "posting its receives: a host round trip between the stages every step. "
-            "Both stages know those shapes already (checked at start-up; the token "
-            "count is the padded size both derive from the scheduler output). On "
-            "the pipeline groups the plugin's runner enables, only the tensors are "
-            "sent, and received straight into the runner's input buffers; every other "
-            "group and call is vLLM's. Details: stage_handoff.py."
-        ),
+        target=("isend_tensor_dict / irecv_tensor_dict of the runner's own pipeline "
+                f"{vllm_surface.PARALLEL_STATE_MODULE}.GroupCoordinator (with "
+                "VLLM_PP_CUDAGRAPH_DIRECT_HANDOFF=1)"),
+        why="vLLM sends the intermediate tensors' shapes over gloo before each hand-off, a host "
+            "round trip per step; both stages know them already, so only the tensors are sent.",
         drop_when="vLLM hands intermediate tensors on without per-step metadata.",
         processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.worker.pipeline.stage_handoff.enable",
     ),
     Patch(
         name="layer-partition",
-        target=(
-            f"environment: {vllm_surface.LAYER_PARTITION_ENV} in each worker, before its model "
-            "is built (with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto)"
-        ),
-        why=(
-            "vLLM splits the layers evenly over the stages, though the last one also "
-            "runs the LM head and the sampler, and takes another split only from this "
-            "variable (get_pp_indices, when each worker builds its model). The plugin's "
-            "runner sets it to the split it chose from the stages' predicted costs, "
-            "the same on every rank, unless it was set by hand; where vLLM already "
-            "cached its variables, it clears that cache. Details: layer_partition.py."
-        ),
+        target=(f"environment: {vllm_surface.LAYER_PARTITION_ENV} in each worker, before its "
+                "model is built (with VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto)"),
+        why="vLLM splits layers evenly though the last stage also runs the LM head and sampler, "
+            "and takes another split only from this variable: the runner sets it by cost.",
         drop_when="vLLM balances its split by cost, or takes a split from its config.",
         processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.shared.layer_partition.apply",
@@ -422,38 +300,26 @@ PATCHES: tuple[Patch, ...] = (
         name="graph-manager",
         target=f"{vllm_surface.V2_RUNNER_MODULE}.ModelCudaGraphManager, while the plugin's runner "
                "runs initialize_kv_cache",
-        why=(
-            "MRV2 builds its model CUDA-graph manager inside initialize_kv_cache and hands "
-            "it on there (FastPrefillHelper, 0.33); with the name pointing at "
-            "PPCudaGraphManager for that call, vLLM builds the plugin's manager with its "
-            "own arguments and every holder gets it. The runner refuses to go on if any "
-            "holder kept vLLM's."
-        ),
+        why="MRV2 builds its CUDA-graph manager inside initialize_kv_cache and hands it on there; "
+            "with the name pointing at PPCudaGraphManager, every holder gets the plugin's.",
         drop_when="MRV2 lets a runner subclass choose its CUDA-graph manager class.",
         processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.shared.vllm_surface.managers_built_as",
     ),
     Patch(
         name="capture-guard",
-        target=(
-            "torch.distributed point-to-point / broadcast / object / barrier functions, "
-            "and the pipeline GroupCoordinator's transfer methods"
-        ),
-        why=(
-            "While CUDA graphs are captured (and graph memory is measured), a pipeline "
-            "send/receive recorded into a graph would replay without its peer and hang "
-            "(vLLM issue #51887). The wrappers raise CapturedCommunicationError instead; "
-            "everything is restored when capture ends."
-        ),
+        target=("torch.distributed point-to-point / broadcast / object / barrier functions, "
+                "and the pipeline GroupCoordinator's transfer methods"),
+        why="A pipeline transfer captured into a CUDA graph would replay without its peer and "
+            "hang (vLLM issue #51887), so during capture it raises CapturedCommunicationError.",
         drop_when="vLLM refuses pipeline communication during graph capture itself.",
         processes=frozenset({Process.WORKER}),
         scope="vllm_pp_cudagraph.worker.graphs.capture_guard.forbid_pipeline_communication",
     ),
 )
 
-
-#: The patches applied in this process, by name, with how to undo each; what they were
-#: applied for; and the process they were applied in (a forked child inherits them).
+#: The patches applied in this process, with how to undo each; those considered; the
+#: processes they were applied for; and the pid applying them (a forked child inherits them).
 _undone: dict[str, Undo] = {}
 _considered: set[str] = set()
 _processes: frozenset[Process] = frozenset()
@@ -472,9 +338,8 @@ def applied_for() -> frozenset[Process]:
 def apply_for(processes: frozenset[Process], settings: PPCudaGraphSettings) -> list[str]:
     """Apply each patch of ``processes`` not applied here yet; return the names applied now.
 
-    In a process forked from another, the parent's patches that are for none of
-    ``processes`` are undone first. If a patch fails, every patch applied here is undone
-    before the error propagates, so vLLM is never left half-patched."""
+    A forked process first undoes its parent's patches for none of ``processes``; a failing
+    patch undoes every patch applied here, so vLLM is never left half-patched."""
     global _processes, _pid
     if _pid != os.getpid():
         for name in reversed(list(_undone)):
@@ -509,8 +374,7 @@ def _patch(name: str) -> Patch:
 
 
 def apply_patch(patch: Patch | str, settings: PPCudaGraphSettings) -> Undo | None:
-    """Apply one patch (or the one of that name) unless it stands aside or is scoped;
-    return its undo, or None when nothing changed."""
+    """Apply one patch (or the one named) unless it stands aside or is scoped; return its undo."""
     if isinstance(patch, str):
         patch = _patch(patch)
     if patch.apply is None or patch.stands_aside(settings) is not None:

@@ -1,9 +1,7 @@
 """vLLM general-plugin entry point (``vllm.general_plugins``: ``pp_cudagraph``).
 
-vLLM calls :func:`register` in the processes it starts (API server, engine core, each
-worker, Ray workers), possibly more than once; each applies the patches of its kind
-(patches.py). It does nothing unless ``VLLM_PLUGINS`` names the plugin, and imports vLLM
-internals only once it knows it is active.
+vLLM calls :func:`register` in every process it starts, maybe more than once; each applies the
+patches of its kind. Inert unless ``VLLM_PLUGINS`` names it; imports vLLM internals only then.
 """
 
 from __future__ import annotations
@@ -13,18 +11,18 @@ import sys
 from collections.abc import Mapping
 
 from vllm_pp_cudagraph.shared import vllm_surface
-from vllm_pp_cudagraph.shared.settings import PLUGIN_NAME, is_enabled
+from vllm_pp_cudagraph.shared.settings import (PLUGIN_NAME, PluginConfigError,
+                                               PPCudaGraphSettings, SettingsError,
+                                               environment_value, is_enabled)
 
+_inactive_logged = False
 
 
 def _logger():
-    # vLLM's own logger (its format, level and handlers, which newer releases set up
-    # only through init_logger), imported late so that `check` runs without vLLM.
+    """vLLM's own logger, imported late so that ``check`` runs without vLLM."""
     from vllm.logger import init_logger
 
     return init_logger("vllm.pp_cudagraph")
-
-_inactive_logged = False
 
 
 class UnsupportedVLLMError(RuntimeError):
@@ -36,31 +34,20 @@ def check_version(allow_unsupported: bool) -> vllm_surface.VersionInfo:
     if versions.supported:
         return versions
     if allow_unsupported:
-        _logger().warning(
-            "vllm-pp-cudagraph is tested with vLLM %s but vLLM %s is installed; "
-            "continuing because VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM is set.",
-            vllm_surface.SUPPORTED_RANGE,
-            versions.vllm,
-        )
+        _logger().warning("vllm-pp-cudagraph is tested with vLLM %s but vLLM %s is installed; "
+                          "continuing because VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM is set.",
+                          vllm_surface.SUPPORTED_RANGE, versions.vllm)
         return versions
     raise UnsupportedVLLMError(
         f"vllm-pp-cudagraph supports vLLM {vllm_surface.SUPPORTED_RANGE}, but vLLM "
         f"{versions.vllm or '(not installed)'} is installed. Install a supported "
         "vLLM, remove pp_cudagraph from VLLM_PLUGINS, or set "
-        "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try it anyway."
-    )
+        "VLLM_PP_CUDAGRAPH_ALLOW_UNSUPPORTED_VLLM=1 to try it anyway.")
 
 
 def check_runner_choice(environ: Mapping[str, str] | None = None) -> None:
-    """Refuse the plugin together with an explicit choice of vLLM's V1 runner.
-
-    The plugin leaves the choice of runner to vLLM: models vLLM runs on Model
-    Runner V2 get the plugin's runner, others stay on V1 and the engine logs
-    that the plugin stands aside. Asking for both V1 and the plugin is a
-    contradiction, reported here instead of silently doing nothing.
-    """
-    from vllm_pp_cudagraph.shared.settings import PluginConfigError, environment_value
-
+    """Refuse the plugin together with an explicit choice of vLLM's V1 runner, a
+    contradiction that would otherwise silently do nothing."""
     current = environment_value("VLLM_USE_V2_MODEL_RUNNER", environ)
     # vLLM parses this variable with bool(int(value)): "0" is its only "off".
     if current is not None and current.strip() == "0":
@@ -68,17 +55,12 @@ def check_runner_choice(environ: Mapping[str, str] | None = None) -> None:
             "VLLM_PLUGINS enables pp_cudagraph, which runs on vLLM's Model Runner "
             f"V2, but VLLM_USE_V2_MODEL_RUNNER={current!r} selects the V1 runner. "
             "Unset VLLM_USE_V2_MODEL_RUNNER (or set it to 1), or remove "
-            "pp_cudagraph from VLLM_PLUGINS to run stock vLLM."
-        )
+            "pp_cudagraph from VLLM_PLUGINS to run stock vLLM.")
 
 
 def report_without_traceback(*errors: type[BaseException]) -> None:
-    """Print ``errors``, when nothing catches them, as one line on stderr.
-
-    A bad setting is raised while vLLM parses ``vllm serve``'s arguments; the
-    traceback through vLLM's parser would bury the one line that says what to
-    change. Other exceptions, and ``except`` clauses, see no difference.
-    """
+    """Print uncaught ``errors`` as one line on stderr: a traceback through vLLM's argument
+    parser would bury the line that says which setting to change."""
     previous = sys.excepthook
     if getattr(previous, "reports_without_traceback", ()) == errors:
         return
@@ -99,9 +81,8 @@ _ENGINE_CORE_ENTRY = ("__init__", ("vllm.v1.engine.core", "EngineCore"))
 
 
 def processes_here(frame=None) -> frozenset:
-    """Which of vLLM's processes loads the plugin, from the vLLM call up the stack of
-    ``frame`` (the caller's): a worker's ``init_worker``, the engine core's constructor,
-    else the API server (or the process of an offline ``LLM``)."""
+    """Which of vLLM's processes loads the plugin, from the vLLM frame up the caller's stack:
+    a worker's ``init_worker``, the engine core's constructor, else the API server."""
     from vllm_pp_cudagraph.patches import Process
 
     frame = frame or sys._getframe(1)
@@ -119,10 +100,8 @@ def processes_here(frame=None) -> frozenset:
 def enter_process(processes: frozenset) -> None:
     """Apply the patches of ``processes`` in this process (once each)."""
     from vllm_pp_cudagraph import patches
-    from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
 
-    applied = patches.apply_for(processes, PPCudaGraphSettings.current())
-    if applied:
+    if applied := patches.apply_for(processes, PPCudaGraphSettings.current()):
         _logger().info("vllm-pp-cudagraph active in the %s (process %d): patched %s",
                        " and ".join(sorted(p.value for p in patches.applied_for())),
                        os.getpid(), ", ".join(applied))
@@ -134,25 +113,15 @@ def register() -> None:
     if not is_enabled():
         if not _inactive_logged:
             _inactive_logged = True
-            _logger().info(
-                "vllm-pp-cudagraph is installed but inactive; set "
-                "VLLM_PLUGINS=%s to use its pipeline-parallel CUDA graphs.",
-                PLUGIN_NAME,
-            )
+            _logger().info("vllm-pp-cudagraph is installed but inactive; set VLLM_PLUGINS=%s "
+                           "to use its pipeline-parallel CUDA graphs.", PLUGIN_NAME)
         return
-
-    from vllm_pp_cudagraph.shared.settings import (
-        PluginConfigError,
-        PPCudaGraphSettings,
-        SettingsError,
-    )
     from vllm_pp_cudagraph.shared.snapshots import ensure_metrics_dir
 
     report_without_traceback(SettingsError, PluginConfigError, UnsupportedVLLMError)
     settings = PPCudaGraphSettings.current()
     check_version(settings.allow_unsupported_vllm)
     check_runner_choice()
-    # Before the engine's processes start, so they inherit it: the workers leave their
-    # plans and heartbeats there, with the per-stage metrics on or off.
+    # Before the engine's processes start, so they inherit it (plans, heartbeats, metrics).
     ensure_metrics_dir()
     enter_process(processes_here())

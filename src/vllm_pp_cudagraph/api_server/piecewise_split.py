@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 
-
 def kv_update_can_stay_in_graphs(vllm_config: VllmConfig) -> bool:
     """Whether the KV-cache write may leave ``splitting_ops`` for this config: PP > 1, no
     context parallelism, vLLM's own piecewise compile, hoisted layer names, proven backends."""
@@ -33,8 +32,7 @@ def kv_update_can_stay_in_graphs(vllm_config: VllmConfig) -> bool:
 
 
 def wrap_config_post_init(original: Callable[..., None]) -> Callable[..., None]:
-    """Wrap ``VllmConfig.__post_init__``: drop the KV-write split vLLM defaulted (not one
-    the user gave)."""
+    """Wrap ``VllmConfig.__post_init__``: drop the KV-write split vLLM defaulted, not a user's."""
 
     @functools.wraps(original)
     def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -44,8 +42,7 @@ def wrap_config_post_init(original: Callable[..., None]) -> Callable[..., None]:
         if user_chose or not ops or vllm_surface.KV_CACHE_UPDATE_OP not in ops:
             return
         if kv_update_can_stay_in_graphs(self):
-            self.compilation_config.splitting_ops = [
-                op for op in ops if op != vllm_surface.KV_CACHE_UPDATE_OP
-            ]
+            self.compilation_config.splitting_ops = [op for op in ops
+                                                     if op != vllm_surface.KV_CACHE_UPDATE_OP]
 
     return __post_init__

@@ -10,9 +10,8 @@ from vllm_pp_cudagraph.shared.engine_plan import PLUGIN_SCHEDULER
 
 
 def wrap_config_post_init(original: Callable[..., None]) -> Callable[..., None]:
-    """Wrap ``VllmConfig.__post_init__``: where vLLM left the scheduler to its default async
-    one under PP, name the plugin's subclass of it; a scheduler class the user (or vLLM,
-    for diffusion) chose is kept, and the engine then runs vLLM's cadence."""
+    """Wrap ``VllmConfig.__post_init__``: under PP with vLLM's default async scheduler, name
+    the plugin's subclass of it; a class the user (or vLLM) chose is kept, with vLLM's cadence."""
 
     @functools.wraps(original)
     def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -1,7 +1,7 @@
 """vLLM stat-logger plugin (``vllm.stat_logger_plugins``: ``pp_cudagraph``): pipeline metrics.
 
-In the API server it reads the stages' and engine cores' snapshot files at most once a
-second, exports them as ``vllm_pp_cudagraph:*`` Prometheus series, and logs one line.
+In the API server it reads the stages' and engine cores' snapshots at most once a second,
+exports them as ``vllm_pp_cudagraph:*`` Prometheus series, and logs one line.
 """
 
 from __future__ import annotations
@@ -23,14 +23,9 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from vllm_pp_cudagraph.shared import vllm_surface
 from vllm_pp_cudagraph.shared.heartbeats import read_beats
-from vllm_pp_cudagraph.shared.snapshots import (
-    INTERVAL_S,
-    EngineSnapshot,
-    StageSnapshot,
-    metrics_dir,
-    read_engine_snapshot,
-    read_stage_snapshots,
-)
+from vllm_pp_cudagraph.shared.snapshots import (INTERVAL_S, EngineSnapshot, StageSnapshot,
+                                                metrics_dir, read_engine_snapshot,
+                                                read_stage_snapshots)
 from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings, environment_value, is_enabled
 
 logger = init_logger("vllm.pp_cudagraph.metrics")
@@ -66,14 +61,11 @@ STAGE_COUNTERS: dict[str, tuple[str, str]] = {
     "stage_graph_steps": ("Steps the stage replayed from a CUDA graph.", "graph_steps_total"),
     "stage_eager_steps": ("Steps the stage ran eagerly.", "eager_steps_total"),
 }
-
-#: Per-engine counters: name (without ``_total``) -> (help, cumulative engine snapshot field):
-#: the cadence's switches, and what ``auto``'s probes of other cadences cost.
+#: Per-engine counters, likewise: the cadence's switches and what ``auto``'s trials cost.
 ENGINE_COUNTERS: dict[str, tuple[str, str]] = {
     "cadence_switches": ("Switches of the decode cadence.", "cadence_switches_total"),
     "cadence_trials": ("Trials auto made of another decode cadence.", "cadence_trials_total"),
-    "cadence_trial_steps": ("Steps scheduled under a trial cadence.",
-                            "cadence_trial_steps_total"),
+    "cadence_trial_steps": ("Steps scheduled under a trial cadence.", "cadence_trial_steps_total"),
     "cadence_wide_losses": ("Trials that lost widely, backed off for longer.",
                             "cadence_wide_losses_total"),
 }
@@ -87,8 +79,7 @@ class PipelineView:
     pp_size: int
     stages: Mapping[int, StageSnapshot] = field(default_factory=dict)
     engine_snapshot: EngineSnapshot | None = None
-    #: (snapshot counter field, stage) -> total, for every stage ever seen (stage None:
-    #: the engine's own counters).
+    #: (snapshot counter field, stage or None for the engine's) -> total, every stage ever seen.
     totals: Mapping[tuple[str, int | None], int] = field(default_factory=dict)
     #: Every (cadence, asked cadence) pair reported so far, in order.
     cadences: tuple[tuple[str, str], ...] = ()
@@ -106,10 +97,8 @@ def metric_families(views: list[PipelineView]) -> list[Metric]:
                 if (value := value_of(snap)) is not None:
                     family.add_metric([str(view.engine), str(stage)], value)
         families.append(family)
-    reporting = GaugeMetricFamily(
-        PREFIX + "stage_reporting",
-        "1 while the stage's snapshot is fresh, 0 for an expected stage that went silent.",
-        labels=_STAGE)
+    reporting = GaugeMetricFamily(PREFIX + "stage_reporting", "1 while the stage's snapshot is "
+                                  "fresh, 0 for an expected stage that went silent.", labels=_STAGE)
     for view in views:
         for stage in range(view.pp_size):
             reporting.add_metric([str(view.engine), str(stage)], int(stage in view.stages))
@@ -144,15 +133,12 @@ def _counter_families(counters: Mapping[str, tuple[str, str]], labels: list[str]
 
 
 def _engine_gauges(views: list[PipelineView]) -> list[Metric]:
-    groups = GaugeMetricFamily(PREFIX + "decode_group_size",
-                               "Running decode requests in each decode group, last step.",
-                               labels=["engine", "group"])
-    running = GaugeMetricFamily(PREFIX + "running_requests",
-                                "Running requests in the engine's last scheduled step.",
-                                labels=["engine"])
-    cadence = GaugeMetricFamily(PREFIX + "cadence",
-                                "1 for the decode cadence in effect, 0 for those before.",
-                                labels=["engine", "cadence", "asked"])
+    groups = GaugeMetricFamily(PREFIX + "decode_group_size", "Running decode requests in each "
+                               "decode group, last step.", labels=["engine", "group"])
+    running = GaugeMetricFamily(PREFIX + "running_requests", "Running requests in the engine's "
+                                "last scheduled step.", labels=["engine"])
+    cadence = GaugeMetricFamily(PREFIX + "cadence", "1 for the decode cadence in effect, 0 for "
+                                "those before.", labels=["engine", "cadence", "asked"])
     for view in views:
         engine, snap = str(view.engine), view.engine_snapshot
         if snap is not None:
@@ -183,8 +169,7 @@ def format_log_line(view: PipelineView) -> str | None:
                      f"stage {stage} busy {snap.busy_fraction:.0%}, waits {snap.wait_fraction:.0%}")
     if timed := [s.handoff_ms for s in view.stages.values() if s.handoff_ms is not None]:
         parts.append(f"hand-off {sum(timed) / len(timed):.2f} ms/step")
-    snap = view.engine_snapshot
-    if snap is not None:
+    if (snap := view.engine_snapshot) is not None:
         switches = snap.cadence_switches_total
         parts.append(
             f"cadence {snap.cadence} (asked {snap.asked_cadence}, {switches} "
@@ -217,11 +202,8 @@ def seconds_since_step(directory: Path, engine: int) -> dict[int, float]:
 
 
 class _PipelineCollector(Collector):
-    """Yields the families of every engine's latest view at scrape time.
-
-    Rather than Gauge/Counter objects: counters come straight from the snapshots' cumulative
-    values, and a stage that stops reporting leaves the scrape instead of freezing there.
-    """
+    """Yields every engine's latest families at scrape time, so counters come straight from
+    the snapshots and a stage that stops reporting leaves the scrape instead of freezing."""
 
     def __init__(self) -> None:
         self.loggers: dict[int, PipelineStatLogger] = {}
@@ -248,41 +230,18 @@ def _log_once(key: str, message: str, *args: object) -> None:
         logger.info(message, *args)
 
 
-def _default_registry() -> CollectorRegistry | None:
-    """vLLM's registry, or None where /metrics carries only multiprocess files."""
-    if environment_value("PROMETHEUS_MULTIPROC_DIR"):
-        return None
-    from vllm.v1.metrics.prometheus import get_prometheus_registry
-
-    return get_prometheus_registry()
-
-
-def _collector(registry: CollectorRegistry) -> _PipelineCollector:
-    with _registration_lock:
-        if registry not in _collectors:
-            collector = _PipelineCollector()
-            registry.register(collector)
-            _collectors[registry] = collector
-        return _collectors[registry]
-
-
 class PipelineStatLogger(StatLoggerBase):
-    """Exports one engine's per-stage pipeline metrics to Prometheus and vLLM's stats log.
-
-    vLLM makes one per engine (data-parallel rank); they share one collector per registry.
-    Inert unless ``VLLM_PLUGINS`` names the plugin (vLLM loads every installed stat logger
-    where ``VLLM_PLUGINS`` is unset) and ``VLLM_PP_CUDAGRAPH_METRICS`` is on.
-    """
+    """Exports one engine's pipeline metrics to Prometheus (one collector per registry) and
+    vLLM's stats log. Inert unless ``VLLM_PLUGINS`` names the plugin (vLLM loads every stat
+    logger installed where it is unset) and ``VLLM_PP_CUDAGRAPH_METRICS`` is on."""
 
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0, *,
-                 registry: CollectorRegistry | None = None,
-                 directory: Path | None = None) -> None:
+                 registry: CollectorRegistry | None = None, directory: Path | None = None) -> None:
         parallel = vllm_config.parallel_config
         self.engine_index = engine_index
         self.view = PipelineView(engine=engine_index, pp_size=parallel.pipeline_parallel_size)
         self._prefix = f"Engine {engine_index:03d}: " if parallel.data_parallel_size > 1 else ""
-        #: (snapshot counter field, stage) -> (what the writer counted before its last
-        #: restart, its latest count).
+        #: (counter field, stage) -> (what the writer counted before its last restart, its latest).
         self._totals: dict[tuple[str, int | None], tuple[int, int]] = {}
         self._cadences: dict[tuple[str, str], None] = {}
         self._lock = threading.Lock()
@@ -293,13 +252,22 @@ class PipelineStatLogger(StatLoggerBase):
         if not self.active:
             return
         self.directory = metrics_dir() if directory is None else Path(directory)
-        registry = _default_registry() if registry is None else registry
-        if registry is None:
+        if registry is None and not environment_value("PROMETHEUS_MULTIPROC_DIR"):
+            from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+            registry = get_prometheus_registry()
+        if registry is None:  # /metrics carries only multiprocess files
             _log_once("multiproc", "Pipeline metrics: with several API servers the "
                       "vllm_pp_cudagraph:* series are not exported at /metrics; the stats "
                       "log line still shows them.")
-        else:
-            _collector(registry).loggers[engine_index] = self
+            return
+        with _registration_lock:
+            if registry not in _collectors:
+                collector = _PipelineCollector()
+                registry.register(collector)
+                _collectors[registry] = collector
+            collector = _collectors[registry]
+        collector.loggers[engine_index] = self
 
     def record(self, scheduler_stats: Any, iteration_stats: Any,
                mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
