@@ -40,12 +40,15 @@ def use_cadence(settings: PPCudaGraphSettings | None) -> Callable[[], None]:
 
 
 def make_scheduler(model_dir: str, num_blocks: int = 8, pp: int = 2, max_num_seqs: int = 8,
-                   settings: PPCudaGraphSettings | None = None) -> AsyncScheduler:
+                   settings: PPCudaGraphSettings | None = None, max_model_len: int = 256,
+                   max_num_batched_tokens: int = 256) -> AsyncScheduler:
     config = VllmConfig(
-        model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=256),
+        model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
+                                 max_model_len=max_model_len),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
-                                         max_model_len=256, is_encoder_decoder=False,
+        scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                         max_num_batched_tokens=max_num_batched_tokens,
+                                         max_model_len=max_model_len, is_encoder_decoder=False,
                                          async_scheduling=True),
         parallel_config=ParallelConfig(pipeline_parallel_size=1),
         device_config=DeviceConfig(device="cpu"),

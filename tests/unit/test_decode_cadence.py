@@ -5,7 +5,7 @@ vLLM's real ``AsyncScheduler`` at ``pipeline_parallel_size=2`` is driven the way
 core drives it (``pp_size + 1`` batches in flight). Each step is also played through a
 first stage (``_first_stage.py``: vLLM's real ``PPHandler`` ring, consumed as vLLM's
 runner does, plus the plugin's early consume). How fast each cadence serves, timed on a
-simulated pipeline, is tested beside the simulation (``tests/tools/test_pipeline_sim.py``).
+simulated pipeline, is tested in ``test_pipeline_sim.py``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,20 @@
-"""benchmarks/tools/pipeline_sim.py: each cadence on vLLM's real scheduler, timed on a
-simulated pipeline: closed-loop serve passes, and ``auto`` against the fixed cadences on
-model cost profiles and on the recorded stage costs (every first-stage input checked too,
-through ``_first_stage``)."""
+"""How fast each decode cadence serves: vLLM's real scheduler timed on a simulated pipeline
+(``_pipeline_sim.py``): its serve passes, and ``auto`` against the fixed cadences and
+vLLM's on model cost profiles and on the recorded stage costs (every first-stage input
+checked too, through ``_first_stage``)."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import random
 from pathlib import Path
 
+import _pipeline_sim
 import pytest
 from _first_stage import Run, serve
+from _pipeline_sim import PipelineClock, cadence_on_clock, empty_scheduler, serve_passes
 from _scheduler import make_requests, make_scheduler
 
-from benchmarks.tools import pipeline_sim
-from benchmarks.tools.pipeline_sim import PipelineClock, cadence_on_clock, serve_passes
-from benchmarks.tools.scheduler_hook_cost import empty_scheduler
 from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
 
 #: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock, FULL_AND_PIECEWISE,
@@ -71,10 +69,10 @@ def test_requests_arriving_at_once_leave_vllms_cadence_a_stage_idle_which_auto_t
         model_dir):
     """128 requests whose prompts prefill in one step form one decode group under vLLM's
     cadence; on the 32B stage costs ``auto`` adopts ``balance`` and serves more."""
-    args = argparse.Namespace(pp=2, stage_costs=STAGE_COSTS, shape="qwen3-32b", context=64,
-                              concurrency=128, pass_requests=128, passes=1, input_len=64,
-                              output_len=64, request_rate=None)
-    runs = {c: pipeline_sim.simulate(model_dir, c, args) for c in ("vllm", "auto")}
+    profile = recorded_profile("qwen3-32b", 64)
+    runs = {c: _pipeline_sim.simulate(model_dir, c, profile, pp=2, concurrency=128,
+                                      pass_requests=128, passes=1, input_len=64, output_len=64)
+            for c in ("vllm", "auto")}
     assert runs["vllm"]["trials"] is None
     assert [c for _, c in runs["auto"]["switches"]] == ["balance"]
     assert runs["auto"]["pass_req_per_s"][0] > 1.05 * runs["vllm"]["pass_req_per_s"][0]
@@ -85,7 +83,7 @@ def test_requests_arriving_at_once_leave_vllms_cadence_a_stage_idle_which_auto_t
 HOST_BOUND = {"host_ms": 2.0, "forward_ms": lambda n: 0.3 + 0.01 * n}
 GPU_BOUND = {"host_ms": 0.3, "forward_ms": lambda n: 0.5 + 0.5 * n}
 
-recorded_profile = functools.partial(pipeline_sim.recorded_profile, STAGE_COSTS)
+recorded_profile = functools.partial(_pipeline_sim.recorded_profile, STAGE_COSTS)
 
 
 #: The cadence each recorded shape and context serves 256 requests faster with at PP=2:

@@ -1,24 +1,19 @@
-"""A PP pipeline simulated around vLLM's real scheduler: what each decode cadence serves.
+"""A PP pipeline simulated around vLLM's real scheduler, to time each decode cadence on CPU.
 
-vLLM's real ``AsyncScheduler`` (CPU) schedules every step, with the plugin's cadence hook
-applied as in an engine core; :class:`PipelineClock` times each step on ``pp_size``
-simulated stages whose forward costs come from a recorded stage profile
-(``benchmarks/tools/stage_cost.py``'s ``stage_cost.json``). ``auto``'s chooser measures
-on that clock. :func:`serve_passes` drives it as ``vllm bench serve`` drives a server:
-closed-loop passes at a fixed concurrency, or Poisson arrivals at ``--request-rate``
-with the concurrency as a cap, each pass drained before the next. No GPU runs; the
-figures are the model's, for comparing cadences on the same steps, not speed claims.
-
-    python -m benchmarks.tools.pipeline_sim --shape qwen3-32b --concurrency 1024 \\
-        --pass-requests 2048 --input-len 64 --output-len 256 --out DIR
+vLLM's real ``AsyncScheduler`` (``_scheduler.py``) schedules every step, with the plugin's
+cadence where one is asked for; :class:`PipelineClock` times each step on ``pp_size``
+simulated stages whose forward costs come from a cost profile (a model one, or a recorded
+stage profile: ``benchmarks/tools/stage_cost.py``'s ``stage_cost.json``). ``auto``'s
+chooser measures on that clock. :func:`serve_passes` drives the scheduler as
+``vllm bench serve`` drives a server: closed-loop passes at a fixed concurrency, or
+Poisson arrivals at a request rate with the concurrency as a cap, each pass drained
+before the next. The figures are the model's, for comparing cadences on the same steps.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,23 +23,15 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
+from _scheduler import BLOCK, make_scheduler
 from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
-from benchmarks.tools.scheduler_hook_cost import empty_scheduler
-from vllm_pp_cudagraph.engine_core.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.engine_core import decode_cadence
+from vllm_pp_cudagraph.engine_core.cadence_policy import CadenceChooser
 from vllm_pp_cudagraph.shared.settings import PPCudaGraphSettings
-
-REPOSITORY = Path(__file__).resolve().parents[2]
-#: Each shape's PP=2 stage measured alone on one H200 (vLLM 0.33.0, stock,
-#: FULL_AND_PIECEWISE): decode step GPU and host time by batch, at 64- and 1,024-token
-#: contexts.
-STAGE_COSTS = (REPOSITORY / "benchmarks" / "results"
-               / "2026-11-24-vllm033-one-gpu-stage-costs" / "stage-cost" / "stage_cost.json")
-
-CADENCES = ("vllm", "auto", "balance", "merge")
 
 
 class PipelineClock:
@@ -126,6 +113,17 @@ def cadence_on_clock(cadence: str, clock: PipelineClock) -> Iterator[PPCudaGraph
         yield settings
 
 
+def empty_scheduler(model_dir: str, max_num_seqs: int, prompt: int, output: int,
+                    pp: int = 2, settings: PPCudaGraphSettings | None = None) -> AsyncScheduler:
+    """vLLM's async scheduler at PP=``pp`` (the plugin's where ``settings`` ask for a
+    cadence) with room for ``max_num_seqs`` requests of ``prompt`` + ``output`` tokens to
+    the end, and for all their prompts in one step; none added yet."""
+    max_len = prompt + output + BLOCK
+    return make_scheduler(model_dir, num_blocks=max_num_seqs * (max_len // BLOCK + 2), pp=pp,
+                          max_num_seqs=max_num_seqs, settings=settings,
+                          max_model_len=max_len, max_num_batched_tokens=8192)
+
+
 def _sampled(scheduler, output) -> ModelRunnerOutput:
     """The last stage's output: a token for each request whose tokens are all computed."""
     ids = list(output.num_scheduled_tokens)
@@ -146,12 +144,6 @@ class PassResult:
     req_per_s: float
     ttft_ms: list[float] = field(default_factory=list)
     tpot_ms: list[float] = field(default_factory=list)
-
-    def summary(self) -> dict[str, float]:
-        return {"req_per_s": round(self.req_per_s, 2),
-                "ttft_p50_ms": round(float(np.percentile(self.ttft_ms, 50)), 1),
-                "ttft_p99_ms": round(float(np.percentile(self.ttft_ms, 99)), 1),
-                "tpot_p50_ms": round(float(np.percentile(self.tpot_ms, 50)), 2)}
 
 
 def arrival_times(size: int, rate_per_s: float | None, start_ms: float,
@@ -227,64 +219,18 @@ def _note_first_tokens(scheduler, output, clock: PipelineClock,
             first_token[rid] = clock.token_ready[rid]
 
 
-def simulate(model_dir: str, cadence: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One cadence over the warm-up and the timed passes, on a fresh scheduler."""
-    clock = PipelineClock(args.pp, **recorded_profile(args.stage_costs, args.shape, args.context))
+def simulate(model_dir: str, cadence: str, profile: dict, *, pp: int, concurrency: int,
+             pass_requests: int, passes: int, input_len: int, output_len: int,
+             request_rate: float | None = None) -> dict[str, Any]:
+    """One cadence on a fresh scheduler timed with ``profile``: a warm-up pass of
+    ``concurrency`` requests, then ``passes`` timed passes of ``pass_requests``."""
+    clock = PipelineClock(pp, **profile)
     with cadence_on_clock(cadence, clock) as settings:
-        scheduler = empty_scheduler(model_dir, args.concurrency, args.input_len,
-                                    args.output_len, args.pp, settings=settings)
-        warmup, *passes = serve_passes(
-            scheduler, clock, [args.concurrency] + [args.pass_requests] * args.passes,
-            args.concurrency, args.input_len, args.output_len, args.request_rate)
+        scheduler = empty_scheduler(model_dir, concurrency, input_len, output_len, pp,
+                                    settings=settings)
+        _, *timed = serve_passes(scheduler, clock, [concurrency] + [pass_requests] * passes,
+                                 concurrency, input_len, output_len, request_rate)
     chooser = getattr(scheduler, "chooser", None)
-    return {"cadence": cadence, "warmup_req_per_s": round(warmup.req_per_s, 2),
-            "pass_req_per_s": [round(p.req_per_s, 2) for p in passes],
-            "passes": [p.summary() for p in passes],
+    return {"cadence": cadence, "pass_req_per_s": [p.req_per_s for p in timed],
             "trials": dict(chooser.trials) if chooser else None,
-            "trial_steps": dict(chooser.trial_steps) if chooser else None,
             "switches": [(step, str(c)) for step, c, *_ in chooser.switches] if chooser else None}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from vllm_pp_cudagraph.commands.bench.dummy_model import write_model_dir
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="qwen3-32b")
-    parser.add_argument("--stage-costs", type=Path, default=STAGE_COSTS,
-                        help="a stage_cost.json (benchmarks/tools/stage_cost.py)")
-    parser.add_argument("--context", type=int, default=64, choices=(64, 1024),
-                        help="the recorded context whose stage costs are used")
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=1024)
-    parser.add_argument("--pass-requests", type=int, default=2048)
-    parser.add_argument("--passes", type=int, default=2)
-    parser.add_argument("--input-len", type=int, default=64)
-    parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--request-rate", type=float, default=None,
-                        help="Poisson arrivals at this many requests per second, the "
-                        "concurrency the most in flight (default: a closed loop)")
-    parser.add_argument("--cadences", default=",".join(CADENCES))
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(write_model_dir(Path(tmp) / "model", tokenizer=False))
-        rows = [simulate(model_dir, c, args) for c in args.cadences.split(",")]
-    for row in rows:
-        print(json.dumps(row), flush=True)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "pipeline_sim.json").write_text(json.dumps(
-            {"args": {k: _recorded(v) for k, v in vars(args).items() if k != "out"},
-             "runs": rows}, indent=1))
-    return 0
-
-
-def _recorded(value: object) -> str:
-    """An argument as the results record it: a path inside the repository relative to it."""
-    if isinstance(value, Path) and value.resolve().is_relative_to(REPOSITORY):
-        return str(value.resolve().relative_to(REPOSITORY))
-    return str(value)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
