@@ -149,13 +149,42 @@ def _patch_scheduler_class(settings: PPCudaGraphSettings) -> Undo:
     return _wrap_attr(config_cls, "__post_init__", wrap_config_post_init)
 
 
+#: vLLM's frames that load the plugins in a worker and in an engine core: (function, class).
+_WORKER_ENTRY = ("init_worker", ("vllm.v1.worker.worker_base", "WorkerWrapperBase"))
+_ENGINE_CORE_ENTRY = ("__init__", ("vllm.v1.engine.core", "EngineCore"))
+
+
+def processes_here(frame=None) -> frozenset[Process]:
+    """Which of vLLM's processes loads the plugin, from the vLLM frame up the caller's stack:
+    a worker's ``init_worker``, the engine core's constructor, else the API server."""
+    frame = frame or sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        classes = {(c.__module__, c.__name__) for c in type(owner).__mro__}
+        for (function, cls), process in ((_WORKER_ENTRY, Process.WORKER),
+                                         (_ENGINE_CORE_ENTRY, Process.ENGINE_CORE)):
+            if frame.f_code.co_name == function and cls in classes:
+                return frozenset({process})
+        frame = frame.f_back
+    return frozenset({Process.API_SERVER})
+
+
+def enter_process(processes: frozenset[Process], settings: PPCudaGraphSettings) -> None:
+    """Apply the patches of ``processes`` in this process (once each), and say so."""
+    if applied := apply_for(processes, settings):
+        from vllm.logger import init_logger
+
+        init_logger("vllm.pp_cudagraph").info(
+            "vllm-pp-cudagraph active in the %s (process %d): patched %s",
+            " and ".join(sorted(p.value for p in applied_for())), os.getpid(),
+            ", ".join(applied))
+
+
 def _entering_processes(original: Callable) -> Callable:
     @functools.wraps(original)
     def load_general_plugins(*args, **kwargs):
         result = original(*args, **kwargs)
-        from vllm_pp_cudagraph import plugin
-
-        plugin.enter_process(plugin.processes_here())
+        enter_process(processes_here(), PPCudaGraphSettings.current())
         return result
 
     return load_general_plugins

@@ -6,7 +6,6 @@ patches of its kind. Inert unless ``VLLM_PLUGINS`` names it; imports vLLM intern
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 
@@ -75,38 +74,6 @@ def report_without_traceback(*errors: type[BaseException]) -> None:
     sys.excepthook = hook
 
 
-#: vLLM's frames that load the plugins in a worker and in an engine core: (function, class).
-_WORKER_ENTRY = ("init_worker", ("vllm.v1.worker.worker_base", "WorkerWrapperBase"))
-_ENGINE_CORE_ENTRY = ("__init__", ("vllm.v1.engine.core", "EngineCore"))
-
-
-def processes_here(frame=None) -> frozenset:
-    """Which of vLLM's processes loads the plugin, from the vLLM frame up the caller's stack:
-    a worker's ``init_worker``, the engine core's constructor, else the API server."""
-    from vllm_pp_cudagraph.patches import Process
-
-    frame = frame or sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        classes = {(c.__module__, c.__name__) for c in type(owner).__mro__}
-        for (function, cls), process in ((_WORKER_ENTRY, Process.WORKER),
-                                         (_ENGINE_CORE_ENTRY, Process.ENGINE_CORE)):
-            if frame.f_code.co_name == function and cls in classes:
-                return frozenset({process})
-        frame = frame.f_back
-    return frozenset({Process.API_SERVER})
-
-
-def enter_process(processes: frozenset) -> None:
-    """Apply the patches of ``processes`` in this process (once each)."""
-    from vllm_pp_cudagraph import patches
-
-    if applied := patches.apply_for(processes, PPCudaGraphSettings.current()):
-        _logger().info("vllm-pp-cudagraph active in the %s (process %d): patched %s",
-                       " and ".join(sorted(p.value for p in patches.applied_for())),
-                       os.getpid(), ", ".join(applied))
-
-
 def register() -> None:
     """Entry point vLLM calls; re-entrant and inert unless enabled."""
     global _inactive_logged
@@ -124,4 +91,6 @@ def register() -> None:
     check_runner_choice()
     # Before the engine's processes start, so they inherit it (plans, heartbeats, metrics).
     ensure_metrics_dir()
-    enter_process(processes_here())
+    from vllm_pp_cudagraph import patches
+
+    patches.enter_process(patches.processes_here(), settings)

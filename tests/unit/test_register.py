@@ -15,14 +15,14 @@ from vllm_pp_cudagraph.shared.settings import PluginConfigError
 from vllm_pp_cudagraph.worker.model_runner import PPCudaGraphModelRunner
 
 STOCK_RUNNER = mr.GPUModelRunner
-processes_here = plugin.processes_here  # the real one; tests below stand in for it
+processes_here = patches.processes_here  # the real one; tests below stand in for it
 
 
 @pytest.fixture(autouse=True)
 def every_process(monkeypatch):
     """The test process stands for each kind of vLLM process at once (the tests of the
     processes' own patches below set it apart)."""
-    monkeypatch.setattr(plugin, "processes_here", lambda frame=None: patches.EVERY_PROCESS)
+    monkeypatch.setattr(patches, "processes_here", lambda frame=None: patches.EVERY_PROCESS)
 
 
 @pytest.fixture(autouse=True)
