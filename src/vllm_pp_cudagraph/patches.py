@@ -159,11 +159,11 @@ def processes_here(frame=None) -> frozenset[Process]:
     a worker's ``init_worker``, the engine core's constructor, else the API server."""
     frame = frame or sys._getframe(1)
     while frame is not None:
-        owner = frame.f_locals.get("self")
-        classes = {(c.__module__, c.__name__) for c in type(owner).__mro__}
-        for (function, cls), process in ((_WORKER_ENTRY, Process.WORKER),
-                                         (_ENGINE_CORE_ENTRY, Process.ENGINE_CORE)):
-            if frame.f_code.co_name == function and cls in classes:
+        for (function, (module, name)), process in ((_WORKER_ENTRY, Process.WORKER),
+                                                    (_ENGINE_CORE_ENTRY, Process.ENGINE_CORE)):
+            if frame.f_code.co_name == function and any(
+                    c.__module__ == module and c.__name__ == name
+                    for c in type(frame.f_locals.get("self")).__mro__):
                 return frozenset({process})
         frame = frame.f_back
     return frozenset({Process.API_SERVER})
