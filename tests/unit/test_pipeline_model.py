@@ -220,3 +220,58 @@ def test_a_served_small_models_step_is_the_engines_serving_host_time(cadence, me
     assert served.tpot_s > 1.4 * offline.tpot_s
     low, high = measured_ms
     assert 0.95 * low <= served.tpot_s * 1e3 <= 1.05 * high
+
+
+def _h200_table(shape, batches):
+    """A table of ``shape`` as if measured on an H200: 1 ms per layer at every batch."""
+    rows = [{"batch": b, "layer_ms": 1.0, "embedding_ms": 0.01, "lm_head_ms": 0.5}
+            for b in batches]
+    return {"signature": shape.signature(), "batches": rows,
+            "measured": {"device": "NVIDIA H200"}}
+
+
+def test_an_h200_table_priced_for_an_h100_scales_memory_bound_parts_by_bandwidth():
+    """At one token a step a 32B layer reads its weights: on an H100 (3.35 TB/s against the
+    H200's 4.8) it costs up to 1.43x, less only by the fixed launch costs."""
+    from pathlib import Path
+
+    from vllm_pp_cudagraph.commands.planning.gpus import GPUS, rates
+    from vllm_pp_cudagraph.shared.stage_costs import table_costs
+
+    costs = table_costs(SHAPE_32B, Path("t.json"), _h200_table(SHAPE_32B, [1]), 1,
+                        rates(GPUS["h100"]))
+    assert 1.3 < costs.layer_s / 1e-3 <= 4.8 / 3.35 + 1e-9
+    assert "measured on H200, converted to H100 SXM" in costs.source
+
+
+def test_an_h200_table_priced_for_an_h100_keeps_compute_bound_parts():
+    """At 8,192 tokens a step a 32B layer computes, and both GPUs have 989 TFLOPS: scaling
+    it by bandwidth would make it 1.43x; it stays what the H200 measured."""
+    from pathlib import Path
+
+    from vllm_pp_cudagraph.commands.planning.gpus import GPUS, rates
+    from vllm_pp_cudagraph.shared.stage_costs import table_costs
+
+    costs = table_costs(SHAPE_32B, Path("t.json"), _h200_table(SHAPE_32B, [8192]), 8192,
+                        rates(GPUS["h100"]))
+    assert costs.layer_s == pytest.approx(1e-3, rel=0.02)
+    same_gpu = table_costs(SHAPE_32B, Path("t.json"), _h200_table(SHAPE_32B, [8192]), 8192,
+                           rates(GPUS["h200"]))
+    assert same_gpu.layer_s == 1e-3 and "(measured)" in same_gpu.source
+
+
+def test_tp_on_nvlink_is_priced_by_vllms_peer_to_peer_all_reduce_not_by_nccls_ring():
+    """vLLM runs a TP=2 all-reduce over NVLink as one peer-to-peer shot (each GPU reads the
+    other's input), not on NCCL: NCCL's measured ring bandwidth does not price it, a copy at
+    the link's measured bandwidth bounds it, and NCCL prices it off NVLink."""
+    slow_nccl = replace(NVLINK, all_reduce_bytes_per_s=NVLINK.all_reduce_bytes_per_s / 100)
+    work = Workload(256, 64, 256, max_num_seqs=256)
+    assert (tensor_parallel(SHAPE_32B, 2, work, slow_nccl).tpot_s
+            == tensor_parallel(SHAPE_32B, 2, work, NVLINK).tpot_s)
+    message = 2 << 20  # 2 MiB: 205 requests' hidden states of the 32B shape
+    assert NVLINK.tp_all_reduce_s(message, 2) <= 10e-6 + message / 367e9
+    assert NVLINK.tp_all_reduce_s(message, 2) < NVLINK.all_reduce_s(message, 2)
+    host = LINKS["host"]
+    assert host.tp_all_reduce_s(message, 2) == host.all_reduce_s(message, 2)
+    # Past the largest message vLLM's own all-reduce takes, NCCL's ring again.
+    assert NVLINK.tp_all_reduce_s(128 << 20, 2) == NVLINK.all_reduce_s(128 << 20, 2)

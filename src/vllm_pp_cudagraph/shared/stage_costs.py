@@ -19,8 +19,9 @@ class Rates:
     bytes_per_s: float
     flops_per_s: float
     name: str = "H200"
-    #: Seconds on a table's GPU to seconds on this one, by the table's ``measured.device``.
-    table_scale: Callable[[str], tuple[float, str] | None] | None = None
+    #: The rates of the GPU a table was measured on (its ``measured.device``), where that GPU
+    #: is known and is not this one: a table's times convert part by part through the model.
+    table_rates: Callable[[str], Rates | None] | None = None
 
 
 #: One H200's effective decode rates, fitted to measured stage costs (only ratios decide).
@@ -244,12 +245,21 @@ def _interpolate(rows: list[dict], batch: int, field: str) -> float:
 
 def table_costs(shape: ModelShape, path: Path, table: dict, batch: int,
                 rates: Rates = FITTED) -> StageCosts:
-    """A measured ``table``'s costs at ``batch``, scaled to ``rates``' GPU where they can."""
+    """A measured ``table``'s costs at ``batch``, converted to ``rates``' GPU where the table's
+    is another: each part by the model's ratio between the two GPUs at this batch, so what
+    reads memory scales by bandwidth, what computes by FLOPs and fixed launch costs not at all."""
     ms = {field: _interpolate(table["batches"], batch, field) / 1e3 for field in TABLE_FIELDS}
     device = table.get("measured", {}).get("device", "")
-    scale, how = (rates.table_scale and rates.table_scale(device)) or (1.0, "")
-    return StageCosts(batch=batch, layer_s=scale * ms["layer_ms"],
-                      embedding_s=scale * ms["embedding_ms"], head_s=scale * ms["lm_head_ms"],
+    measured_on = rates.table_rates(device) if rates.table_rates else None
+    scale, how = {"layer_s": 1.0, "embedding_s": 1.0, "head_s": 1.0}, ""
+    if measured_on is not None:
+        here, there = modelled_costs(shape, batch, rates), modelled_costs(shape, batch, measured_on)
+        scale = {part: getattr(here, part) / getattr(there, part) for part in scale}
+        how = (f" on {measured_on.name}, converted to {rates.name}: by bandwidth what reads"
+               " memory, by FLOPs what computes")
+    return StageCosts(batch=batch, layer_s=scale["layer_s"] * ms["layer_ms"],
+                      embedding_s=scale["embedding_s"] * ms["embedding_ms"],
+                      head_s=scale["head_s"] * ms["lm_head_ms"],
                       layer_bytes=shape.layer_bytes, vocab_bytes=shape.vocab_bytes,
                       source=f"the cost table {path.name} (measured{how})")
 

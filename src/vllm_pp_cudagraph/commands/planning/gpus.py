@@ -40,16 +40,12 @@ def by_device_name(device: str) -> Gpu | None:
 
 
 def rates(gpu: Gpu) -> Rates:
-    """The model's rates on ``gpu``: the fitted H200 rates times the datasheets' ratios;
-    a cost table measured on another known GPU converts by their bandwidths (decode steps
-    mostly read memory)."""
-    def table_scale(device: str) -> tuple[float, str] | None:
+    """The model's rates on ``gpu``: the fitted H200 rates times the datasheets' ratios.
+    A cost table measured on another known GPU converts through the rates of that GPU."""
+    def table_rates(device: str) -> Rates | None:
         measured_on = by_device_name(device)
-        if measured_on is None or measured_on == gpu:
-            return None
-        return (measured_on.bytes_per_s / gpu.bytes_per_s,
-                f" on {measured_on.name}, scaled to {gpu.name} by memory bandwidth")
+        return None if measured_on is None or measured_on == gpu else rates(measured_on)
 
     return Rates(FITTED.bytes_per_s * gpu.bytes_per_s / FITTED_ON.bytes_per_s,
                  FITTED.flops_per_s * gpu.bf16_flops / FITTED_ON.bf16_flops,
-                 name=gpu.name, table_scale=table_scale)
+                 name=gpu.name, table_rates=table_rates)

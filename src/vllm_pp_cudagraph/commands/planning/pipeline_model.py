@@ -42,6 +42,17 @@ SERVE_INTAKE_S = {1: 3.7e-3, 4: 1.2e-3}
 STOCK_PP_GPU_FACTOR = 1.31
 
 
+#: The largest message vLLM's own all-reduce over NVLink (its custom or symmetric-memory
+#: one, both peer-to-peer) takes on Hopper, by TP size (vLLM's all_reduce_utils); a larger
+#: one, or one off NVLink, runs NCCL's ring.
+P2P_ALL_REDUCE_MAX_BYTES = {2: 64 << 20, 4: 32 << 20, 6: 1 << 19, 8: 1 << 18}
+#: Below this, or over two GPUs, that all-reduce is one shot: each GPU reads every peer's
+#: whole input; above it, a reduce-scatter and an all-gather.
+P2P_ONE_SHOT_MAX_BYTES = 1 << 19
+#: One such all-reduce's latency inside a CUDA graph: a kernel with a barrier over the peers.
+P2P_ALL_REDUCE_LATENCY_S = 6e-6
+
+
 @dataclass(frozen=True)
 class Link:
     """A link between GPUs: what one transfer or all-reduce of ``n`` bytes costs."""
@@ -49,15 +60,26 @@ class Link:
     bytes_per_s: float
     latency_s: float
     all_reduce_bytes_per_s: float
-    """The ring all-reduce's bus bandwidth."""
+    """NCCL's ring all-reduce's bus bandwidth."""
     all_reduce_latency_s: float
+    peer_to_peer: bool = False
+    """Whether vLLM's TP all-reduces run peer to peer over it (NVLink) rather than on NCCL."""
 
     def transfer_s(self, n: float) -> float:
         return self.latency_s + n / self.bytes_per_s
 
     def all_reduce_s(self, n: float, ranks: int) -> float:
-        """A ring all-reduce of ``n`` bytes over ``ranks`` GPUs."""
+        """NCCL's ring all-reduce of ``n`` bytes over ``ranks`` GPUs."""
         return self.all_reduce_latency_s + 2 * (ranks - 1) / ranks * n / self.all_reduce_bytes_per_s
+
+    def tp_all_reduce_s(self, n: float, ranks: int) -> float:
+        """A TP all-reduce of ``n`` bytes as vLLM runs it: peer to peer where it can, each GPU
+        reading its peers' inputs at the link's copy bandwidth, else NCCL's ring."""
+        if not self.peer_to_peer or n > P2P_ALL_REDUCE_MAX_BYTES.get(ranks, 0):
+            return self.all_reduce_s(n, ranks)
+        one_shot = ranks == 2 or n <= P2P_ONE_SHOT_MAX_BYTES
+        read = (ranks - 1) * n if one_shot else 2 * (ranks - 1) / ranks * n
+        return P2P_ALL_REDUCE_LATENCY_S + read / self.bytes_per_s
 
 
 #: An all-reduce's latency inside a CUDA graph, where TP's run (documented values): the
@@ -72,7 +94,8 @@ def _measured_links() -> dict[str, Link]:
     return {name: Link(bytes_per_s=ops["send_recv"]["bytes_per_s"],
                        latency_s=ops["send_recv"]["latency_s"],
                        all_reduce_bytes_per_s=ops["all_reduce"]["bytes_per_s"],
-                       all_reduce_latency_s=IN_GRAPH_ALL_REDUCE_LATENCY_S[name])
+                       all_reduce_latency_s=IN_GRAPH_ALL_REDUCE_LATENCY_S[name],
+                       peer_to_peer=name == "nvlink")
             for name, ops in table.items()}
 
 
@@ -218,7 +241,7 @@ def _stage_times(costs_at: CostsAt | None, shape: ModelShape, split: tuple[int, 
     kv_shape, per_layer = shape, 0.0
     if tp > 1:
         kv_shape = tp_shard(shape, tp)
-        per_layer = 2 * link.all_reduce_s(
+        per_layer = 2 * link.tp_all_reduce_s(
             (batch + prefill) * shape.hidden_size * shape.dtype_bytes, tp)
     pp = len(split)
     return [costs.stage_s(i, pp, n) + n * (kv_read_s(kv_shape, batch, context, rates) + per_layer)
@@ -293,7 +316,7 @@ def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
     costs = _step_costs(costs_at, shape, running, prefill, tp, rates)
     gpu = (costs.stage_s(0, 1, shape.num_layers)
            + shape.num_layers * kv_read_s(shard, running, work.mean_context, rates)
-           + 2 * shape.num_layers * link.all_reduce_s(
+           + 2 * shape.num_layers * link.tp_all_reduce_s(
                (running + prefill) * shape.hidden_size * shape.dtype_bytes, tp))
     host = host_s(running, work)
     tpot = max(gpu, host)

@@ -220,11 +220,13 @@ def _predicted_close(choices: list[Prediction], workload: str) -> tuple[str, lis
     best = choices[0]
     contenders = [p for p in choices if _within_error(p, best, workload)]
     gap = contenders[0].req_per_s / max(contenders[-1].req_per_s, 1e-9) - 1
+    lead = best.req_per_s / max(contenders[1].req_per_s, 1e-9) - 1 if len(contenders) > 1 else 0
     error = max(_error(p, workload) for p in contenders)
     names = [p.layout for p in contenders]
     return (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
             f"each other, inside the {error:.0%} the model was off at the median on "
-            f"measured {workload} cells of these layouts", contenders)
+            f"measured {workload} cells of these layouts; the model favours {names[0]}, by "
+            f"{lead:.0%} over {names[1] if len(names) > 1 else names[0]}", contenders)
 
 
 def _within_error(prediction: Prediction, reference: Prediction, workload: str) -> bool:
