@@ -1,73 +1,43 @@
-"""How the serving soak judges a server's outputs against stock's.
+"""How the serving soak judges a server's outputs: against stock's own run-to-run
+behaviour, not a fixed number.
 
-Two rules, each comparing the plugin with stock's own run-to-run behaviour
-rather than with a fixed number:
-
-* Shares (:func:`soak_verdict`): vLLM is not batch-invariant, so under arrival
-  timing any two runs differ in some requests. The plugin's share of requests
-  differing from stock may be no higher than stock's share between its own runs.
-* Token check (:func:`score_greedy`, :func:`greedy_verdict`): a further stock
-  server scores every completed output token by token; the plugin's tokens may
-  fall at most ``slack`` times as far below the model's top choice as stock's do.
+* Shares (:func:`soak_verdict`): vLLM is not batch-invariant, so any two runs differ in
+  some requests; the plugin may differ from stock in no larger a share than stock's runs
+  differ between themselves.
+* Token check (:func:`score_greedy`, :func:`greedy_verdict`): a further stock server
+  scores every completed output token by token; the plugin's tokens may fall at most
+  ``slack`` times as far below the model's top choice as stock's do.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import statistics
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResult, completed_texts
+from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, completed_texts
 
 from benchmarks.tools.sampling_mix import schema_problems, scored, structured
 
 
-def _completed_pairs(a: LoadReport, b: LoadReport) -> list[tuple[RequestResult, RequestResult]]:
-    by_index = {r.index: r for r in b.results if r.completed}
-    return [(r, by_index[r.index]) for r in a.results if r.completed and r.index in by_index]
-
-
-def share_differing(a: Sequence[str | None], b: Sequence[str | None]) -> float:
-    """Share of requests completed in both runs whose outputs differ; NaN if none was.
-
-    ``a`` and ``b`` hold one entry per request index (texts or their digests),
-    None where the request did not complete.
-    """
-    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+def differing_share(a: LoadReport, b: LoadReport) -> float:
+    """Share of requests completed in both runs whose texts differ; NaN if none was."""
+    both = [(x, y) for x, y in zip(completed_texts(a), completed_texts(b))
+            if x is not None and y is not None]
     return sum(x != y for x, y in both) / len(both) if both else float("nan")
 
 
-def differing_share(a: LoadReport, b: LoadReport) -> float:
-    """Share of requests completed in both runs whose texts differ."""
-    return share_differing(completed_texts(a), completed_texts(b))
-
-
-def text_digests(report: LoadReport) -> list[str | None]:
-    """Per request index, a short digest of its text; None where it did not complete.
-
-    Kept with a soak's results, so that any two runs, of one soak or of
-    several, can be compared request by request afterwards.
-    """
-    return [None if text is None else hashlib.sha1(text.encode()).hexdigest()[:12]
-            for text in completed_texts(report)]
-
-
 def divergence_word(a: LoadReport, b: LoadReport) -> float:
-    """Median position (in words) of the first difference, over requests that differ.
-
-    Numerical noise between runs flips a token late in a greedy sequence; a
-    request handled wrongly (a lost, repeated or foreign token) differs from
-    its first words. Comparing this median with stock's own tells the two apart
-    where the share of differing requests cannot. NaN when no request differs.
-    """
+    """Median position (in words) of the first difference over requests that differ; NaN
+    if none does. Noise flips a token late, a mishandled request differs from its start."""
+    in_b = {r.index: r for r in b.results if r.completed}
     positions = []
-    for x, y in _completed_pairs(a, b):
-        if x.text == y.text:
+    for x in a.results:
+        y = in_b.get(x.index)
+        if not x.completed or y is None or x.text == y.text:
             continue
         wx, wy = (x.text or "").split(), (y.text or "").split()
         positions.append(next((i for i, (u, v) in enumerate(zip(wx, wy)) if u != v),
@@ -76,10 +46,7 @@ def divergence_word(a: LoadReport, b: LoadReport) -> float:
 
 
 def serving_problems(server: dict) -> list[str]:
-    """What went wrong serving the load: errors, failed health checks, unclean shutdown.
-
-    ``server`` is one server's report (``load`` summary, ``shutdown_clean``).
-    """
+    """What went wrong serving the load: errors, failed health checks, unclean shutdown."""
     summary = server.get("load")
     if summary is None:
         return [server.get("error") or "no load report"]
@@ -94,60 +61,33 @@ def serving_problems(server: dict) -> list[str]:
 
 
 def structured_problems(report: LoadReport) -> list[str]:
-    """Completed structured-output requests whose text is not JSON matching the schema.
-
-    Cancelled requests stopped mid-document and are left out; a document cut off by
-    ``max_tokens`` counts, as a user would see it.
-    """
+    """Completed structured-output requests whose text is not JSON matching the schema (a
+    document cut off by ``max_tokens`` counts; cancelled requests do not)."""
     return [f"request {r.index} ({r.sampling}): {problem}"
             for r in report.results if structured(r.sampling) and r.completed
             for problem in schema_problems(r.text or "")]
 
 
 def soak_verdict(plugin: dict, plugin_vs_stock: float, stock_vs_stock: float,
-                 batch_invariant: bool = False, shares_judge: bool = True) -> list[str]:
-    """Why a soak of the plugin failed; an empty list means it passed.
-
-    ``plugin`` is the plugin server's report (``load`` summary, ``shutdown_clean``).
-    The plugin may differ from stock in no larger a share of requests than stock
-    differs from itself between two runs (each share a mean where there are
-    several runs to pair). Under vLLM's batch-invariant mode that share should
-    be zero, and then the plugin must match stock exactly. Under PP (0.26,
-    TRITON_ATTN) two stock runs still differ in that mode; the plugin is then
-    held to stock's own share, as without it.
-
-    The share rule assumes the plugin's batches form as stock's do. A plugin
-    that decodes on another cadence forms other batches by design, and outside
-    batch invariance each near-tie a batch change can flip then flips against
-    stock more often than between two stock runs. ``shares_judge=False`` says
-    so: the shares are still reported, the token check judges the tokens.
-    """
+                 shares_judge: bool = True) -> list[str]:
+    """Why the plugin's server failed the soak ([] if it passed): serving problems, and a
+    larger share differing from stock than stock's own. The share rule assumes batches
+    form as stock's do; ``shares_judge=False`` (another cadence) leaves it out."""
     problems = serving_problems(plugin)
     if plugin.get("load") is None:
         return problems
     if math.isnan(plugin_vs_stock) or math.isnan(stock_vs_stock):
         problems.append("no request completed in both runs of a comparison")
-    elif batch_invariant and stock_vs_stock == 0 and plugin_vs_stock > 0:
-        problems.append(
-            f"{plugin_vs_stock:.1%} of requests differ from stock under batch invariance, "
-            "where two stock runs agree on every request"
-        )
-    elif plugin_vs_stock > stock_vs_stock and (shares_judge or batch_invariant):
-        problems.append(
-            f"{plugin_vs_stock:.1%} of requests differ from stock, more than stock's own "
-            f"{stock_vs_stock:.1%} between its own runs"
-        )
+    elif shares_judge and plugin_vs_stock > stock_vs_stock:
+        problems.append(f"{plugin_vs_stock:.1%} of requests differ from stock, more than "
+                        f"stock's own {stock_vs_stock:.1%} between its own runs")
     return problems
 
 
 def greedy_margins(prompt_logprobs: list, token_ids: list[int], start: int) -> list[float]:
-    """How far each token from ``start`` on fell below the top choice, in nats.
-
-    ``prompt_logprobs`` is vLLM's completion field for ``token_ids`` scored as a
-    prompt with ``prompt_logprobs=1``: per position a mapping from token id (a
-    string in JSON) to ``{"logprob": ...}``, holding that position's token and
-    the most likely one. 0 means the token was the model's first choice.
-    """
+    """How far each token from ``start`` on fell below the top choice, in nats (0: the
+    model's first choice), from vLLM's ``prompt_logprobs`` of ``token_ids`` scored as a
+    prompt with ``prompt_logprobs=1`` (per position: token id string -> ``{"logprob"}``)."""
     margins = []
     for position in range(start, len(token_ids)):
         entry = prompt_logprobs[position]
@@ -173,10 +113,8 @@ class GreedyCheck:
 
 
 def completed_sequences(report: LoadReport) -> dict[int, tuple[list[int], int]]:
-    """Request index -> (prompt + output token ids, where the output starts).
-
-    Only requests whose sampling follows the model's top choice (:func:`scored`).
-    """
+    """Request index -> (prompt + output token ids, where the output starts), for the
+    requests whose sampling follows the model's top choice (:func:`scored`)."""
     return {
         r.index: (r.prompt_token_ids + r.token_ids, len(r.prompt_token_ids))
         for r in report.results
@@ -186,12 +124,9 @@ def completed_sequences(report: LoadReport) -> dict[int, tuple[list[int], int]]:
 
 async def score_greedy(base_url: str, model: str, sequences: dict[int, tuple[list[int], int]],
                        concurrency: int = 64, worst: int = 10) -> GreedyCheck:
-    """Feed each sequence back as a prompt and measure its output tokens' margins.
-
-    Under numerical noise a greedy output only ever takes a token whose
-    log-probability is within rounding of the top one; a lost, repeated or
-    foreign token stands out by the logit spread of the model.
-    """
+    """Feed each sequence back as a prompt and measure its output tokens' margins: noise
+    only ever takes a token within rounding of the top one; a lost, repeated or foreign
+    token stands out by the model's logit spread."""
     gate = asyncio.Semaphore(concurrency)
     errors: list[str] = []
     found: list[tuple[int, int, float]] = []
@@ -224,12 +159,9 @@ async def score_greedy(base_url: str, model: str, sequences: dict[int, tuple[lis
 
 
 def greedy_verdict(plugin: GreedyCheck, stock: GreedyCheck, slack: float = 2.0) -> list[str]:
-    """Why the plugin's outputs fail the token check against stock's own; [] if they pass.
-
-    Both servers' outputs are scored by a third (stock) server. Stock's own
-    outputs show how far below the top choice rounding alone puts a served
-    token; the plugin may go ``slack`` times as far, no further.
-    """
+    """Why the plugin's outputs fail the token check ([] if they pass): stock's own outputs
+    show how far below the top choice rounding puts a token; the plugin may go ``slack``
+    times as far."""
     problems = [f"{name}: {len(c.errors)}+ scoring errors, first: {c.errors[0]}"
                 for name, c in (("plugin", plugin), ("stock", stock)) if c.errors]
     if not plugin.positions or not stock.positions:

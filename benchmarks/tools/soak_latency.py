@@ -1,11 +1,6 @@
 """Where a soak's latency tail comes from: TPOT by phase of the load, and the moments
-every stream stalled at once.
-
-A stall that most streams share at one moment is the server's, not a request's. vLLM's
-JIT monitor with ``--jit-monitor-verbose`` (where the release has it) logs every kernel
-compiled after warm-up, on every rank, with its time, so a stall can be laid beside the
-compiles around it (``serving_jit_events``).
-"""
+most streams stalled at once (the server's stalls, to lay beside the kernels vLLM's JIT
+monitor logged compiling then: ``serving_jit_events``)."""
 
 from __future__ import annotations
 
@@ -22,9 +17,8 @@ STALL_SHARE = 0.5
 
 
 def tpot_by_phase(report: LoadReport, settle_s: float = SETTLE_S) -> dict[str, dict]:
-    """TPOT (ms) of the streamed requests that finished, split by whether their first
-    token came in the load's first ``settle_s`` (from the first token of all) or later:
-    how many, p50 and p99 of each (a tail from the start shows apart from a steady one)."""
+    """TPOT (ms) of the finished streamed requests whose first token came in the load's
+    first ``settle_s``, and of those after: how many, p50 and p99 of each."""
     timed = [(r.chunk_times[0], r.tpot_s * 1000) for r in report.results
              if r.stream and r.completed and r.tpot_s is not None]
     start = min((first for first, _ in timed), default=0.0)

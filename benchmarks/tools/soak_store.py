@@ -1,14 +1,6 @@
-"""Each soak server's report on disk, so that a soak cut short can resume.
-
-A soak of a big model starts several servers one after another; where a run
-has less time than they take, the servers that finished are not run
-again. Every server's report, with everything it served, goes to
-``OUT/servers/MODE-RUN.json`` as it ends, beside the soak's settings that shaped
-it. ``--resume`` reuses the reports found there and serves only the rest; one
-saved under other settings stops the soak, naming the setting, rather than
-being compared with servers that saw another load. Delete a report to serve
-that server again.
-"""
+"""Each soak server's report on disk (``OUT/servers/MODE-RUN.json``, with the settings that
+shaped it), so that a soak cut short resumes: ``--resume`` serves only the servers without
+one, and stops, naming the setting, at one saved under other settings."""
 
 from __future__ import annotations
 
@@ -20,11 +12,10 @@ from typing import Any
 
 from vllm_pp_cudagraph.commands.bench.serve_load import LoadReport, RequestResult
 
-#: The soak settings that shape a server or its load: a report saved under other
-#: values of any of them is not comparable.
+#: The soak settings that shape a server or its load: reports saved under others differ.
 RUN_SETTINGS = ("pp", "shape", "weights", "requests", "concurrency", "max_tokens", "max_num_seqs",
-                "sampling_mix", "structured", "preemption", "lora", "ray", "batch_invariant",
-                "plugin_runner", "same_stock_mode", "gpu_memory_utilization", "kv_cache_gib")
+                "sampling_mix", "structured", "preemption", "lora", "plugin_runner",
+                "gpu_memory_utilization")
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -49,9 +40,7 @@ def save_report(out: Path, mode: str, tag: str, report: dict, settings: dict[str
 
 
 def load_report(out: Path, mode: str, tag: str, settings: dict[str, Any]) -> dict | None:
-    """The saved report of one server, or None where there is none.
-
-    Raises SystemExit where it was saved under other soak settings."""
+    """The saved report of one server, or None; SystemExit where other settings made it."""
     path = report_path(out, mode, tag)
     if not path.exists():
         return None

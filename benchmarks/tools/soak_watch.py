@@ -1,17 +1,7 @@
-"""What a soak watches on one server while its load runs: GPU memory at the start and the
-end, each pipeline stage's snapshots over time, and the requests left once the load ends.
-
-:class:`ServerWatch` samples every ``interval_s`` seconds from the moment the server is
-healthy until its load is done; :func:`watch_problems` judges a finished watch:
-
-- GPU memory may not grow by more than :data:`MEMORY_GROWTH_MIB` on any GPU from the
-  load's first :data:`SETTLE_S` to its end (vLLM allocates the KV cache and the graphs
-  before serving, and workspaces on its first requests); what the plugin's server took in
-  that first stretch may not exceed what stock's took on the same stream by more than
-  :data:`MEMORY_GROWTH_MIB` (:func:`first_traffic_problems`);
-- a stage whose snapshot stops advancing for :data:`SILENT_S` while the load runs went
-  silent (its worker hangs or died); every stage of the pipeline must have written one;
-- no request may be running or waiting once the load has ended.
+"""What a soak watches on one server while its load runs (GPU memory, each pipeline stage's
+snapshots, the requests left once the load ends), and what it judges (:func:`watch_problems`):
+GPU memory flat after the load's first :data:`SETTLE_S`, and the plugin's first requests
+taking no more than stock's; no stage silent for :data:`SILENT_S`; no request left.
 """
 
 from __future__ import annotations
@@ -29,18 +19,16 @@ from vllm_pp_cudagraph.shared.snapshots import read_stage_snapshots
 #: How much a GPU's used memory may grow from the load's first minute to its end.
 MEMORY_GROWTH_MIB = 512
 #: How long into the load memory is taken as settled: vLLM (stock alike) allocates
-#: sampler, grammar and adapter workspaces on its first requests.
+#: workspaces on its first requests.
 SETTLE_S = 60.0
 #: How long a stage's snapshot may stand still under load (a stage writes every 5 s).
 SILENT_S = 30.0
-#: How long requests may take to leave the server once the load has ended (aborted
-#: streams are cleared as the engine notices them).
+#: How long requests may take to leave the server once the load has ended.
 DRAIN_S = 10.0
 
 
 def gpu_memory_mib(gpus: str) -> dict[str, int] | None:
-    """Used memory (MiB) of each GPU in ``gpus`` (``CUDA_VISIBLE_DEVICES`` form); None
-    where ``nvidia-smi`` cannot say."""
+    """Used memory (MiB) of each GPU in ``gpus``; None where ``nvidia-smi`` cannot say."""
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
@@ -57,14 +45,6 @@ def requests_in_server(metrics_text: str) -> int | None:
     values = [float(line.rsplit(None, 1)[1]) for line in metrics_text.splitlines()
               if (line.split("{", 1)[0].split() or [""])[0] in names]
     return int(sum(values)) if values else None
-
-
-def _fetch_metrics(base_url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as resp:
-            return resp.read().decode(errors="replace")
-    except OSError:
-        return None
 
 
 @dataclass
@@ -102,11 +82,13 @@ class ServerWatch:
         if self._thread is not None:
             self._thread.join()
         under_load = list(self.samples)
-        left = None
         deadline = time.monotonic() + DRAIN_S
         while True:
-            text = _fetch_metrics(base_url)
-            left = requests_in_server(text) if text else None
+            try:
+                with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as resp:
+                    left = requests_in_server(resp.read().decode(errors="replace"))
+            except OSError:
+                left = None
             if not left or time.monotonic() >= deadline:
                 break
             time.sleep(1.0)
@@ -133,25 +115,18 @@ def _in_order(per_gpu: dict[str, int]) -> list[tuple[str, int]]:
     return sorted(per_gpu.items(), key=lambda item: int(item[0]))
 
 
-def _memory_growth(watch: dict[str, Any]) -> dict[str, int]:
-    return _growth(_settled(watch)["gpu_mib"], watch["samples"][-1]["gpu_mib"])
-
-
-def first_traffic_mib(watch: dict[str, Any]) -> dict[str, int]:
-    """Each GPU's growth from the server's first sample to the settled one."""
-    return _growth(watch["samples"][0]["gpu_mib"], _settled(watch)["gpu_mib"])
-
-
 def first_traffic_problems(plugin: dict[str, Any] | None,
                            stock: dict[str, Any] | None) -> list[str]:
     """Where the plugin's server took more memory on its first requests than stock's on
     the same stream, stage by stage (their GPUs may differ: they pair in order)."""
     if not plugin or not stock:
         return []
-    ours, theirs = first_traffic_mib(plugin), first_traffic_mib(stock)
+    # Each GPU's growth from the server's first sample to the settled one, in GPU order.
+    ours, theirs = [_in_order(_growth(watch["samples"][0]["gpu_mib"], _settled(watch)["gpu_mib"]))
+                    for watch in (plugin, stock)]
     return [f"GPU {gpu}: its first {SETTLE_S:.0f} s of load took {took} MiB, stock's "
             f"{stock_took} MiB (at most {MEMORY_GROWTH_MIB} more)"
-            for (gpu, took), stock_took in zip(_in_order(ours), [v for _, v in _in_order(theirs)])
+            for (gpu, took), (_, stock_took) in zip(ours, theirs)
             if took > stock_took + MEMORY_GROWTH_MIB]
 
 
@@ -178,7 +153,9 @@ def watch_problems(watch: dict[str, Any] | None, plugin: bool,
         return ["no watch of the server while its load ran"]
     problems = [f"GPU {gpu}: memory grew by {grew} MiB after the load's first "
                 f"{SETTLE_S:.0f} s (at most {MEMORY_GROWTH_MIB})"
-                for gpu, grew in _memory_growth(watch).items() if grew > MEMORY_GROWTH_MIB]
+                for gpu, grew in _growth(_settled(watch)["gpu_mib"],
+                                         watch["samples"][-1]["gpu_mib"]).items()
+                if grew > MEMORY_GROWTH_MIB]
     if watch.get("requests_left"):
         problems.append(f"{watch['requests_left']} requests still running or waiting "
                         f"{DRAIN_S:.0f} s after the load ended")
@@ -193,8 +170,7 @@ def watch_problems(watch: dict[str, Any] | None, plugin: bool,
 
 
 def watch_summary(watch: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The figures a soak report keeps: memory at the start, settled and at the end,
-    samples, requests left."""
+    """The figures a soak report keeps of a watch."""
     if not watch:
         return None
     samples = watch["samples"]

@@ -26,7 +26,6 @@ from benchmarks.tools.soak_judge import (
     score_greedy,
     soak_verdict,
     structured_problems,
-    text_digests,
 )
 
 
@@ -68,21 +67,6 @@ def test_a_plugin_on_another_cadence_is_not_held_to_stocks_share_but_still_serve
     assert soak_verdict(served(), 0.74, 0.43, shares_judge=False) == []
     [problem] = soak_verdict(served(errors=1), 0.74, 0.43, shares_judge=False)
     assert "1 request errors" in problem
-    # Under batch invariance batches do not matter, so the share rule still holds.
-    [problem] = soak_verdict(served(), 0.01, 0.0, batch_invariant=True, shares_judge=False)
-    assert "under batch invariance" in problem
-
-
-def test_soak_under_batch_invariance_demands_identical_tokens_where_stock_agrees_with_itself():
-    assert soak_verdict(served(), 0.0, 0.0, batch_invariant=True) == []
-    [problem] = soak_verdict(served(), 0.01, 0.0, batch_invariant=True)
-    assert "under batch invariance" in problem and "two stock runs agree" in problem
-
-
-def test_soak_under_batch_invariance_that_stock_does_not_keep_uses_stocks_own_share():
-    assert soak_verdict(served(), 0.055, 0.062, batch_invariant=True) == []
-    [problem] = soak_verdict(served(), 0.476, 0.303, batch_invariant=True)
-    assert "more than stock's own 30.3%" in problem
 
 
 def test_soak_names_every_serving_failure():
@@ -187,17 +171,6 @@ def test_token_verdict_allows_the_rounding_stock_itself_shows():
     assert "2.500 nats below the top choice" in problem and "(4, 17)" in problem and "0.020" in problem
     [problem] = greedy_verdict(check(0.0), check(0.0, errors=["request 3: HTTP 400: bad"]))
     assert "stock: 1+ scoring errors" in problem and "HTTP 400" in problem
-
-
-def test_request_digests_line_up_by_index_and_skip_unfinished_requests():
-    results = [RequestResult(2, stream=True, text="c d"), RequestResult(0, stream=False, text="a b"),
-               RequestResult(1, stream=True, text="a b", cancelled=True),
-               RequestResult(3, stream=False, error="HTTP 500")]
-    digests = text_digests(LoadReport(results, 1.0, 1, []))
-    assert len(digests) == 4 and digests[1] is None and digests[3] is None
-    assert digests[0] != digests[2] and len(digests[0]) == 12
-    again = text_digests(LoadReport([RequestResult(0, stream=True, text="a b")], 1.0, 1, []))
-    assert again == [digests[0]]
 
 
 @pytest.mark.parametrize("sampling", sorted(SAMPLING_MIX))
