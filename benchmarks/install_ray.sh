@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ray on a GPU machine without package access, for the serving soak's --ray runs and
+# Ray on a GPU machine without package access, for the Ray runs of the serving checks and
 # the GPU test of a stage fault under Ray. Ray's wheel is larger than one transfer, so
 # it travels split in two folders, each carried by its own call:
 #   bash benchmarks/install_ray.sh --prepare .kit/ray [VERSION]   # beforehand, with the

@@ -251,7 +251,7 @@ def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measur
                       "--max-num-seqs", "1024", *H200)
     assert out.count("\nmeasured on ") == 6  # 2x H200 four times, and 2x H100 twice
     assert ("recommended: too close to call (plugin PP=2 and stock PP=2 measured level on "
-            "2x H100; stock TP=2 not measured at this load)") in out
+            "2x H100; stock TP=2 not measured at this load; the model favours ") in out
     assert "recommended: plugin PP=2" not in out
     [command] = bench_commands_in(out)
     assert command[-1] == "plugin:full_and_piecewise,tp:full_and_piecewise"

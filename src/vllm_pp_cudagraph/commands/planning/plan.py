@@ -209,7 +209,10 @@ def recommendation(rows: list[Row], work: Workload, model: str,
                            else _predicted_close(choices, work.kind))
     if len(contenders) < 2:
         return [f"recommended: {predicted}"]
-    return [f"recommended: too close to call ({why}); measure on your GPUs:",
+    first, second = sorted(contenders, key=lambda p: p.req_per_s, reverse=True)[:2]
+    favours = (f"the model favours {first.layout}, by "
+               f"{first.req_per_s / max(second.req_per_s, 1e-9) - 1:.0%} over {second.layout}")
+    return [f"recommended: too close to call ({why}; {favours}); measure on your GPUs:",
             *(f"  {command}" for command in bench_commands(model, work, contenders))]
 
 
@@ -220,13 +223,11 @@ def _predicted_close(choices: list[Prediction], workload: str) -> tuple[str, lis
     best = choices[0]
     contenders = [p for p in choices if _within_error(p, best, workload)]
     gap = contenders[0].req_per_s / max(contenders[-1].req_per_s, 1e-9) - 1
-    lead = best.req_per_s / max(contenders[1].req_per_s, 1e-9) - 1 if len(contenders) > 1 else 0
     error = max(_error(p, workload) for p in contenders)
     names = [p.layout for p in contenders]
     return (f"{', '.join(names[:-1])} and {names[-1]} are predicted within {gap:.0%} of "
             f"each other, inside the {error:.0%} the model was off at the median on "
-            f"measured {workload} cells of these layouts; the model favours {names[0]}, by "
-            f"{lead:.0%} over {names[1] if len(names) > 1 else names[0]}", contenders)
+            f"measured {workload} cells of these layouts", contenders)
 
 
 def _within_error(prediction: Prediction, reference: Prediction, workload: str) -> bool:
