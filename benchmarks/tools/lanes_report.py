@@ -1,16 +1,5 @@
-"""Pair the runs of two bench lanes that served side by side (``run_checks.sh``'s ``lanes``).
-
-Lane a ran its runners on one GPU set while lane b ran its own on another, meeting before
-each point (``bench --lane-sync``): the k-th run of each lane shared the same minutes. For
-every runner that ran beside another, the ratio of their req/s in each slot, then the
-median over the slots (both lane orders) per pair of runners; and the same pass by pass
-(the k-th timed pass of each server), where the passes themselves ran in the same minutes,
-for req/s and for TPOT and TTFT p50 (under arrivals at a rate, req/s is the rate's):
-
-    python benchmarks/tools/lanes_report.py DIR     # DIR/lane-a/bench.json, DIR/lane-b/...
-
-Writes DIR/lanes.json and DIR/lanes.md and prints the table; exits 1 where no slot paired.
-"""
+"""Pair the runs of two bench lanes served side by side (``bench --lane-sync``; DIR/lane-a, -b):
+per pair of runners, the ratios of each slot and each pass pair, and their medians (lanes.md)."""
 
 from __future__ import annotations
 
@@ -20,11 +9,6 @@ import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-
-def load_lane(directory: Path, lane: str) -> list[dict[str, Any]]:
-    path = directory / f"lane-{lane}" / "bench.json"
-    return json.loads(path.read_text())["runs"] if path.exists() else []
 
 
 def point_of(run: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -42,6 +26,8 @@ def run_row(run: dict[str, Any]) -> dict[str, Any]:
     """What the table shows of one run."""
     engine = run.get("engine_metrics") or {}
     stages = run.get("stage_metrics") or {}
+    graphs = sum(s["graph_steps_total"] for s in stages.values())
+    eager = sum(s["eager_steps_total"] for s in stages.values())
     return {
         "runner": run["spec"]["runner"], "req_per_s": run.get("req_per_s"),
         "pass_req_per_s": run.get("pass_req_per_s"), "tpot_p50_ms": run.get("tpot_p50_ms"),
@@ -55,26 +41,17 @@ def run_row(run: dict[str, Any]) -> dict[str, Any]:
         "group_sizes": engine.get("group_sizes"),
         "stage_busy": [round(s["busy_fraction"], 3) for s in stages.values()] or None,
         "stage_step_ms": [round(s["step_ms"], 2) for s in stages.values()] or None,
-        "graph_share": _graph_share(stages),
-        "trial_outcomes": _trial_outcomes(engine.get("recent_trials") or []),
+        "graph_share": round(graphs / (graphs + eager), 3) if graphs + eager else None,
+        "trial_outcomes": dict(sorted(Counter(  # how auto's last trials ended
+            f"{t['cadence']} {t['outcome']}" for t in engine.get("recent_trials") or []).items())),
         "pass_stage_step_ms": run.get("pass_stage_step_ms"),
     }
 
 
-def _trial_outcomes(trials: list[dict[str, Any]]) -> dict[str, int]:
-    """How ``auto``'s last trials ended, counted by cadence and outcome."""
-    return dict(sorted(Counter(f"{t['cadence']} {t['outcome']}" for t in trials).items()))
-
-
-def _graph_share(stages: dict[str, dict[str, Any]]) -> float | None:
-    graphs = sum(s["graph_steps_total"] for s in stages.values())
-    steps = graphs + sum(s["eager_steps_total"] for s in stages.values())
-    return round(graphs / steps, 3) if steps else None
-
-
 def slots(directory: Path) -> list[dict[str, Any]]:
     """The k-th run of each lane, paired where both ran the same point."""
-    a, b = load_lane(directory, "a"), load_lane(directory, "b")
+    a, b = (json.loads(path.read_text())["runs"] if path.exists() else []
+            for path in (directory / f"lane-{lane}" / "bench.json" for lane in "ab"))
     paired = []
     for k, (run_a, run_b) in enumerate(zip(a, b), 1):
         if point_of(run_a) != point_of(run_b):
@@ -88,46 +65,35 @@ def slots(directory: Path) -> list[dict[str, Any]]:
     return paired
 
 
-#: What each pass pair is compared on: req/s (higher is better), and the latencies that an
-#: open loop, whose req/s its arrivals set, shows instead (lower is better).
+#: What pass pairs are compared on: req/s, and the latencies (an open loop's req/s is its rate).
 PASS_FIGURES = {"pass_ratios": "pass_req_per_s", "tpot_ratios": "pass_tpot_p50_ms",
                 "ttft_ratios": "pass_ttft_p50_ms"}
 
 
-def _pass_ratios(x: dict[str, Any], y: dict[str, Any], key: str) -> list[float]:
-    """``x``'s figure over ``y``'s for each pass pair where both have it."""
-    return [a / b for a, b in zip(x[key] or [], y[key] or []) if a and b]
-
-
 def ratios(paired: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per point and pair of runners (X over Y): each slot's ratio and their median, and
-    each pass pair's ratio and theirs; the same by pass for TPOT p50 and TTFT p50."""
-    table: dict[tuple, list[float]] = {}
-    by_pass: dict[tuple, dict[str, list[float]]] = {}
+    """Per point and pair of runners (X over Y): each slot's and pass pair's ratios, and medians."""
+    table: dict[tuple, dict[str, list[float]]] = {}
     for slot in paired:
         if slot["a_over_b"] is None:
             continue
-        point = (slot["input_len"], slot["concurrency"], slot.get("request_rate"))
         x, y, r = slot["a"], slot["b"], slot["a_over_b"]
         if x["runner"] > y["runner"]:
             x, y, r = y, x, 1 / r
-        key = (*point, x["runner"], y["runner"])
-        table.setdefault(key, []).append(r)
-        found = by_pass.setdefault(key, {name: [] for name in PASS_FIGURES})
+        point = (slot["input_len"], slot["concurrency"], slot.get("request_rate"))
+        found = table.setdefault((*point, x["runner"], y["runner"]),
+                                 {"ratios": [], **{name: [] for name in PASS_FIGURES}})
+        found["ratios"].append(r)
         for name, figure in PASS_FIGURES.items():
-            found[name].extend(_pass_ratios(x, y, figure))
+            found[name].extend(a / b for a, b in zip(x[figure] or [], y[figure] or []) if a and b)
     return [{"input_len": i, "concurrency": c, "request_rate": q, "runner": x, "over": y,
-             "ratios": [round(r, 3) for r in found],
-             "median": round(statistics.median(found), 3),
-             **{name: [round(p, 3) for p in values]
-                for name, values in by_pass[i, c, q, x, y].items()},
+             **{name: [round(v, 3) for v in values] for name, values in found.items()},
              **{name.replace("ratios", "median"): (round(statistics.median(values), 3)
                                                      if values else None)
-                for name, values in by_pass[i, c, q, x, y].items()}}
+                for name, values in found.items()}}
             for (i, c, q, x, y), found in sorted(table.items(), key=_point_order)]
 
 
-def _point_order(item: tuple[tuple, list[float]]) -> tuple:
+def _point_order(item: tuple[tuple, Any]) -> tuple:
     input_len, concurrency, rate, x, y = item[0]
     return input_len, concurrency, rate or 0.0, x, y
 
@@ -179,7 +145,7 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("directory", type=Path)
     directory = parser.parse_args().directory
     paired = slots(directory)

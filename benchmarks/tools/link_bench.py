@@ -1,12 +1,5 @@
-"""What a link between two GPUs costs: NCCL send/recv and all-reduce, timed per message
-size under each interconnect the bench can simulate (``bench --interconnect``), fitted to a
-latency and a bandwidth that ``plan`` reads (src/vllm_pp_cudagraph/commands/planning/links.json).
-
-    python -m benchmarks.tools.link_bench --out DIR [--interconnect nvlink host socket]
-
-Needs 2 GPUs. Each interconnect runs in fresh processes, since NCCL reads its environment
-once, when the communicator is made. DIR/links.json holds every timed point and the fit.
-"""
+"""NCCL send/recv and all-reduce between two GPUs per message size, under each interconnect
+``bench --interconnect`` simulates, fitted to what ``plan`` reads (planning/links.json)."""
 
 from __future__ import annotations
 
@@ -18,22 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-#: Message sizes timed, in bytes: one decode token's hidden state of a small model up to a
-#: prefill chunk's hand-off of a large one.
+from benchmarks.tools.cost_table import fit_line
+from vllm_pp_cudagraph.commands.bench.interconnect import INTERCONNECT_ENV, INTERCONNECTS
+
+#: Message sizes timed, in bytes: a small model's decode hand-off up to a large prefill chunk's.
 SIZES = tuple(2 ** k for k in range(10, 27, 2))
 WARMUP = 5
 ITERS = 20
-
-
-def fit(points: list[tuple[int, float]]) -> dict[str, float]:
-    """Latency and bandwidth of ``t = latency + bytes / bandwidth`` by least squares over
-    the timed (bytes, seconds) points; the latency is never below zero."""
-    xs = [float(n) for n, _ in points]
-    ys = [t for _, t in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    latency = max(my - slope * mx, 0.0)
-    return {"latency_s": latency, "bytes_per_s": 1.0 / slope}
 
 
 def _time(op, iters: int) -> float:
@@ -54,7 +38,6 @@ def _worker(rank: int, interconnect: str, port: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_pp_cudagraph.commands.bench.interconnect import INTERCONNECT_ENV
     os.environ.update(INTERCONNECT_ENV[interconnect])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -64,8 +47,7 @@ def _worker(rank: int, interconnect: str, port: int, queue) -> None:
     for size in SIZES:
         buf = torch.empty(size // 2, dtype=torch.bfloat16, device="cuda")
 
-        def ping_pong():
-            # Rank 0 sends then receives, rank 1 the reverse: one round trip, two transfers.
+        def ping_pong():  # one round trip, two transfers
             if rank == 0:
                 dist.send(buf, peer)
                 dist.recv(buf, peer)
@@ -84,9 +66,8 @@ def _worker(rank: int, interconnect: str, port: int, queue) -> None:
 
 
 def measure(interconnect: str, port: int) -> dict:
-    """Every size under ``interconnect``, and the fits of send/recv and all-reduce. The
-    all-reduce's bandwidth is the ring's bus bandwidth (2 ranks move the message once
-    each way), so ``Link.all_reduce_s`` gives back the timed points."""
+    """Every size under ``interconnect`` in fresh processes (NCCL reads its environment once),
+    and each op fitted to ``latency + bytes / bandwidth``."""
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -96,22 +77,20 @@ def measure(interconnect: str, port: int) -> dict:
     result = queue.get(timeout=600)
     for proc in procs:
         proc.join(60)
-    rows = result["rows"]
-    result["send_recv"] = fit([(r["bytes"], r["send_recv_s"]) for r in rows])
-    result["all_reduce"] = fit([(r["bytes"], r["all_reduce_s"]) for r in rows])
+    for op in ("send_recv", "all_reduce"):
+        latency, seconds_per_byte = fit_line([(r["bytes"], r[f"{op}_s"]) for r in result["rows"]])
+        result[op] = {"latency_s": max(latency, 0.0), "bytes_per_s": 1.0 / seconds_per_byte}
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--interconnect", nargs="+", default=["nvlink", "host", "socket"])
-    parser.add_argument("--port", type=int, default=29650)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     links = {}
-    for i, name in enumerate(args.interconnect):
-        links[name] = measure(name, args.port + i)
+    for i, name in enumerate(INTERCONNECTS):
+        links[name] = measure(name, 29650 + i)
         fits = {op: links[name][op] for op in ("send_recv", "all_reduce")}
         print(name, json.dumps(fits), flush=True)
     (args.out / "links.json").write_text(json.dumps(links, indent=1) + "\n")

@@ -1,11 +1,5 @@
-"""Seeded random LoRA adapters for a built-in dense Qwen3 shape, in PEFT's layout.
-
-The soak's ``--lora N`` serves N of them beside the base model
-(``vllm serve --enable-lora --lora-modules loraI=DIR``). Each request goes to
-the base model or to one adapter, chosen by its seed like its sampling options.
-Both LoRA matrices are random, so every adapter changes the outputs and a
-request served with the wrong adapter, or with none, shows.
-"""
+"""Seeded random LoRA adapters (PEFT's layout) for a built-in dense Qwen3 shape, for the soak's
+``--lora``: both matrices random, so a request served with the wrong adapter, or none, shows."""
 
 from __future__ import annotations
 
@@ -13,39 +7,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: The attention projections each adapter adapts, with (in, out) features for a config.
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def projection_features(config: dict[str, Any], target: str) -> tuple[int, int]:
-    """(input, output) features of one attention projection of a Qwen3 ``config``."""
-    hidden, head_dim = config["hidden_size"], config.get(
-        "head_dim", config["hidden_size"] // config["num_attention_heads"])
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    return {
-        "q_proj": (hidden, heads * head_dim),
-        "k_proj": (hidden, kv_heads * head_dim),
-        "v_proj": (hidden, kv_heads * head_dim),
-        "o_proj": (heads * head_dim, hidden),
-    }[target]
-
-
 def write_lora_adapter(path: str | Path, config: dict[str, Any], rank: int = 8,
-                       seed: int = 0, std: float = 0.02) -> Path:
+                       seed: int = 0) -> Path:
     """Write ``adapter_config.json`` and ``adapter_model.safetensors`` for ``config``."""
     import torch
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim", hidden // heads)
+    q_size, kv_size = heads * head_dim, config["num_key_value_heads"] * head_dim
+    features = {"q_proj": (hidden, q_size), "k_proj": (hidden, kv_size),
+                "v_proj": (hidden, kv_size), "o_proj": (q_size, hidden)}  # (in, out)
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(config["num_hidden_layers"]):
         for target in TARGETS:
-            features_in, features_out = projection_features(config, target)
+            features_in, features_out = features[target]
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{target}"
             for name, shape in (("lora_A", (rank, features_in)), ("lora_B", (features_out, rank))):
-                weight = torch.randn(shape, generator=generator) * std
+                weight = torch.randn(shape, generator=generator) * 0.02
                 tensors[f"{prefix}.{name}.weight"] = weight.to(torch.bfloat16)
     save_file(tensors, str(path / "adapter_model.safetensors"))
     (path / "adapter_config.json").write_text(json.dumps({

@@ -1,55 +1,37 @@
-"""``plan``'s predictions against the cells measured with a GPU per stage.
-
-Reads a list of measured runs (``cells.json``: one object per runner and cell, with
-its workload, shape, layout, GPU, vLLM release, req/s and, where recorded, TPOT p50),
-predicts each as ``vllm-pp-cudagraph plan`` would on that GPU and release (its rates,
-stock PP's calibration), and prints a Markdown table of predicted against measured with
-the errors; then, per cell, what the model alone would recommend under ``plan``'s rule
-(the fastest predicted, or "too close to call" where the next is within the model's median
-error) against the measured fastest. ``plan`` itself prints the measured winner for the
-cells it ships (commands/planning/measured_cells.json); this checks the model without them.
-
-    python -m benchmarks.tools.plan_check CELLS.json
-"""
+"""``plan``'s model against the cells measured with a GPU per stage (CELLS.json): each run
+predicted on its GPU and release, the errors, and what the model alone would recommend."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.commands.planning.measured import error_class, row_error
-from vllm_pp_cudagraph.commands.planning.pipeline_model import Prediction, layout_name
+from vllm_pp_cudagraph.commands.planning.pipeline_model import layout_name
 from vllm_pp_cudagraph.commands.planning.plan import predict_run
 
-#: A recommended layout measured within this share of the fastest was level with it: no
-#: committed cell's passes spread less (5-23% between passes of one server).
+#: A recommended layout measured within this share of the fastest was level with it.
 LEVEL = 0.02
 
-#: Runners the model predicts with stock MRV2's schedule and cost though they are not
-#: stock MRV2 (V1's runner has no term of its own): shown, left out of the winners.
+#: Runners predicted as stock MRV2 though they are not: shown, left out of the winners.
 STOCK_SCHEDULE_ONLY = frozenset({"v1"})
-
-
-def predict(run: dict[str, Any]) -> Prediction | None:
-    """The model's prediction for one measured run on its GPU and release
-    (``predict_run``); None for a runner it does not model."""
-    return predict_run(SHAPES[run["shape"]], run)
 
 
 def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for run in runs:
-        prediction = predict(run)
+        prediction = predict_run(SHAPES[run["shape"]], run)
         if prediction is None or not run.get("req_per_s"):
             continue
-        error = prediction.req_per_s / run["req_per_s"] - 1
         tpot, ttft = run.get("tpot_p50_ms"), run.get("ttft_p50_ms")
         predicted_ttft = None if prediction.ttft_s is None else prediction.ttft_s * 1e3
-        out.append({**run, "predicted": prediction.req_per_s, "error": error,
+        out.append({**run, "predicted": prediction.req_per_s,
+                    "error": prediction.req_per_s / run["req_per_s"] - 1,
                     "predicted_tpot_ms": prediction.tpot_s * 1e3,
                     "tpot_error": prediction.tpot_s * 1e3 / tpot - 1 if tpot else None,
                     "predicted_ttft_ms": predicted_ttft,
@@ -76,22 +58,19 @@ def _cells(table: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _layouts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The runs that stand for the layouts ``plan`` compares: the plugin's defaults (a
-    fixed cadence only where the cell has no run of the defaults), stock PP and TP."""
+    """The runs standing for ``plan``'s layouts: the plugin's defaults (else its fixed cadences)."""
     defaults = any(r["runner"] == "plugin" for r in rows)
     return [r for r in rows if not r["runner"].startswith("plugin-") or not defaults]
 
 
 def _layout(row: dict[str, Any]) -> str:
-    # The bench's TP runner spreads --pp x --tp GPUs over TP alone.
-    if row["runner"] == "tp":
+    if row["runner"] == "tp":  # the bench's TP runner spreads --pp x --tp GPUs over TP alone
         return layout_name(1, row["tp"] * row["pp"])
     return layout_name(row["pp"], row["tp"])
 
 
 def _named(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """A cell's runs by runner, or by runner and layout where the cell measured a runner at
-    more than one layout (the plugin at PP=4 and at TP=2 x PP=2 are two contenders)."""
+    """A cell's runs by runner, or by runner and layout for a runner measured at two layouts."""
     layouts: dict[str, set[str]] = {}
     for row in rows:
         layouts.setdefault(row["runner"], set()).add(_layout(row))
@@ -104,8 +83,7 @@ def _named(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _mean(named: dict[str, list[dict[str, Any]]], key: str) -> dict[str, float]:
-    """Each contender's mean ``key`` over its runs in one cell (a runner measured twice,
-    as stock beside each plugin runner, counts once)."""
+    """Each contender's mean ``key`` over its runs in a cell (a runner run twice counts once)."""
     return {name: statistics.fmean(r[key] for r in runs) for name, runs in named.items()}
 
 
@@ -121,11 +99,8 @@ def winners(table: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
 
 
 def decisions(table: list[dict[str, Any]], error: float | None = None) -> dict[str, dict]:
-    """Per cell, what the model alone recommends under ``plan``'s rule (``error``: the
-    error it allows; by default, as ``plan``, the larger of the two best layouts' median
-    errors for the cell's workload, measured_cells.json's) and whether the measured
-    fastest contradicts it: verdict ``right`` (the fastest, or within :data:`LEVEL` of
-    it), ``too close`` or ``wrong``."""
+    """Per cell, the model's recommendation under ``plan``'s rule (allowing ``error``, by default
+    the two best layouts' larger median error), verdict ``right``, ``too close`` or ``wrong``."""
     out = {}
     for cell, rs in _cells(table).items():
         named = _named(_layouts(rs))
@@ -153,10 +128,7 @@ def kind(runner: str) -> str:
 
 
 def errors_by_kind(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Median |error| on req/s per layout kind and class (the workload, the rows the host
-    paces apart: :func:`~vllm_pp_cudagraph.commands.planning.measured.error_class`), over the runs
-    ``plan``'s rows stand for (V1 left out): what ``plan`` prints beside each prediction
-    (commands/planning/measured_cells.json, ``errors``)."""
+    """Median |error| on req/s per layout kind and ``error_class``: what ``plan`` prints."""
     errors: dict[str, dict[str, list[float]]] = {}
     for row in table:
         if row["runner"] in STOCK_SCHEDULE_ONLY:
@@ -171,7 +143,7 @@ def _median_abs(values: list[float]) -> str:
     return f"{statistics.median(abs(v) for v in values):.0%}" if values else "-"
 
 
-def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
+def markdown(table: list[dict[str, Any]]) -> str:
     lines = ["| cell | workload | shape | GPU | vLLM | runner | layout | load | measured req/s | "
              "predicted | error | TPOT p50 ms, measured / predicted | "
              "TTFT p50 s, measured / predicted |",
@@ -189,12 +161,10 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
                      f"{ttft} |")
     errors = [abs(r["error"]) for r in table]
     right = winners(table)
-    decided = decisions(table, error)
-    counts = {v: sum(d["verdict"] == v for d in decided.values())
-              for v in ("right", "too close", "wrong")}
-    recommended_cells = {c for c, d in decided.items() if d["recommended"]}
-    in_recommended = [r for c, rs in _cells(table).items() if c in recommended_cells
-                      for r in _layouts(rs)]
+    decided = decisions(table)
+    counts = Counter(d["verdict"] for d in decided.values())
+    in_recommended = [r for c, rs in _cells(table).items()
+                      if c in decided and decided[c]["recommended"] for r in _layouts(rs)]
     tpots = [r["tpot_error"] for r in table if r["tpot_error"] is not None]
     ttfts = [r["ttft_error"] for r in table if r.get("ttft_error") is not None]
     lines += ["", f"{len(table)} runs: median |error| {statistics.median(errors):.0%}, "
@@ -204,8 +174,8 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
               f"{len(ttfts)} served runs that recorded it. Fastest predicted (plugin, stock "
               f"MRV2, TP; V1 left out) is the measured fastest in "
               f"{sum(m == p for m, p in right.values())} of {len(right)} cells.",
-              "", f"Under plan's rule ({'each pair of layouts its median error' if error is None else f'{error:.0%}'} "
-              f"allowed): {counts['right']} cells recommended right, {counts['too close']} "
+              "", "Under plan's rule (each pair of layouts its median error allowed): "
+              f"{counts['right']} cells recommended right, {counts['too close']} "
               f"too close to call, {counts['wrong']} wrong"
               + "".join(f"; {cell}: recommended {d['recommended']}, measured {d['measured']}"
                         for cell, d in decided.items() if d["verdict"] == "wrong")
@@ -221,12 +191,10 @@ def markdown(table: list[dict[str, Any]], error: float | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tools.plan_check",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("cells", type=Path)
     parser.add_argument("--write-errors", type=Path, metavar="MEASURED_CELLS_JSON",
-                        help="also store the median error by layout kind and workload there "
-                        "(src/vllm_pp_cudagraph/commands/planning/measured_cells.json), for plan")
+                        help="also store the median errors there, for plan")
     args = parser.parse_args(argv)
     table = rows(json.loads(args.cells.read_text()))
     print(markdown(table))

@@ -1,19 +1,12 @@
-"""The sampling options the soak's load sends, and which of them its token check scores.
-
-With ``--sampling-mix`` each request carries one of :data:`SAMPLING_MIX`'s
-options, chosen by its seed (:class:`vllm_pp_cudagraph.commands.bench.serve_load.LoadSpec`),
-so every server gets the same mix. With ``--structured`` the mix also holds
-:data:`STRUCTURED_MIX`'s options: JSON-schema structured output (:data:`SCHEMA`),
-which every such output must parse as and match (:func:`schema_problems`).
-"""
+"""The sampling options the soak's load sends (one per request, chosen by its seed, so every
+server gets the same mix), and which of them its token check scores."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-#: Bounded JSON: enums and booleans only, so a random model completes it in a
-#: few dozen bytes once whitespace is fixed (STRUCTURED_SERVE_ARGS).
+#: Enums and booleans only: a random model completes it in a few dozen bytes.
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -25,38 +18,26 @@ SCHEMA = {
     "additionalProperties": False,
 }
 
-#: Server arguments for structured outputs: xgrammar with whitespace fixed, so
-#: a random model's JSON ends within a few dozen bytes.
 STRUCTURED_SERVE_ARGS = ["--structured-outputs-config",
                          json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
 
-#: The OpenAI ``response_format`` asking for JSON that matches SCHEMA.
 JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
 
-#: Sampling options users send, one per request. Sampled ones carry a seed, so
-#: a request samples the same tokens wherever its logits are the same. Only
-#: requests without options that move the output off the model's top choice
-#: are scored by the soak's token check (:func:`scored`).
+#: Sampling options users send; sampled ones carry a seed, so equal logits sample equal tokens.
 SAMPLING_MIX: dict[str, dict[str, Any]] = {
     "greedy": {},
     "seeded-top-p-top-k": {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 7},
-    # Top-p alone, as most OpenAI clients send it: vLLM masks such rows with kernels of
-    # their own (split by batch size), which top-k rows never reach.
+    # Top-p alone (as most clients send it) takes vLLM kernels that top-k rows never reach.
     "seeded-top-p": {"temperature": 0.9, "top_p": 0.95, "seed": 5},
     "penalties": {"presence_penalty": 0.5, "repetition_penalty": 1.2,
                   "frequency_penalty": 0.3},
-    # Stop tokens masked until the 24th token (the load sets ignore_eos, so only the
-    # mask moves the output off the top choice where EOS would have been it).
-    "min-tokens": {"min_tokens": 24},
+    "min-tokens": {"min_tokens": 24},  # EOS masked: off the top choice where EOS was it
     "n2": {"temperature": 0.7, "n": 2, "seed": 11},
     "logprobs": {"logprobs": 5},
-    # The soak's word tokenizer spells every token "w<id>": about one token in
-    # nine starts with "w1", so most requests stop early on it.
-    "stop": {"stop": ["w1"]},
+    "stop": {"stop": ["w1"]},  # tokens read "w<id>"; one in nine starts "w1": most stop early
 }
 
-#: JSON-schema requests: three options, so with SAMPLING_MIX's eight about a quarter
-#: of the load. The grammar ends them with EOS, which the load otherwise ignores.
+#: JSON-schema requests (``--structured``), ended by EOS, which the load otherwise ignores.
 STRUCTURED_MIX: dict[str, dict[str, Any]] = {
     "json-schema": {"response_format": JSON_SCHEMA_FORMAT, "ignore_eos": False},
     "json-schema-seeded": {"response_format": JSON_SCHEMA_FORMAT, "ignore_eos": False,
@@ -91,10 +72,6 @@ _OFF_TOP_CHOICE = ("temperature", "presence_penalty", "repetition_penalty",
 
 
 def scored(sampling: str) -> bool:
-    """Whether outputs of ``sampling`` follow the base model's top choice at every token.
-
-    Only this mix's options qualify: another entry of a load's mix (a LoRA
-    adapter of the soak's ``--lora``, say) has a top choice the scorer does not know.
-    """
+    """Whether outputs of ``sampling`` follow the base model's top choice at every token."""
     options = SAMPLING_MIX.get(sampling)
     return options is not None and not any(key in options for key in _OFF_TOP_CHOICE)

@@ -1,19 +1,5 @@
-"""A storm of aborted and bad requests against one server, beside good traffic.
-
-For ``--seconds``, ``--streams`` clients send completions without pause: some read to
-the end, some close the stream after its first chunk (a user pressing stop), some give
-up on a short client timeout. Between them, other clients send requests the server must
-turn away (:data:`BAD_REQUESTS`: a prompt over ``--max-model-len``, a negative
-``max_tokens``, an unknown model, sampling values out of range, a malformed body).
-
-The server passes where it answered every bad request with a 4xx (never a 5xx or a
-dropped connection), every good request it was not asked to drop completed, it still
-answers ``/health`` and a plain request afterwards, and no request is left running or
-waiting (``/metrics``). The report keeps every status code by kind.
-
-    python -m benchmarks.tools.serve_storm --out DIR --runner plugin|stock --pp 2 \\
-        [--gpus 0,1] [--port 8600] [--seconds 60]
-"""
+"""A storm of aborted and bad requests against one server beside good traffic: passes where
+bad requests get a 4xx, good ones not dropped complete, and the server serves on after."""
 
 from __future__ import annotations
 
@@ -37,8 +23,7 @@ from vllm_pp_cudagraph.commands.bench.serve_run import serve_and_call
 MAX_MODEL_LEN = 512
 COMPLETIONS = "/v1/completions"
 
-#: Requests the server must turn away with a 4xx, by what is wrong with them: (body,
-#: or the raw bytes of a malformed one). ``model`` is filled in where absent.
+#: Requests the server must turn away with a 4xx: a body (``model`` added where absent) or bytes.
 BAD_REQUESTS: dict[str, dict[str, Any] | bytes] = {
     "prompt over --max-model-len": {"prompt": "w5 " * (MAX_MODEL_LEN + 64), "max_tokens": 8},
     "negative max_tokens": {"prompt": "w5 w6", "max_tokens": -1},
@@ -59,8 +44,7 @@ class StormTally:
 
     def __init__(self) -> None:
         self.good: Counter[str] = Counter()
-        #: Good requests that failed though the client did not drop them: what went wrong.
-        self.good_failures: list[str] = []
+        self.good_failures: list[str] = []  # good requests failed though the client kept them
         self.bad: dict[str, Counter[str]] = {kind: Counter() for kind in BAD_REQUESTS}
 
     def report(self) -> dict[str, Any]:
@@ -69,63 +53,51 @@ class StormTally:
                 "bad": {kind: dict(codes) for kind, codes in self.bad.items()}}
 
 
-async def good_request(session: aiohttp.ClientSession, base_url: str, model: str,
-                       ending: str, tally: StormTally) -> None:
-    body = {"model": model, "prompt": "w5 w6 w7 w8", "max_tokens": 64, "ignore_eos": True,
-            "stream": ending != "complete"}
-    timeout = aiohttp.ClientTimeout(total=0.05 if ending == "client_timeout" else 300)
-    try:
-        async with session.post(base_url + COMPLETIONS, json=body, timeout=timeout) as resp:
-            if resp.status != 200:
-                tally.good_failures.append(f"{ending}: HTTP {resp.status}")
-                return
-            if ending == "stop_after_first_chunk":
-                await resp.content.readline()
-                tally.good[ending] += 1
-                return  # leaving the block closes the connection mid-stream
-            await resp.read()
-            tally.good[ending] += 1
-    except asyncio.TimeoutError:
-        if ending == "client_timeout":
-            tally.good[ending] += 1
-        else:
-            tally.good_failures.append(f"{ending}: timed out")
-    except aiohttp.ClientError as e:
-        tally.good_failures.append(f"{ending}: {type(e).__name__}")
-
-
-async def bad_request(session: aiohttp.ClientSession, base_url: str, model: str, kind: str,
-                      tally: StormTally) -> None:
-    request = BAD_REQUESTS[kind]
-    if isinstance(request, bytes):
-        send = {"data": request, "headers": {"Content-Type": "application/json"}}
-    else:
-        send = {"json": {"model": model, **request}}
-    try:
-        async with session.post(base_url + COMPLETIONS, timeout=aiohttp.ClientTimeout(total=60),
-                                **send) as resp:
-            await resp.read()
-            tally.bad[kind][str(resp.status)] += 1
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        tally.bad[kind][type(e).__name__] += 1
-
-
-async def storm(base_url: str, model: str, seconds: float, streams: int,
-                seed: int = 0) -> StormTally:
-    """Good and bad clients against ``base_url`` for ``seconds``: ``streams`` good ones,
-    half as many bad ones, each sending its next request as the last one ends."""
+async def storm(base_url: str, model: str, seconds: float, streams: int) -> StormTally:
+    """``streams`` good clients and half as many bad ones, each sending back to back."""
     tally = StormTally()
     deadline = time.monotonic() + seconds
-    rng = random.Random(seed)
+    rng = random.Random(0)
     kinds = list(BAD_REQUESTS)
+    url = base_url + COMPLETIONS
 
     async def good_client(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < deadline:
-            await good_request(session, base_url, model, rng.choice(GOOD_ENDINGS), tally)
+            ending = rng.choice(GOOD_ENDINGS)
+            body = {"model": model, "prompt": "w5 w6 w7 w8", "max_tokens": 64,
+                    "ignore_eos": True, "stream": ending != "complete"}
+            timeout = aiohttp.ClientTimeout(total=0.05 if ending == "client_timeout" else 300)
+            try:
+                async with session.post(url, json=body, timeout=timeout) as resp:
+                    if resp.status != 200:
+                        tally.good_failures.append(f"{ending}: HTTP {resp.status}")
+                        continue
+                    if ending == "stop_after_first_chunk":
+                        await resp.content.readline()  # leaving the block closes the stream
+                    else:
+                        await resp.read()
+                    tally.good[ending] += 1
+            except asyncio.TimeoutError:
+                if ending == "client_timeout":
+                    tally.good[ending] += 1
+                else:
+                    tally.good_failures.append(f"{ending}: timed out")
+            except aiohttp.ClientError as e:
+                tally.good_failures.append(f"{ending}: {type(e).__name__}")
 
     async def bad_client(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < deadline:
-            await bad_request(session, base_url, model, rng.choice(kinds), tally)
+            kind = rng.choice(kinds)
+            request = BAD_REQUESTS[kind]
+            send = ({"data": request, "headers": {"Content-Type": "application/json"}}
+                    if isinstance(request, bytes) else {"json": {"model": model, **request}})
+            try:
+                async with session.post(url, timeout=aiohttp.ClientTimeout(total=60),
+                                        **send) as resp:
+                    await resp.read()
+                    tally.bad[kind][str(resp.status)] += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                tally.bad[kind][type(e).__name__] += 1
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(good_client(session) for _ in range(streams)),
@@ -167,15 +139,24 @@ def problems(report: dict[str, Any]) -> list[str]:
     return found
 
 
-def check_storm(args: argparse.Namespace) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--out", required=True, help="directory for the report and log")
+    parser.add_argument("--runner", default="plugin", help="plugin, stock, ... (engine_run.RUNNERS)")
+    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size")
+    parser.add_argument("--gpus", default="", help="CUDA_VISIBLE_DEVICES for the server")
+    parser.add_argument("--port", type=int, default=8600)
+    args = parser.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     model_dir = str(write_model_dir(tempfile.mkdtemp(prefix="storm-"), tokenizer=True))
-    spec = RunSpec(args.runner, args.mode, pp=args.pp, max_num_seqs=64, weights="dummy",
-                   gpu_memory_utilization=args.gpu_memory_utilization,
+    spec = RunSpec(args.runner, "full_and_piecewise", pp=args.pp, max_num_seqs=64,
+                   weights="dummy", gpu_memory_utilization=0.4,
                    extra_env={"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})
     log_path = Path(args.out) / f"storm-{args.runner}-pp{args.pp}.log"
 
     async def call(base_url: str) -> dict[str, Any]:
-        tally = await storm(base_url, "dummy", args.seconds, args.streams)
+        tally = await storm(base_url, "dummy", seconds=60.0, streams=32)
         return {**tally.report(), **await after_storm(base_url, "dummy")}
 
     report = serve_and_call(spec, model_dir, log_path, call, port=args.port,
@@ -188,24 +169,6 @@ def check_storm(args: argparse.Namespace) -> dict[str, Any]:
         report["problems"] = problems(report) + (
             [] if report.get("shutdown_clean") else ["the server did not shut down cleanly"])
     report["passed"] = not report["problems"]
-    return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--out", required=True, help="directory for the report and log")
-    parser.add_argument("--runner", default="plugin", help="plugin, stock, ... (engine_run.RUNNERS)")
-    parser.add_argument("--mode", default="full_and_piecewise", help="graph mode")
-    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size")
-    parser.add_argument("--gpus", default="", help="CUDA_VISIBLE_DEVICES for the server")
-    parser.add_argument("--port", type=int, default=8600)
-    parser.add_argument("--seconds", type=float, default=60.0, help="how long the storm lasts")
-    parser.add_argument("--streams", type=int, default=32, help="good clients at once")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)
-    args = parser.parse_args(argv)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    report = check_storm(args)
     (Path(args.out) / f"storm-{args.runner}-pp{args.pp}.json").write_text(
         json.dumps(report, indent=2, default=str))
     print(json.dumps({k: report.get(k) for k in ("runner", "passed", "problems", "good",

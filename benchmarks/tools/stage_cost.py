@@ -1,29 +1,5 @@
-"""What one pipeline stage of a model shape costs per decode step, measured on one GPU.
-
-A stage of a PP=N engine runs 1/N of the model's layers. This runs such a stage alone:
-the shape with ``num_hidden_layers // pp`` layers at PP=1, stock vLLM (Model Runner V2,
-FULL_AND_PIECEWISE, Triton attention, dummy weights), with the embedding, the LM head and
-the sampler of a whole model (so it stands for the last stage, the heavier one). For each
-context length and decode batch size it runs the batch greedily, all requests queued
-before the first step, and measures:
-
-- ``step_ms``: wall time per decode step, from two passes that differ only in their
-  number of output tokens (what a pass's prefill and start cost cancels out; prefix
-  caching keeps the prompts, so after a cell's first pass they are not computed again);
-- from one further pass per shape under torch.profiler, each batch's median decode step:
-  GPU kernel time (``kernel_ms``), period, and host time inside the forward.
-
-The result, ``stage_cost.json``, is a per-stage cost profile: what the cadence policy's
-simulation reads (the recorded one, from its results folder) and what
-``docs/performance.md`` bounds PP=2 with (two stages overlapping in balanced groups can at best take
-``2 * kernel_ms(n / 2)`` per token against ``2 * kernel_ms(n)`` run one after the other).
-
-    python -m benchmarks.tools.stage_cost --out DIR [--shapes qwen3-32b,...] [--pp 2]
-
-``--layers N`` runs a stage of exactly N layers, ``--model DIR`` any model directory's
-``config.json`` in place of a built-in shape; ``cost_table.py`` runs it at two layer
-counts and fits the cost table ``VLLM_PP_CUDAGRAPH_LAYER_PARTITION=auto`` reads.
-"""
+"""What a PP=2 stage of a shape (or ``--layers`` of it) costs per decode step, run alone by stock
+vLLM on one GPU with a whole model's embedding and head: the profile ``cost_table.py`` fits."""
 
 from __future__ import annotations
 
@@ -40,47 +16,28 @@ from vllm_pp_cudagraph.commands.bench.arguments import positive_int_list
 from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
 from vllm_pp_cudagraph.commands.bench.engine_run import generate_as_one_batch, make_prompts
 from vllm_pp_cudagraph.commands.bench.trace_analysis import Step, load_trace, steps, summarize
+from vllm_pp_cudagraph.commands.planning.shapes import read_model_config
 
-DEFAULT_SHAPES = ("qwen3-0.6b", "qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")
 DEFAULT_BATCHES = (1, 32, 64, 128, 256)
-DEFAULT_CONTEXTS = (64, 1024)
-
-#: Output tokens of the short pass; the long pass decodes ``steps`` more.
-SHORT_OUTPUT = 8
-
-
-def model_config(shape: str, model_dir: str | None = None) -> dict[str, Any]:
-    """The config of built-in ``shape``, or of the model in ``model_dir`` where given."""
-    if model_dir is not None:
-        path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise ValueError(f"--model {model_dir}: no config.json there")
-        return json.loads(path.read_text())
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; choose from {sorted(SHAPES)}")
-    return dict(SHAPES[shape])
+PP = 2
+SHORT_OUTPUT = 8  # output tokens of the short pass
+STEPS = 64  # decode steps the long pass adds, timed per cell
 
 
 def stage_config(shape: str, pp: int, layers: int | None = None,
                  model_dir: str | None = None) -> dict[str, Any]:
-    """``shape``'s config with one stage's share of its layers (the larger share), or
-    exactly ``layers`` of them."""
-    if pp < 1:
-        raise ValueError(f"--pp {pp}: must be at least 1")
+    """``shape``'s (or ``model_dir``'s) config with a stage's larger share of the layers."""
     if layers is not None and layers < 1:
         raise ValueError(f"--layers {layers}: must be at least 1")
-    config = model_config(shape, model_dir)
+    if model_dir is None and shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose from {sorted(SHAPES)}")
+    config = read_model_config(model_dir or shape)
     config["num_hidden_layers"] = layers or -(-config["num_hidden_layers"] // pp)
     return config
 
 
 def decode_segments(all_steps: list[Step]) -> list[list[Step]]:
-    """The runs of decode-only steps that follow a prefill, in order: one per pass.
-
-    A pass queues its requests at once, so its prompts fill one or more prefill steps
-    (mixed with the first decodes when chunked) before it decodes alone; the next pass
-    starts with prefill again. Empty steps (nothing scheduled) are left out.
-    """
+    """The runs of decode-only steps that follow a prefill: one per pass, in order."""
     segments: list[list[Step]] = []
     after_prefill = False
     for step in all_steps:
@@ -103,16 +60,15 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     model_dir = out / "model" / args.shape
     model_dir.mkdir(parents=True, exist_ok=True)
-    config = stage_config(args.shape, args.pp, args.layers, args.model)
+    config = stage_config(args.shape, PP, args.layers, args.model)
     (model_dir / "config.json").write_text(json.dumps(config, indent=1))
     traces = out / "traces" / args.shape
     shutil.rmtree(traces, ignore_errors=True)
-    batches, contexts = args.batches, args.contexts
     start = time.perf_counter()
     llm = LLM(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
-        max_num_seqs=max(batches), max_model_len=max(contexts) + SHORT_OUTPUT + args.steps + 8,
-        gpu_memory_utilization=args.gpu_memory_utilization, attention_backend="TRITON_ATTN",
+        max_num_seqs=max(args.batches), max_model_len=max(args.contexts) + SHORT_OUTPUT + STEPS + 8,
+        gpu_memory_utilization=0.9, attention_backend="TRITON_ATTN",
         compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"}, seed=0,
         # After each cell's first pass its prompts are cached: the timed passes barely prefill.
         enable_prefix_caching=True,
@@ -121,8 +77,8 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     )
     init_s = time.perf_counter() - start
     short = SamplingParams(temperature=0.0, max_tokens=SHORT_OUTPUT, ignore_eos=True)
-    long = SamplingParams(temperature=0.0, max_tokens=SHORT_OUTPUT + args.steps, ignore_eos=True)
-    cells = [(context, n) for context in contexts for n in batches]
+    long = SamplingParams(temperature=0.0, max_tokens=SHORT_OUTPUT + STEPS, ignore_eos=True)
+    cells = [(context, n) for context in args.contexts for n in args.batches]
     prompts = {cell: [TokensPrompt(prompt_token_ids=p)
                       for p in make_prompts(cell[1], cell[0], vocab=config["vocab_size"])]
                for cell in cells}
@@ -138,12 +94,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         short_s = min(timed(cell, short) for _ in range(2))
         long_s = min(timed(cell, long) for _ in range(2))
         rows.append({"context": cell[0], "batch": cell[1],
-                     "step_ms": round(1e3 * (long_s - short_s) / args.steps, 3)})
+                     "step_ms": round(1e3 * (long_s - short_s) / STEPS, 3)})
     llm.start_profile()
     for cell in cells:
         generate_as_one_batch(llm, prompts[cell], long)
     llm.stop_profile()
-    profiled = 0
     deadline = time.monotonic() + 120
     while not (files := sorted(traces.glob("*.pt.trace.json*"))) and time.monotonic() < deadline:
         time.sleep(2)  # the worker writes its trace as it stops
@@ -152,7 +107,6 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         # The worker's trace is the one with the steps in it.
         segments = max((decode_segments(steps(load_trace(f))) for f in files), key=len)
         if len(segments) == len(cells):
-            profiled = len(cells)
             for row, segment in zip(rows, segments):
                 summary = summarize(segment)
                 row.update({key: summary.get(f"median_{key}") for key in
@@ -163,34 +117,29 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             print(f"profiled pass: {len(segments)} decode runs for {len(cells)} cells; "
                   "profile left out", file=sys.stderr)
     shutil.rmtree(traces, ignore_errors=True)
-    return {"shape": args.shape, "pp": args.pp, "layers": config["num_hidden_layers"],
-            "init_s": round(init_s, 1), "steps": args.steps, "profiled_cells": profiled,
-            "rows": rows}
+    return {"shape": args.shape, "pp": PP, "layers": config["num_hidden_layers"],
+            "init_s": round(init_s, 1), "steps": STEPS,
+            "profiled_cells": sum("kernel_ms" in row for row in rows), "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
+    parser.add_argument("--shapes", default="qwen3-0.6b,qwen3-32b,llama-3.1-70b,qwen3-30b-a3b")
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # one shape, in the child
-    parser.add_argument("--pp", type=int, default=2, help="the stage is 1/PP of the layers")
-    parser.add_argument("--layers", type=int, help="the stage's layers (instead of 1/PP)")
-    parser.add_argument("--model", help="a model directory whose config.json is run "
-                        "(dummy weights) instead of --shapes")
+    parser.add_argument("--layers", type=int, help="the stage's layers (instead of half)")
+    parser.add_argument("--model", help="a model directory's config.json to run, not --shapes")
     parser.add_argument("--batches", type=positive_int_list("--batches"),
                         default=list(DEFAULT_BATCHES))
-    parser.add_argument("--contexts", type=positive_int_list("--contexts"),
-                        default=list(DEFAULT_CONTEXTS), help="prompt lengths (tokens)")
-    parser.add_argument("--steps", type=int, default=64, help="decode steps timed per cell")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--contexts", type=positive_int_list("--contexts"), default=[64, 1024],
+                        help="prompt lengths (tokens)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per shape")
     args = parser.parse_args(argv)
-    shapes = [args.shape] if args.shape else args.shapes.split(",")
-    if args.model and not args.shape:
-        shapes = [Path(args.model).name]
+    shapes = ([args.shape] if args.shape else [Path(args.model).name] if args.model
+              else args.shapes.split(","))
     for shape in shapes:
         try:
-            stage_config(shape, args.pp, args.layers, args.model)
+            stage_config(shape, PP, args.layers, args.model)
         except ValueError as e:
             parser.error(str(e))
     out = Path(args.out)

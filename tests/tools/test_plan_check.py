@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from benchmarks.tools import plan_check
+from vllm_pp_cudagraph.commands.bench.dummy_model import SHAPES
+from vllm_pp_cudagraph.commands.planning.plan import predict_run
 
 
 def run(runner: str, req_per_s: float, **extra) -> dict:
@@ -12,6 +14,10 @@ def run(runner: str, req_per_s: float, **extra) -> dict:
             "pp": 1 if runner == "tp" else 2, "tp": 2 if runner == "tp" else 1,
             "prompts": 256, "input_len": 64, "output_len": 256, "max_num_seqs": 256,
             "concurrency": None, "req_per_s": req_per_s, **extra}
+
+
+def predict(run: dict):
+    return predict_run(SHAPES[run["shape"]], run)
 
 
 def test_each_run_gets_its_prediction_and_error():
@@ -65,10 +71,10 @@ def test_a_run_is_predicted_on_its_own_gpu_and_release():
     stock PP on vLLM 0.33 under serve is calibrated level with the plugin's steps."""
     serve = {**run("stock", 30.0), "workload": "serve", "concurrency": 256,
              "vllm_version": "0.33.0"}
-    h100 = plan_check.predict({**serve, "gpu": "NVIDIA H100 80GB HBM3"})
-    h200 = plan_check.predict({**serve, "gpu": "NVIDIA H200"})
+    h100 = predict({**serve, "gpu": "NVIDIA H100 80GB HBM3"})
+    h200 = predict({**serve, "gpu": "NVIDIA H200"})
     assert h100.req_per_s < h200.req_per_s
-    old = plan_check.predict({**serve, "gpu": "NVIDIA H200", "vllm_version": "0.26.0"})
+    old = predict({**serve, "gpu": "NVIDIA H200", "vllm_version": "0.26.0"})
     assert old.req_per_s < h200.req_per_s
 
 
@@ -82,9 +88,9 @@ def test_the_plugin_on_vllms_cadence_is_predicted_as_the_plugins_runner():
     """``plugin-cadence`` runs vLLM's cadence on the plugin's runner: its steps cost the
     plugin's, not stock's (1.31x on vLLM 0.26)."""
     on_026 = {"vllm_version": "0.26.0", "gpu": "NVIDIA H200"}
-    cadence = plan_check.predict({**run("plugin-cadence", 1.0), **on_026})
-    balance = plan_check.predict({**run("plugin-balance", 1.0), **on_026})
-    stock = plan_check.predict({**run("stock", 1.0), **on_026})
+    cadence = predict({**run("plugin-cadence", 1.0), **on_026})
+    balance = predict({**run("plugin-balance", 1.0), **on_026})
+    stock = predict({**run("stock", 1.0), **on_026})
     assert cadence.req_per_s == balance.req_per_s > stock.req_per_s
 
 

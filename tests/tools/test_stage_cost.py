@@ -43,10 +43,9 @@ def test_each_pass_is_the_decode_run_after_its_prefill():
 
 @pytest.mark.parametrize("argv, named", [
     (["--shapes", "qwen3-65b"], "qwen3-65b"),
-    (["--pp", "0"], "--pp"),
     (["--batches", "0,16"], "--batches"),
     (["--layers", "0"], "--layers"),
-    (["--model", "/nonexistent"], "no config.json"),
+    (["--model", "/nonexistent"], "no readable config.json"),
 ])
 def test_bad_arguments_are_refused_before_anything_starts(tmp_path, capsys, argv, named):
     assert_refused(main, tmp_path / "out", capsys, argv, named)
