@@ -382,3 +382,18 @@ def test_check_takes_the_built_in_shapes_bench_takes(gpus, capsys):
     code = cli.main(["check", "--model", "qwen3-0.6b", "--pp", "2"])
     assert code == cli.EXIT_OK
     assert "layer partition: vLLM's split" in capsys.readouterr().out
+
+
+def test_a_bad_setting_is_the_reports_last_line_where_it_is_the_only_problem(gpus):
+    """The report runs to some 25 lines: what to fix is repeated at its end."""
+    gpus.setenv("VLLM_PP_CUDAGRAPH_DECODE_CADENCE", "sometimes")
+    code, out = run_check()
+    assert code == cli.EXIT_MISCONFIGURED
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("to fix: settings: INVALID") and "DECODE_CADENCE='sometimes'" in last
+    assert sum(line.startswith("to fix: ") for line in out.splitlines()) == 1
+
+
+def test_a_sound_install_has_nothing_to_fix(gpus):
+    gpus.setenv("VLLM_PLUGINS", "pp_cudagraph")
+    assert "to fix:" not in run_check()[1]

@@ -93,6 +93,7 @@ class _Report:
     def __init__(self, out) -> None:
         self.out = out
         self.problems: list[int] = []
+        self.problem_lines: list[str] = []
         self.held: list[str] = []
 
     def say(self, line: str) -> None:
@@ -102,6 +103,7 @@ class _Report:
         """Print ``line``, which names a problem, and record its exit status."""
         self.say(line)
         self.problems.append(code)
+        self.problem_lines.append(line.strip())
 
 
 #: vLLM's default ``max_num_seqs`` on GPUs under 70 GiB and A100s (1024 on H100 and H200).
@@ -143,6 +145,9 @@ def check(out=None, engine: EngineShape | None = None, full: bool = False) -> in
     if versions.installed:
         _report_proven(report)
     _report_gpus(report)
+    # Repeated last, where a reader of a long report looks first.
+    for line in report.problem_lines:
+        report.say(f"to fix: {line}")
     if "".join(report.held).strip():
         print("\n-- printed by the imports above --\n" + "".join(report.held).rstrip(),
               file=sys.stderr)
