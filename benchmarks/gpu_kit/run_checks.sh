@@ -5,18 +5,16 @@
 #   bash benchmarks/gpu_kit/run_checks.sh DIR STEP...        run in the foreground
 #   bash benchmarks/gpu_kit/run_checks.sh start DIR STEP...  the same, detached
 #   bash benchmarks/gpu_kit/run_checks.sh wait DIR SECONDS   wait for it (at most SECONDS),
-#        print progress, pack DIR into $OUT (or DIR.tgz) without model files
+#        print progress, pack DIR without model files into checks.tgz in $OUT (else beside DIR)
 #
-# The project is installed into the kit's site first (KIT_SITE, default /tmp/site). The
-# named steps run in the order of STEPS below, each even when an earlier one failed;
-# DIR/steps.txt has each step's exit status and seconds, DIR/summary.txt every bench run's
-# tokens_agree, plugin_stages and speed. The soaks resume: with KIT_PREVIOUS=FOLDER (an
-# earlier DIR, unpacked and carried back), the servers that finished there are not served
-# again. The steps, with the KIT_* settings each takes:
+# It installs the project into the kit's site (KIT_SITE, default /tmp/site), then runs the
+# named steps in STEPS' order, each even when one before failed: DIR/steps.txt has each
+# one's exit status and seconds, DIR/summary.txt every bench run's tokens_agree,
+# plugin_stages and speed. The soaks resume: with KIT_PREVIOUS=FOLDER (an earlier DIR,
+# carried back), the servers that finished there are not served again. The steps:
 #
 # A GPU per rank:
-#   engine-pp1   1 GPU, PP=1, Qwen3-4B shape, --workload engine: stock, the plugin, the
-#                plugin, stock (the plugin stands aside, so each pair should be level)
+#   engine-pp1   1 GPU, PP=1, Qwen3-4B, --workload engine: the plugin stands aside, level with stock
 #   links        2 GPUs: NCCL send/recv and all-reduce per message size and --interconnect,
 #                fitted to what plan reads (../tools/link_bench.py)
 #   batch-pp4    4 GPUs, PP=4: the plugin's greedy tokens against stock's (KIT_DEADLINE_PP4_S)
@@ -28,12 +26,12 @@
 #   lanes-32b    4 GPUs: the 32B shape at c1,024, two servers side by side in both orders
 #                (KIT_LANE_A, KIT_LANE_B, KIT_LANE_POINTS, KIT_LANE_REQUESTS, KIT_DEADLINE_S)
 #   lanes-burst-32b  4 GPUs: 128 requests at once, 512 out, side by side (KIT_DEADLINE_BURST_S)
-#   lanes-0.6b   4 GPUs: lanes-32b's pairs on KIT_SMALL_MODEL (default qwen3-0.6b)
-#                (KIT_SMALL_LANE_A, KIT_SMALL_LANE_B, KIT_SMALL_POINTS, KIT_DEADLINE_SMALL_S)
-#   lanes-0.6b-api  lanes-0.6b with KIT_API_SERVERS (4) API servers per engine
-#                (KIT_API_LANE_A, KIT_API_LANE_B, KIT_API_POINTS, KIT_DEADLINE_API_S)
-#                Every lanes step takes KIT_MAX_CAPTURE, KIT_REQUEST_RATE and KIT_INTERCONNECT
-#                (bench's --max-cudagraph-capture-size, --request-rate, --interconnect)
+#   lanes-0.6b   lanes-32b's pairs on KIT_SMALL_MODEL (qwen3-0.6b) (KIT_SMALL_LANE_A,
+#                KIT_SMALL_LANE_B, KIT_SMALL_POINTS, KIT_DEADLINE_SMALL_S)
+#   lanes-0.6b-api  lanes-0.6b with KIT_API_SERVERS (4) API servers per engine, so one API
+#                process does not bound it (KIT_API_LANE_A, KIT_API_LANE_B, KIT_API_POINTS,
+#                KIT_DEADLINE_API_S). Every lanes step takes KIT_MAX_CAPTURE, KIT_REQUEST_RATE,
+#                KIT_INTERCONNECT (--max-cudagraph-capture-size, --request-rate, --interconnect)
 #   never-slower-32b  2 GPUs: the lanes-32b cell one server at a time (KIT_MODES,
 #                KIT_LANE_POINTS, KIT_DEADLINE_S)
 #   serve-pair   2 GPUs: plan's served cells, each layout in turn (KIT_SMALL_MODEL,
@@ -48,28 +46,26 @@
 #                The soaks take KIT_SOAK_REQUESTS (10,000), KIT_SOAK_PLUGIN_RUNNER (plugin),
 #                KIT_SOAK_ARGS (more soak.py options); KIT_SOAK_GROUPS="0,1": PP=2 on 2 GPUs
 #   faults       4 GPUs: a stage raising or killed under load, the plugin beside stock
-#                (../tools/serve_checks.py; KIT_FAULT_EXECUTORS, KIT_FAULT_STAGES, KIT_FAULT_CASES)
+#                (../tools/serve_checks.py; KIT_FAULT_EXECUTORS="mp ray" adds Ray; KIT_FAULT_STAGES;
+#                KIT_FAULT_CASES="EXECUTOR:STAGE:HOW ..." runs those, HOW also stop, kill-engine)
 #   faults-two-nodes  2 GPUs, two Ray nodes: the second node's stage fails under load
-#                (KIT_TWO_NODE_RUNNERS, KIT_TWO_NODE_HOWS)
+#                (KIT_TWO_NODE_RUNNERS, default plugin; KIT_TWO_NODE_HOWS, "raise kill")
 #   storm        4 GPUs: aborted and bad requests beside good traffic (../tools/serve_storm.py)
 #   gpu-tests    the GPU tests, pytest -m gpu (KIT_TESTS="NODE_ID ...": those, in that order)
-#   metrics-cost 2 GPUs: the plugin with and without its per-stage metrics, 0.6B shape
+#   metrics-cost 2 GPUs: the plugin with and without its per-stage metrics, 0.6B (launch-bound)
 #
 # Every rank on GPU KIT_GPU (0) through shared_gpu/ (test-only; KIT_SHARED_GPU_STAGES: the
 # most ranks an engine has, 2): tokens and behaviour, no speed.
-#   shared-restart  start-up, each runner on fresh then reused caches
-#                (../tools/restart_check.py; KIT_RESTART_ORDER, default plugin,stock)
+#   shared-restart  cold then warm start-up (../tools/restart_check.py; KIT_RESTART_ORDER)
 #   shared-restart-reversed  the same, stock first
-#   shared-stuck-stage  a stage stopped by SIGSTOP under load, the plugin beside stock
-#                (KIT_STALL_LIMIT_S, 20)
-#   shared-batch greedy tokens against stock's in FULL_AND_PIECEWISE and PIECEWISE, with the
-#                direct hand-off
+#   shared-stuck-stage  a stage SIGSTOPped under load, plugin beside stock (KIT_STALL_LIMIT_S, 20)
+#   shared-batch greedy tokens against stock's in FULL_AND_PIECEWISE and PIECEWISE (and direct)
 #   shared-modes the same in FULL_DECODE_ONLY, breakable and eager
 #   shared-soak-32b-pp4  the 32B LoRA soak at PP=4 (KIT_SOAK_REQUESTS, 1000)
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95
 #   shared-gpu-tests  gpu-tests (KIT_TESTS)
-#   shared-layouts  tests/e2e/test_layouts.py in up to four pytest runs side by side
-#                (KIT_LAYOUT_STREAM_1..4, KIT_LAYOUT_GPUS)
+#   shared-layouts  tests/e2e/test_layouts.py in up to four pytest runs side by side, as one
+#                would take hours (KIT_LAYOUT_STREAM_1..4, set but empty: no run; KIT_LAYOUT_GPUS)
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 here=$(dirname "$self")
@@ -86,6 +82,7 @@ STEPS="engine-pp1 links batch-pp4 shared-restart shared-stuck-stage shared-resta
 
 usage() { sed -n '2,/^set -u/p' "$self" | grep '^#' >&2; exit 2; }
 no_steps() { echo "name the steps to run after DIR" >&2; usage; }
+gpu_apps() { echo "$1"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; }
 
 step_batch-pp4() {
   CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m vllm_pp_cudagraph.commands.bench --pp 4 --workload batch \
@@ -111,7 +108,7 @@ site_without_plugin() {
 }
 
 step_ray-pp2() {
-  local rc=0 t0 bare
+  local rc=0 t0
   if ! bash "$here/ray_nodes.sh" start > "$RES/ray-nodes.txt" 2>&1; then
     cat "$RES/ray-nodes.txt"
     return 1
@@ -121,34 +118,27 @@ step_ray-pp2() {
     --deadline 600 --out "$RES/ray-pp2" --modes plugin:$FAP,stock:$FAP --workload serve \
     --num-requests 512 --output-len 256 --repeat 2 --points 64:256 || rc=1
   bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
-  bare=$(site_without_plugin)
-  RAY_SECOND_NODE_PYTHONPATH=$bare bash "$here/ray_nodes.sh" start >> "$RES/ray-nodes.txt" 2>&1
+  RAY_SECOND_NODE_PYTHONPATH=$(site_without_plugin) bash "$here/ray_nodes.sh" start >> "$RES/ray-nodes.txt" 2>&1
   t0=$SECONDS
   RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} $BENCH --model qwen3-0.6b --weights dummy \
     --timeout 300 --executor ray --deadline 360 --out "$RES/ray-missing-package" \
     --modes plugin:$FAP --workload serve --num-requests 64 --output-len 16 --points 64:16
   echo "ray-missing-package: bench exit $? after $((SECONDS - t0)) s"
-  echo "left on the GPUs:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  gpu_apps "left on the GPUs:"
   bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
   return $rc
 }
 
-step_links() {
-  python3 -m benchmarks.tools.link_bench --out "$RES/links"
-}
+step_links() { python3 -m benchmarks.tools.link_bench --out "$RES/links"; }
 
-# lanes NAME MODES_A MODES_B BENCH_ARGS...: two bench invocations side by side on a 4-GPU
-# host, lane a on GPUs 0,1 and lane b on 2,3, each with its own port, VLLM_PORT base and
-# output, meeting before each serve point (bench --lane-sync), so the k-th runner of each
-# lane is measured in the same minutes; ../tools/lanes_report.py pairs them (lanes.md).
 # tagged TAG COMMAND...: COMMAND's output, each line ending "  (TAG)"; COMMAND's status.
-# Two of them in the background, one per GPU pair, serve side by side.
 tagged() {
-  local tag=$1
-  shift
-  (set -o pipefail; "$@" 2>&1 | sed -u "s/\$/  ($tag)/")
+  (set -o pipefail; "${@:2}" 2>&1 | sed -u "s/\$/  ($1)/")
 }
 
+# lanes NAME MODES_A MODES_B BENCH_ARGS...: two benches side by side, lane a on GPUs 0,1 and
+# lane b on 2,3, meeting before each serve point (--lane-sync) so the k-th runners of the two
+# lanes share their minutes; ../tools/lanes_report.py pairs them (lanes.md).
 lanes() {
   local name=$1 modes_a=$2 modes_b=$3 dir=$RES/$1 rc=0
   shift 3
@@ -167,8 +157,6 @@ lanes() {
   return $rc
 }
 
-# The never-slower cell: Qwen3-32B dense shape, served at concurrency 1,024 (64 in / 256
-# out), each plugin runner beside stock or another plugin runner in both lane orders.
 step_lanes-32b() {
   local a=${KIT_LANE_A:-plugin:$FAP,stock:$FAP,plugin-balance:$FAP,stock:$FAP}
   local b=${KIT_LANE_B:-stock:$FAP,plugin:$FAP,stock:$FAP,plugin-balance:$FAP}
@@ -178,10 +166,6 @@ step_lanes-32b() {
     --points "${KIT_LANE_POINTS:-64:1024}" --deadline "${KIT_DEADLINE_S:-1500}"
 }
 
-# Where stock leaves room, side by side in both lane orders (plugin | stock, stock |
-# plugin): the seed's burst on the 32B shape (128 requests of 2 tokens at once, 512 out,
-# one prefill cohort; a pass sends twice the concurrency, so two such waves), and the
-# launch-bound 0.6B shape at the never-slower cell's load.
 step_lanes-burst-32b() {
   # shellcheck disable=SC2086
   lanes lanes-burst-32b "plugin:$FAP,stock:$FAP" "stock:$FAP,plugin:$FAP" --model qwen3-32b \
@@ -193,8 +177,6 @@ step_lanes-0.6b() {
     "${KIT_SMALL_LANE_B:-stock:$FAP,plugin:$FAP}" --points "${KIT_SMALL_POINTS:-64:1024}" \
     --deadline "${KIT_DEADLINE_SMALL_S:-900}"
 }
-# The same with several API servers in front of each engine, so that one API server's
-# process does not bound what the engine shows.
 step_lanes-0.6b-api() {
   small_lanes lanes-0.6b-api "${KIT_API_LANE_A:-plugin:$FAP,stock:$FAP}" \
     "${KIT_API_LANE_B:-stock:$FAP,plugin:$FAP}" --api-server-count "${KIT_API_SERVERS:-4}" \
@@ -206,9 +188,6 @@ small_lanes() {
     --num-requests 2048 --output-len 256 --repeat 2 "${@:4}"
 }
 
-# The same cell on 2 GPUs, one server at a time: the plugin's defaults, stock, the plugin
-# fixed on balance (the old default's steady state), stock, the plugin again, so each plugin
-# runner has stock beside it in time (KIT_MODES: other runners).
 step_never-slower-32b() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --model qwen3-32b $SERVED \
     --num-requests 2048 --output-len 256 --repeat 2 --points "${KIT_LANE_POINTS:-64:1024}" \
@@ -216,9 +195,6 @@ step_never-slower-32b() {
     --modes "${KIT_MODES:-plugin:$FAP,stock:$FAP,plugin-balance:$FAP,stock:$FAP,plugin:$FAP}"
 }
 
-# Served cells for plan's check on a 2-GPU host: each layout in turn on GPUs 0,1, one
-# server at a time (KIT_SMALL_MODEL, KIT_PAIR_POINTS, KIT_PAIR_MODES). Each run is a cell
-# of plan's model, not a ratio between runners: they ran at different minutes.
 step_serve-pair() {
   local model=${KIT_SMALL_MODEL:-qwen3-0.6b}
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --tp 1 --port 8000 --model "$model" $SERVED \
@@ -228,9 +204,6 @@ step_serve-pair() {
     --modes "${KIT_PAIR_MODES:-plugin:$FAP,stock:$FAP,tp:$FAP}"
 }
 
-# Served cells for plan's check on a 4-GPU host, one server at a time on GPUs 0-3: PP=4
-# (the plugin, stock) and TP=4, then TP=2 x PP=2 (the plugin, stock). As serve-pair, each
-# run is a cell of plan's model, not a ratio between runners.
 step_serve-quad() {
   local rc=0 model=${KIT_QUAD_MODEL:-qwen3-32b}
   # shellcheck disable=SC2086
@@ -246,8 +219,6 @@ step_serve-quad() {
   return $rc
 }
 
-# What the per-stage metrics cost: the plugin with and without them, in both orders, the
-# 0.6B shape (launch-bound, where the cost shows most), a GPU per stage.
 step_metrics-cost() {
   CUDA_VISIBLE_DEVICES=0,1 $BENCH --workload engine --model qwen3-0.6b --weights dummy \
     --prompts 128 --input-len 2 --output-len 512 --max-num-seqs 128 --repeat 3 \
@@ -261,66 +232,50 @@ install_test_plugins() {
     --target "$site" tests/e2e/soak_plugins 2>&1 | grep -v 'already exists'
 }
 
-# Every rank on GPU 0 (shared_gpu/sitecustomize.py; KIT_GPU names another): for one-GPU machines. KIT_SHARED_GPU_STAGES
-# (default 2) is the most ranks an engine may have (TP x PP). FlashInfer's sampler is off unless
-# set: its JIT build on first use, in the last stage only, can outlast the engine's start-up
-# time limit while the other stages wait for it.
+# shared COMMAND...: every rank on GPU KIT_GPU (shared_gpu/sitecustomize.py). FlashInfer's
+# sampler is off unless set: its JIT build in the last stage can outlast the others' start-up.
 shared() {
   CUDA_VISIBLE_DEVICES=${KIT_GPU:-0} PYTHONPATH="$here/shared_gpu:$site" \
     KIT_SHARED_GPU_STAGES=${KIT_SHARED_GPU_STAGES:-2} \
     VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0} "$@"
 }
 
+shared_batch() {
+  shared $BENCH --workload batch --model qwen3-0.6b --weights random --repeat 1 \
+    --timeout 360 --deadline 900 --out "$RES/$1-0.6b" --modes "$2"
+}
 step_shared-batch() {
-  shared $BENCH --workload batch --model qwen3-0.6b --weights random --repeat 1 \
-    --timeout 360 --deadline 900 --out "$RES/shared-batch-0.6b" \
-    --modes stock:$FAP,plugin:$FAP,plugin-direct:$FAP,stock:piecewise,plugin:piecewise
+  shared_batch shared-batch stock:$FAP,plugin:$FAP,plugin-direct:$FAP,stock:piecewise,plugin:piecewise
 }
-
 step_shared-modes() {
-  shared $BENCH --workload batch --model qwen3-0.6b --weights random --repeat 1 \
-    --timeout 360 --deadline 900 --out "$RES/shared-modes-0.6b" \
-    --modes stock:full_decode_only,plugin:full_decode_only,stock:eager,plugin:breakable,plugin-direct:eager
+  shared_batch shared-modes \
+    stock:full_decode_only,plugin:full_decode_only,stock:eager,plugin:breakable,plugin-direct:eager
 }
 
-# Start-up as an operator restarting a server sees it (../tools/restart_check.py): each
-# runner on fresh caches, then on the same caches again, one server at a time; the
-# plugin first (shared-restart) or stock first (shared-restart-reversed).
-step_shared-restart() {
-  shared python3 -m benchmarks.tools.restart_check --out "$RES/shared-restart" \
-    --order "${KIT_RESTART_ORDER:-plugin,stock}" --port 9700
+restart() {
+  shared python3 -m benchmarks.tools.restart_check --out "$RES/$1" --order "$2" --port 9700
 }
-step_shared-restart-reversed() {
-  shared python3 -m benchmarks.tools.restart_check --out "$RES/shared-restart-reversed" \
-    --order stock,plugin --port 9700
-}
+step_shared-restart() { restart shared-restart "${KIT_RESTART_ORDER:-plugin,stock}"; }
+step_shared-restart-reversed() { restart shared-restart-reversed stock,plugin; }
 
-# A stage's worker stopped by SIGSTOP under load (../tools/serve_checks.py --how stop):
-# stock's server at PP=2 (given vLLM's 300 s execute timeout and a minute more) beside
-# the plugin's at PP=2, then the plugin's at TP=2 x PP=2, each with a stall limit of
-# KIT_STALL_LIMIT_S (20) and KIT_STALL_LIMIT_S + 10 s to exit.
 step_shared-stuck-stage() {
   install_test_plugins
   local limit=${KIT_STALL_LIMIT_S:-20} rc=0 out="$RES/shared-stuck-stage"
-  shared python3 -m benchmarks.tools.serve_checks fault --out "$out" --runner stock \
-    --stage last --how stop --exit-within 360 --beside --port 9710 \
+  local check=(python3 -m benchmarks.tools.serve_checks fault --out "$out" --how stop --beside)
+  # Stock is given vLLM's 300 s execute timeout and a minute more to exit.
+  shared "${check[@]}" --runner stock --stage last --exit-within 360 --port 9710 \
     >"$out-stock.txt" 2>&1 &
   local stock=$!
   sleep 5
-  shared python3 -m benchmarks.tools.serve_checks fault --out "$out" --runner plugin \
-    --stage last --how stop --stall-limit "$limit" --exit-within $((limit + 10)) --beside \
-    --port 9720 || rc=1
-  KIT_SHARED_GPU_STAGES=4 shared python3 -m benchmarks.tools.serve_checks fault --out "$out" \
-    --runner plugin --stage first --tp 2 --how stop --stall-limit "$limit" \
-    --exit-within $((limit + 10)) --beside --port 9730 || rc=1
+  shared "${check[@]}" --runner plugin --stage last --stall-limit "$limit" \
+    --exit-within $((limit + 10)) --port 9720 || rc=1
+  KIT_SHARED_GPU_STAGES=4 shared "${check[@]}" --runner plugin --stage first --tp 2 \
+    --stall-limit "$limit" --exit-within $((limit + 10)) --port 9730 || rc=1
   wait $stock
   cat "$out-stock.txt"
   return $rc
 }
 
-# The 32B soak at PP=4 with every rank on one GPU: behaviour only (which kernels compile
-# while serving, on which rank and when: jit_compiles in soak.json), the plugin beside two
-# stock servers, LoRA and the sampling mix as in soak-32b-pp4 (KIT_SOAK_REQUESTS, 1000).
 step_shared-soak-32b-pp4() {
   install_test_plugins
   KIT_SHARED_GPU_STAGES=4 shared python3 -m benchmarks.tools.soak --out "$RES/shared-soak-32b-pp4" \
@@ -330,9 +285,8 @@ step_shared-soak-32b-pp4() {
 
 # gpu_soak NAME PP GPU-GROUP... [soak options]: the soak with a GPU per stage.
 gpu_soak() {
-  local name=$1 pp=$2
+  local name=$1 pp=$2 groups=()
   shift 2
-  local groups=()
   while [ $# -gt 0 ] && [[ $1 != --* ]]; do groups+=("$1"); shift; done
   install_test_plugins
   python3 -m benchmarks.tools.soak --out "$RES/$name" --pp "$pp" --gpus "${groups[@]}" \
@@ -340,7 +294,6 @@ gpu_soak() {
     --requests "${KIT_SOAK_REQUESTS:-10000}" --gpu-memory-utilization 0.9 --port 9800 \
     --plugin-runner "${KIT_SOAK_PLUGIN_RUNNER:-plugin}" --resume "$@" ${KIT_SOAK_ARGS:-}
 }
-# KIT_SOAK_GROUPS="0,1": the PP=2 soaks on a 2-GPU host, one server after another.
 pp2_groups=${KIT_SOAK_GROUPS:-0,1 2,3}
 # shellcheck disable=SC2086
 step_soak-32b() { gpu_soak soak-32b 2 $pp2_groups --shape qwen3-32b --lora 1; }
@@ -353,14 +306,6 @@ step_soak-preemption-32b() {
     --preemption
 }
 
-# faults: a stage that raises inside a step and a stage's worker killed (SIGKILL),
-# first and last stage, under load, with a GPU per stage: the plugin on GPUs 0,1 beside
-# stock on 2,3 (../tools/serve_checks.py fault; KIT_FAULT_EXECUTORS="mp ray" adds Ray
-# where it is installed). Each report has the seconds to a clean stop and the log's
-# error lines.
-# KIT_FAULT_CASES="executor:stage:how ..." (e.g. "ray:first:raise mp:last:kill") runs
-# those cases only, in that order; how "kill-engine" kills the engine core instead, as
-# vLLM's API server does when it shuts down, to see whether the workers outlive it.
 fault_cases() {
   if [ -n "${KIT_FAULT_CASES:-}" ]; then echo "$KIT_FAULT_CASES"; return; fi
   local executor stage how
@@ -374,8 +319,7 @@ fault_lane() {
   local runner=$1 gpus=$2 port=$3 rc=0 case executor stage how
   for case in $(fault_cases); do
     IFS=: read -r executor stage how <<<"$case"
-    # Under Ray each server starts a cluster of its own (RAY_ADDRESS=local): the two
-    # lanes run at once, and neither may join the other's.
+    # Under Ray each lane's server starts a cluster of its own, so neither joins the other's.
     env $([ "$executor" = ray ] && echo RAY_ADDRESS=local) \
       python3 -m benchmarks.tools.serve_checks fault --out "$RES/faults" --runner "$runner" \
       --gpus "$gpus" --port "$port" --stage "$stage" --how "$how" \
@@ -394,10 +338,6 @@ step_faults() {
   return $rc
 }
 
-# A stage on the second of two Ray nodes fails under load (ray_nodes.sh: the head owns
-# GPU 0, the second node GPU 1; RAY_ADDRESS makes vLLM's Ray executor use them).
-# KIT_TWO_NODE_RUNNERS (default plugin; "plugin stock" adds stock's server, one after
-# the other) and KIT_TWO_NODE_HOWS (default "raise kill") choose the cases.
 step_faults-two-nodes() {
   install_test_plugins
   local rc=0 runner how
@@ -410,17 +350,13 @@ step_faults-two-nodes() {
       RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6379} python3 -m benchmarks.tools.serve_checks fault \
         --out "$RES/faults-two-nodes" --runner "$runner" --gpus 0,1 --port 8400 \
         --stage last --how "$how" --ray || rc=1
-      echo "left on the GPUs after $runner $how:"
-      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+      gpu_apps "left on the GPUs after $runner $how:"
       bash "$here/ray_nodes.sh" stop >> "$RES/ray-nodes.txt" 2>&1
     done
   done
   return $rc
 }
 
-# storm: aborted and bad requests beside good traffic (../tools/serve_storm.py), a GPU per
-# stage: PP=2, the plugin on GPUs 0,1 beside stock on 2,3; then PP=4 on GPUs 0-3, the
-# plugin then stock.
 step_storm() {
   local rc=0 storm="python3 -m benchmarks.tools.serve_storm --out $RES/storm"
   tagged plugin $storm --runner plugin --pp 2 --gpus 0,1 --port 8600 &
@@ -433,14 +369,8 @@ step_storm() {
   return $rc
 }
 
-step_shared-gpu-tests() {
-  shared step_gpu-tests
-}
+step_shared-gpu-tests() { shared step_gpu-tests; }
 
-# The layout tests, every rank on GPU 0, in three pytest runs side by side (each with a
-# copy of the kit's site): an engine takes minutes to start there, so one run would take
-# hours. KIT_LAYOUT_STREAM_1..3 (pytest node ids) replace a run's tests, set but empty
-# drop that run; a fourth run takes KIT_LAYOUT_STREAM_4 where set.
 step_shared-layouts() {
   local L=tests/e2e/test_layouts.py T B i pids=() rc=0
   T=$L::test_layout_serves_stocks_tokens_in_every_graph_mode
@@ -491,7 +421,6 @@ step_stage-cost() {
 
 step_gpu-tests() {
   install_test_plugins
-  # KIT_TESTS: the tests to run, as pytest node ids in the order to run them (default: all).
   # shellcheck disable=SC2086
   python3 -m pytest -m gpu -rs -v -p no:cacheprovider --basetemp "$RES/gpu-tests" \
     --junitxml "$RES/gpu-tests.xml" ${KIT_TESTS:-tests}
@@ -506,8 +435,7 @@ for path in sorted([*res.glob("*/bench.json"), *res.glob("gpu-tests/**/bench.jso
     for run in json.loads(path.read_text())["runs"]:
         spec = run["spec"]
         keys = ("input_len", "concurrency", "plugin_stages", "direct_handoff_stages", "tokens_verdict",
-                "tokens_agree",
-                "tokens_reference", "requests_differ", "repeats_itself", "req_per_s",
+                "tokens_agree", "tokens_reference", "requests_differ", "repeats_itself", "req_per_s",
                 "tpot_mean_ms", "tpot_p50_ms", "ttft_p50_ms", "output_tok_per_s", "init_s", "capture_s", "returncode")
         row = " ".join(f"{k}={run[k]}" for k in keys if k in run)
         layout = f" tp={spec['tp']} pp={spec['pp']}" if spec.get("tp", 1) > 1 else ""
@@ -543,15 +471,13 @@ run_all() {
     case $want in *" $s "*) ;; *) continue ;; esac
     echo "=== step $s ($(date -u +%T))"
     # Another job on the GPUs moves a step's timings, and its compiled-mode tokens.
-    { echo "on the GPUs before $s:"
-      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; } >>"$RES/steps.txt" 2>&1
+    gpu_apps "on the GPUs before $s:" >>"$RES/steps.txt" 2>&1
     local t0=$SECONDS
     "step_$s" > >(tee "$RES/$s.txt") 2>&1
     local rc=$?
     echo "$s rc=$rc ${VLLM_USE_FLASHINFER_SAMPLER:+VLLM_USE_FLASHINFER_SAMPLER=$VLLM_USE_FLASHINFER_SAMPLER }$((SECONDS - t0))s" \
       | tee -a "$RES/steps.txt"
-    { echo "left on the GPUs after $s:"
-      nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; } >>"$RES/steps.txt" 2>&1
+    gpu_apps "left on the GPUs after $s:" >>"$RES/steps.txt" 2>&1
     summary
   done
   summary
@@ -563,9 +489,8 @@ case "${1:-}" in
   start)
     [ $# -ge 2 ] || usage
     [ $# -ge 3 ] || no_steps
+    # A host kept from an earlier run: set that run aside, so this run's pack holds only its own.
     if grep -qs 'CHECKS DONE' "$2/steps.txt"; then
-      # A host kept from an earlier run still holds that run: set it aside, so this
-      # run's pack holds only its own files.
       mv "$2" "$2.before-$(date +%s)" && echo "an earlier run's $2 set aside"
     fi
     mkdir -p "$2"
@@ -575,7 +500,6 @@ case "${1:-}" in
     [ $# -eq 3 ] || usage
     RES=$2; end=$((SECONDS + $3))
     if [ ! -e "$RES/console.txt" ]; then
-      # A fresh host comes back bare: nothing to wait for.
       echo "no run in $RES: nothing was started there on this machine (a fresh one?)" >&2
       exit 3
     fi

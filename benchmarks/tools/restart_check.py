@@ -1,11 +1,9 @@
 """Start-up as an operator restarting a server sees it: each runner started on fresh
 caches (cold), then again on the same caches (warm), one ``vllm serve`` at a time.
 
-For each start: seconds to ``/health``, vLLM's "init engine" seconds, each stage's
-torch.compile seconds, whether the compiled graphs were loaded from the cache, the
-compile-cache folders before and after, and the first sampled request's latency
-(temperature 0.8, top-p 0.9). ``--order`` gives the runners' order; run it twice with
-the order reversed to see order effects.
+Per start: seconds to ``/health``, vLLM's init and torch.compile seconds, graphs loaded
+from the cache, the compile-cache folders, the first sampled request's latency. Run
+``--order`` both ways round to see order effects.
 
     python -m benchmarks.tools.restart_check --out DIR [--order plugin,stock] [--pp 2]
 """
@@ -32,9 +30,8 @@ from vllm_pp_cudagraph.commands.bench.serve_load import wait_until_healthy
 from vllm_pp_cudagraph.commands.bench.serve_run import serve_command
 
 _INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
-_COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total|"
-                      r"torch\.compile takes ([\d.]+) s in total")
-_LOADED = "Directly load the compiled graph"
+_INIT_COMPILATION = re.compile(r"warmup model\) took [\d.]+ s \(compilation: ([\d.]+) s")
+_COMPILE = re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total")
 _COMPILED = re.compile(r"Compiling a graph for compile range .* takes ([\d.]+) s")
 
 
@@ -55,7 +52,9 @@ async def first_sampled_request(base_url: str) -> float:
     return round(time.monotonic() - started, 3)
 
 
-def one_start(runner: str, caches: Path, model_dir: Path, log_path: Path, args) -> dict:
+def one_start(runner: str, caches: Path, model_dir: Path, log_path: Path,
+              args: argparse.Namespace) -> dict[str, Any]:
+    """Serve ``runner`` on the compile caches under ``caches``: what its start-up took."""
     spec = RunSpec(runner, "full_and_piecewise", pp=args.pp, tp=args.tp, max_num_seqs=64,
                    weights="dummy", gpu_memory_utilization=0.6, max_model_len=2048)
     env = engine_env(spec)
@@ -71,8 +70,7 @@ def one_start(runner: str, caches: Path, model_dir: Path, log_path: Path, args) 
                                 stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            healthy = asyncio.run(wait_until_healthy(base_url, 900,
-                                                     lambda: proc.poll() is None))
+            healthy = asyncio.run(wait_until_healthy(base_url, 900, lambda: proc.poll() is None))
             report["health_s"] = round(time.monotonic() - started, 1) if healthy else None
             if healthy:
                 report["first_sampled_request_s"] = asyncio.run(first_sampled_request(base_url))
@@ -83,12 +81,11 @@ def one_start(runner: str, caches: Path, model_dir: Path, log_path: Path, args) 
             except (subprocess.TimeoutExpired, ProcessLookupError):
                 stop_process_group(proc)
     log = log_path.read_text(errors="replace")
-    inits = [float(m) for m in _INIT.findall(log)]
-    report["init_engine_s"] = inits[0] if inits else None
-    compiles = re.findall(r"warmup model\) took [\d.]+ s \(compilation: ([\d.]+) s", log)
-    report["init_compilation_s"] = float(compiles[0]) if compiles else 0.0
-    report["torch_compile_s"] = [float(a or b) for a, b in _COMPILE.findall(log)]
-    report["graphs_loaded_from_cache"] = log.count(_LOADED)
+    init, compilation = _INIT.search(log), _INIT_COMPILATION.search(log)
+    report["init_engine_s"] = float(init.group(1)) if init else None
+    report["init_compilation_s"] = float(compilation.group(1)) if compilation else 0.0
+    report["torch_compile_s"] = [float(s) for s in _COMPILE.findall(log)]
+    report["graphs_loaded_from_cache"] = log.count("Directly load the compiled graph")
     report["graphs_compiled"] = len(_COMPILED.findall(log))
     report["plugin_lines"] = log.count("vllm-pp-cudagraph active on all")
     report["cache_folders_after"] = cache_folders(caches / "vllm")

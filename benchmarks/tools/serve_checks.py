@@ -1,28 +1,16 @@
 """Serving checks of what users turn on, behind ``vllm serve``, one report each.
 
-``structured``: the plugin with its defaults serves a mix of structured-output
-(JSON schema) and plain requests arriving over time, sampled and greedy. Every
-structured output must parse and match its schema, no request may fail, and
-the log may hold no grammar rejection. The model has a byte-level vocabulary,
-so its grammar can spell JSON.
+``structured``: the plugin's defaults serve JSON-schema and plain requests, sampled and
+greedy, arriving over time, on a byte-level vocabulary (its grammar can spell JSON): every
+structured answer must match its schema, no request may fail, no grammar reject a token.
 
-``fault``: a model whose first (or, with ``--stage last``, last) stage raises
-inside a serving step on request (the test-only ``pp_e2e_models`` plugin,
-``tests/e2e/soak_plugins``), under vLLM's multiprocess executor or, with
-``--ray``, Ray's; with ``--how kill``, that stage's worker process is killed
-(SIGKILL) mid-serving instead; with ``--how stop``, it is stopped (SIGSTOP), alive and
-silent, which the plugin's stall watch must name and stop within its limit
-(``--stall-limit``) plus 10 s; with ``--how kill-engine``, the engine core is, as
-vLLM's API server kills it when it shuts down (its workers must not outlive it). The
-server must exit within ``--exit-within``
-seconds of the fault, with the stage's error in its log (for a raise) and no
-process of its group left (its exit status is recorded: vLLM's API server exits 0
-once its engine has died); the report keeps the log's error lines after the fault,
-what a user sees. Stock vLLM is run under the same fault beside it, and what it
-did is recorded.
+``fault``: under load, a stage of the test-only ``pp_e2e_models`` model
+(``tests/e2e/soak_plugins``) raises inside a step, or its worker is killed or stopped (the
+stall watch must name it), or the engine core is killed. The server must exit within
+``--exit-within`` seconds, leaving no process or GPU memory; the report keeps its exit
+status and the log's error lines. Stock under the same fault is recorded beside it.
 
-    python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1]
-        [--shape qwen3-32b ...]
+    python -m benchmarks.tools.serve_checks structured --out DIR [--pp 2] [--gpus 0,1] [--shape S]
     python -m benchmarks.tools.serve_checks fault --out DIR [--runner plugin|stock]
         [--stage first|last] [--ray] [--how raise|kill|stop|kill-engine] [--tp 2]
 """
@@ -121,13 +109,10 @@ async def send_structured(base_url: str, requests: list[dict], concurrency: int,
     timeout = aiohttp.ClientTimeout(total=1800)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(one(session, i, body) for i, body in enumerate(requests)))
-    return {
-        "requests": len(requests),
-        "structured": sum("response_format" in r for r in requests),
-        "elapsed_s": round(time.monotonic() - start, 1),
-        "finish_reasons": finish_reasons,
-        "problems": problems,
-    }
+    return {"requests": len(requests),
+            "structured": sum("response_format" in r for r in requests),
+            "elapsed_s": round(time.monotonic() - start, 1),
+            "finish_reasons": finish_reasons, "problems": problems}
 
 
 def byte_vocab_config(shape: str) -> dict[str, Any]:
@@ -136,8 +121,7 @@ def byte_vocab_config(shape: str) -> dict[str, Any]:
 
 
 def byte_vocab_model_dir(directory: str | Path, shape: str, weights: bool = False) -> Path:
-    """``shape``'s model with the byte-level vocabulary, so its grammar can spell JSON;
-    with ``weights``, a seeded random checkpoint for it (dense Qwen3 up to 4B)."""
+    """``shape``'s model with the byte-level vocabulary; ``weights``: a random checkpoint."""
     config = byte_vocab_config(shape)
     if weights and not has_random_weights(shape):
         raise ValueError(f"{shape!r} has no random checkpoint; serve it with dummy weights")
@@ -150,31 +134,25 @@ def byte_vocab_model_dir(directory: str | Path, shape: str, weights: bool = Fals
 
 
 def structured_name(args: argparse.Namespace) -> str:
-    """The structured check's report and log name: runner, PP size, shape unless the default."""
+    """The structured report's and log's name: runner, PP size, shape unless the default."""
     shape = "" if args.shape == "qwen3-0.6b" else f"-{args.shape}"
     return f"structured-{args.runner}-pp{args.pp}{shape}"
 
 
 def check_structured(args: argparse.Namespace) -> dict[str, Any]:
-    out = Path(args.out)
     model_dir = str(byte_vocab_model_dir(tempfile.mkdtemp(prefix="structured-"), args.shape))
     spec = RunSpec(args.runner, args.mode, pp=args.pp, max_num_seqs=64,
                    weights="dummy", shape=args.shape, attention_backend="TRITON_ATTN",
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    extra_env={"CUDA_VISIBLE_DEVICES": args.gpus} if args.gpus else {})
-    log_path = out / f"{structured_name(args)}.log"
+    log_path = Path(args.out) / f"{structured_name(args)}.log"
     requests = structured_requests(args.requests)
-
-    async def call(base_url: str) -> dict[str, Any]:
-        return await send_structured(base_url, requests, args.concurrency, args.spread_s)
-
     report = serve_and_call(
-        spec, model_dir, log_path, call, port=args.port,
-        extra_args=[*STRUCTURED_SERVE_ARGS, "--max-model-len", "1024"],
-    )
+        spec, model_dir, log_path,
+        lambda base_url: send_structured(base_url, requests, args.concurrency, args.spread_s),
+        port=args.port, extra_args=[*STRUCTURED_SERVE_ARGS, "--max-model-len", "1024"])
     log = log_path.read_text(errors="replace")
     report["grammar_rejections"] = sum(log.count(line) for line in GRAMMAR_REJECTIONS)
-    # The ranks on the plugin's runner, from their plan records.
     report["plugin_stages"] = record_findings(records_dir_of(log_path))["plugin_stages"]
     report["passed"] = bool(
         "error" not in report and not report.get("problems")
@@ -190,8 +168,7 @@ LINGER_LIMIT_S = 30.0
 
 
 def seconds_until_gone(pgid: int, waited: float, limit: float) -> float | None:
-    """Seconds after the server's exit until its process group ``pgid`` has ended (the
-    ``waited`` already spent counted), or None where it outlived ``limit``."""
+    """Seconds (``waited`` included) until process group ``pgid`` ends; None past ``limit``."""
     started = time.monotonic() - waited
     while _group_alive(pgid):
         if time.monotonic() - started >= limit:
@@ -221,15 +198,30 @@ def group_processes(pgid: int) -> list[str]:
     return sorted(found, key=lambda entry: int(entry.split()[0]))
 
 
+def _nvidia_smi(*query: str) -> list[list[str]] | None:
+    """nvidia-smi's CSV rows for ``query``, or None without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [[field.strip() for field in line.split(",")]
+            for line in out.splitlines() if line.strip()]
+
+
 def gpu_memory_held(gpus: str, held_by_process: list[tuple[str, int]] | None = None
                     ) -> dict[str, int] | None:
     """MiB that processes hold on each of ``gpus`` (indices, comma-separated; all GPUs
     where empty), from nvidia-smi (``held_by_process``, one (GPU index, MiB) per process,
     stands in for it in tests); None where nvidia-smi is not there."""
     if held_by_process is None:
-        held_by_process = _compute_apps()
-        if held_by_process is None:
+        gpu_rows = _nvidia_smi("--query-gpu=index,pci.bus_id")
+        app_rows = None if gpu_rows is None else _nvidia_smi(
+            "--query-compute-apps=gpu_bus_id,used_memory")
+        if app_rows is None:
             return None
+        index_of = {bus: index for index, bus in gpu_rows}
+        held_by_process = [(index_of.get(bus, bus), int(mib)) for bus, mib in app_rows]
     wanted = {g.strip() for g in gpus.split(",") if g.strip()}
     held: dict[str, int] = {}
     for gpu, mib in held_by_process:
@@ -238,54 +230,24 @@ def gpu_memory_held(gpus: str, held_by_process: list[tuple[str, int]] | None = N
     return held
 
 
-def _compute_apps() -> list[tuple[str, int]] | None:
-    """(GPU index, MiB) of each process nvidia-smi lists, or None without nvidia-smi."""
-    def query(*args: str) -> list[list[str]]:
-        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        return [[field.strip() for field in line.split(",")]
-                for line in out.splitlines() if line.strip()]
-
-    try:
-        index_of = {bus: index for index, bus in query("--query-gpu=index,pci.bus_id")}
-        apps = query("--query-compute-apps=gpu_bus_id,used_memory")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [(index_of.get(bus, bus), int(mib)) for bus, mib in apps]
-
-
 def gpu_memory_of_group(pgid: int) -> int | None:
-    """MiB that the processes of group ``pgid`` hold on any GPU (for a server run beside
-    another on the same GPU), or None without nvidia-smi."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                              "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
+    """MiB that process group ``pgid`` holds on any GPU, or None without nvidia-smi."""
+    rows = _nvidia_smi("--query-compute-apps=pid,used_memory")
+    if rows is None:
         return None
-    held = 0
-    for line in out.splitlines():
-        pid, _, mib = (field.strip() for field in line.partition(","))
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rpartition(")")[2].split()[2]) == pgid:
-            held += int(mib)
-    return held
+    members = {entry.split()[0] for entry in group_processes(pgid)}
+    return sum(int(mib) for pid, mib in rows if pid in members)
 
 
 def fault_env(flag: Path, stage: str) -> dict[str, str]:
-    """What the fault model reads, and has Ray carry to its workers (Ray copies only
-    vLLM's own variables unless told otherwise)."""
+    """What the fault model reads, and has Ray copy to its workers (else only vLLM's own)."""
     names = ("PP_E2E_FAULT_FILE", "PP_E2E_FAULT_STAGE")
     return {names[0]: str(flag), names[1]: stage, "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY": ",".join(names)}
 
 
 def fault_name(args: argparse.Namespace) -> str:
-    """The fault report's and log's name: runner, failing stage, executor (and ``-kill``
-    where the stage's worker is killed rather than raising), ``-run2`` and on where the
-    same case already ran into ``--out``."""
+    """The fault report's and log's name: runner, stage, executor, how unless raise, TP
+    where > 1; ``-run2`` and on where the same case already ran into ``--out``."""
     name = f"fault-{args.runner}-{args.stage}-{'ray' if args.ray else 'mp'}"
     name += "" if args.how == "raise" else f"-{args.how}"
     name += f"-tp{args.tp}" if getattr(args, "tp", 1) > 1 else ""
@@ -296,9 +258,8 @@ def fault_name(args: argparse.Namespace) -> str:
 
 
 def stage_worker_pid(records: Path, log_text: str, stage: int) -> int | None:
-    """The process of ``stage``'s first TP rank: from the plugin's plan record where the
-    plugin's runner runs it (any executor), else from vLLM's own log prefix for its
-    multiprocess workers (``(Worker_PP1 pid=...)``, ``(Worker_PP1_TP0 pid=...)``)."""
+    """``stage``'s first TP rank's pid: from the plugin's plan record (any executor), else
+    from vLLM's log prefix of its multiprocess workers (``(Worker_PP1_TP0 pid=N)``)."""
     record = records / f"plan-{stage}-0.json"
     if record.exists():
         pid = json.loads(record.read_text()).get("pid")
@@ -315,17 +276,15 @@ def error_lines(log_text: str, limit: int = 8) -> list[str]:
 
 
 def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
-    """Serve the fault model, inject the fault mid-serving, watch how the server ends; its
-    log is ``name``.log in ``--out``."""
+    """Serve the fault model, inject the fault mid-serving, watch how the server ends."""
     report: dict[str, Any] = {"runner": args.runner, "stage": args.stage,
                               "executor": "ray" if args.ray else "mp", "how": args.how,
                               "exit_within_s": args.exit_within}
     if not args.beside and (held := gpu_memory_held(args.gpus)):
-        # What a case leaves behind would be read as this one's (an earlier orphan).
+        # An earlier case's orphans' memory would be read as this case's.
         report["error"] = f"GPUs already hold memory before the server starts: {held} MiB"
         report["passed"] = False
         return report
-    out = Path(args.out)
     model_dir = write_model_dir(tempfile.mkdtemp(prefix="fault-"), tokenizer=True)
     config = json.loads((model_dir / "config.json").read_text())
     config["architectures"] = ["StageFaultQwen3ForCausalLM"]
@@ -341,7 +300,7 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
                                  if args.stall_limit is not None else {})})
     env = engine_env(spec)
     env["VLLM_PLUGINS"] = ",".join(p for p in (env.get("VLLM_PLUGINS"), "pp_e2e_models") if p)
-    log_path = out / f"{name}.log"
+    log_path = Path(args.out) / f"{name}.log"
     records = records_dir(log_path)
     env["VLLM_PP_CUDAGRAPH_METRICS_DIR"] = str(records)
     stage_index = 0 if args.stage == "first" else spec.pp - 1
@@ -386,29 +345,23 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
 
             started = time.monotonic()
             loop_result: dict[str, Any] = {}
-
-            def run_load_thread() -> None:
-                loop_result["ok"] = asyncio.run(load())
-
-            thread = threading.Thread(target=run_load_thread, daemon=True)
+            thread = threading.Thread(
+                target=lambda: loop_result.update(ok=asyncio.run(load())), daemon=True)
             thread.start()
             while not fault_marker.exists() and time.monotonic() - started < 30:
                 time.sleep(0.05)
             fault_at = time.monotonic()
             try:
                 rc = proc.wait(timeout=args.exit_within)
-                report["exit_s"] = round(time.monotonic() - fault_at, 1)
-                report["rc"] = rc
+                report["exit_s"], report["rc"] = round(time.monotonic() - fault_at, 1), rc
             except subprocess.TimeoutExpired:
-                report["exit_s"] = None
-                report["rc"] = None
+                report["exit_s"] = report["rc"] = None
             time.sleep(3)
             report["left_running"] = _group_alive(proc.pid)
             if report["left_running"]:
                 report["left_processes"] = group_processes(proc.pid)
             report["group_ended_s"] = seconds_until_gone(proc.pid, 3, LINGER_LIMIT_S)
-            # Ray's workers live outside the server's process group: what still holds
-            # the server's GPUs once the group has had its time.
+            # Ray's workers live outside the server's process group: what still holds its GPUs.
             report["gpu_memory_held_mib"] = (
                 {"server's processes": gpu_memory_of_group(proc.pid)} if args.beside
                 else gpu_memory_held(args.gpus))
@@ -423,50 +376,46 @@ def check_fault(args: argparse.Namespace, name: str) -> dict[str, Any]:
                     stop_process_group(proc)
     log = log_path.read_text(errors="replace")
     report["error_lines"] = error_lines(log)
-    # vLLM's API server exits 0 once its engine is dead (EngineDeadError), whatever
-    # killed it; what counts is that it exits, promptly, leaving nothing behind.
+    # vLLM's API server exits 0 once its engine is dead: what counts is a prompt, clean exit.
     stopped = (report.get("exit_s") is not None and report["group_ended_s"] is not None
                and not any((report["gpu_memory_held_mib"] or {}).values()))
-    if args.how == "stop":
-        report["stuck_stage_named"] = f"pipeline stage {stage_index} (TP rank" in log \
-            and "is stuck" in log
+    if args.how == "raise":
+        report["fault_in_log"] = f"injected fault on the {args.stage} stage" in log
+        report["stage_stop_in_log"] = f"Pipeline stage {stage_index} failed in execute_model" in log
+        report["passed"] = bool(stopped and report["fault_in_log"])
+    elif args.how == "stop":
+        report["stuck_stage_named"] = (f"pipeline stage {stage_index} (TP rank" in log
+                                       and "is stuck" in log)
         report["answered_every_request"] = "no answer" not in report.get("request_outcomes", {})
-        report["passed"] = bool(stopped and report.get("killed_pid")
-                                and report["stuck_stage_named"]
+        report["passed"] = bool(stopped and report.get("killed_pid") and report["stuck_stage_named"]
                                 and report["answered_every_request"])
-        return report
-    if args.how != "raise":
+    else:
         report["passed"] = bool(stopped and report.get("killed_pid"))
-        return report
-    report["fault_in_log"] = f"injected fault on the {args.stage} stage" in log
-    report["stage_stop_in_log"] = f"Pipeline stage {stage_index} failed in execute_model" in log
-    report["passed"] = bool(stopped and report["fault_in_log"])
     return report
+
+
+def _kill(pid: int, sig: int) -> int | None:
+    """Send ``sig`` to ``pid``; ``pid``, or None where it had already ended."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return None
+    return pid
 
 
 def kill_stage_worker(records: Path, log_path: Path, stage: int,
                       sig: int = signal.SIGKILL) -> int | None:
     """Send ``sig`` (SIGKILL) to ``stage``'s worker; its pid, or None where it was not found."""
     pid = stage_worker_pid(records, log_path.read_text(errors="replace"), stage)
-    if pid is not None:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return None
-    return pid
+    return None if pid is None else _kill(pid, sig)
 
 
 def kill_engine_core(pgid: int) -> int | None:
-    """SIGKILL the engine core of the server whose process group is ``pgid``; its pid, or
-    None where none was found (vLLM names the process ``VLLM::EngineCore``)."""
+    """SIGKILL the engine core in process group ``pgid``; its pid, or None where not found."""
     for entry in group_processes(pgid):
         pid, _, name = entry.partition(" ")
         if name.startswith("VLLM::EngineCor"):  # /proc keeps 15 characters of a name
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                return None
-            return int(pid)
+            return _kill(int(pid), signal.SIGKILL)
     return None
 
 
@@ -476,42 +425,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("check", choices=("structured", "fault"), help="which check to run")
     parser.add_argument("--out", required=True, help="directory for the report and logs")
     parser.add_argument("--runner", default="plugin", help="plugin, stock, ... (engine_run.RUNNERS)")
-    parser.add_argument("--mode", default="full_and_piecewise", help="graph mode (structured)")
-    parser.add_argument("--pp", type=int, default=2, help="pipeline-parallel size (structured)")
     parser.add_argument("--gpus", default="", help="CUDA_VISIBLE_DEVICES for the server")
     parser.add_argument("--port", type=int, default=8000, help="port of the server")
-    parser.add_argument("--requests", type=int, default=200, help="requests (structured)")
-    parser.add_argument("--concurrency", type=int, default=64, help="in flight (structured)")
-    parser.add_argument("--spread-s", type=float, default=20.0,
-                        help="arrivals spread over this many seconds (structured)")
-    parser.add_argument("--exit-within", type=float, default=30.0,
-                        help="seconds the server has to exit after the fault (fault)")
-    parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
-                        help="model shape, served with a byte-level vocabulary (structured)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
-                        help="vLLM's gpu_memory_utilization (structured; big shapes need more)")
-    parser.add_argument("--stage", choices=("first", "last"), default="first",
-                        help="the stage that fails (fault)")
-    parser.add_argument("--ray", action="store_true",
-                        help="serve with --distributed-executor-backend ray (fault)")
-    parser.add_argument("--how", choices=("raise", "kill", "stop", "kill-engine"),
-                        default="raise",
-                        help="the stage raises inside a step, or its worker is killed, or "
-                             "stopped (SIGSTOP), or the engine core is killed (fault)")
-    parser.add_argument("--tp", type=int, default=1, help="TP ranks per stage (fault)")
-    parser.add_argument("--beside", action="store_true",
-                        help="another server shares the GPUs: count only the memory this "
-                             "server's processes hold (fault)")
-    parser.add_argument("--stall-limit", type=float, default=None,
-                        help="VLLM_PP_CUDAGRAPH_STALL_LIMIT_S for the server (fault)")
+    structured = parser.add_argument_group("structured")
+    structured.add_argument("--mode", default="full_and_piecewise", help="graph mode")
+    structured.add_argument("--pp", type=int, default=2, help="pipeline-parallel size")
+    structured.add_argument("--requests", type=int, default=200, help="requests to send")
+    structured.add_argument("--concurrency", type=int, default=64, help="requests in flight")
+    structured.add_argument("--spread-s", type=float, default=20.0,
+                            help="arrivals spread over this many seconds")
+    structured.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES),
+                            help="model shape, served with a byte-level vocabulary")
+    structured.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                            help="vLLM's gpu_memory_utilization (big shapes need more)")
+    fault = parser.add_argument_group("fault")
+    fault.add_argument("--exit-within", type=float, default=30.0,
+                       help="seconds the server has to exit after the fault")
+    fault.add_argument("--stage", choices=("first", "last"), default="first",
+                       help="the stage that fails")
+    fault.add_argument("--ray", action="store_true",
+                       help="serve with --distributed-executor-backend ray")
+    fault.add_argument("--how", choices=("raise", "kill", "stop", "kill-engine"), default="raise",
+                       help="the stage raises inside a step, or its worker is killed, or "
+                            "stopped (SIGSTOP), or the engine core is killed")
+    fault.add_argument("--tp", type=int, default=1, help="TP ranks per stage")
+    fault.add_argument("--beside", action="store_true", help="another server shares the "
+                       "GPUs: count only the memory this server's processes hold")
+    fault.add_argument("--stall-limit", type=float, default=None,
+                       help="VLLM_PP_CUDAGRAPH_STALL_LIMIT_S for the server")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.check == "structured":
         name, report = structured_name(args), check_structured(args)
     else:
-        # Named before the run (a repeated case is numbered by the reports already there):
-        # its log takes the same name as its report.
-        name = fault_name(args)
+        name = fault_name(args)  # before the run: its log takes its report's name
         report = check_fault(args, name)
     (Path(args.out) / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k != "problems"}, default=str))
