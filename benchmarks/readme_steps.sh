@@ -13,12 +13,15 @@ step() { local name=$1; shift; local s=$(date +%s.%N); "$@" > "$T/$name.out" 2>&
 step check-unset vllm-pp-cudagraph check
 VLLM_PLUGINS=pp_cudagraph step check-enabled vllm-pp-cudagraph check
 VLLM_PLUGINS=pp_cudagraph step check-full vllm-pp-cudagraph check --full
-VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_DECODE_CADENCE=bogus step check-bad-cadence vllm-pp-cudagraph check
-VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_LAYER_PARTITION=3,3 step check-bad-partition vllm-pp-cudagraph check
-VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_DECODE_CADNCE=merge step check-unknown vllm-pp-cudagraph check
-VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_DECODE_CADENCE=bogus step serve-bad-cadence vllm serve Qwen/Qwen3-0.6B -pp 2
-VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_LAYER_PARTITION=3,3 step serve-bad-partition vllm serve Qwen/Qwen3-0.6B -pp 2
-VLLM_PLUGINS=pp_cudagraph VLLM_PP_CUDAGRAPH_DECODE_CADNCE=merge step serve-unknown vllm serve Qwen/Qwen3-0.6B -pp 2
+# A bad value of each setting, and a misspelt name, under `check` and `vllm serve`.
+for bad in BREAKABLE=maybe DECODE_CADENCE=bogus DIRECT_HANDOFF=2 KV_UPDATE_IN_GRAPHS=x \
+    LAYER_PARTITION=3,3 METRICS=perhaps METRICS_DIR=/etc/passwd METRICS_DIR=/proc/none/x \
+    STALL_LIMIT_S=-1 ALLOW_UNPROVEN=x ALLOW_UNSUPPORTED_VLLM=x DECODE_CADNCE=merge; do
+  name=$(echo "${bad%%=*}-${bad#*=}" | tr 'A-Z/,' 'a-z__')
+  (export VLLM_PLUGINS=pp_cudagraph "VLLM_PP_CUDAGRAPH_$bad"
+   step "check-$name" vllm-pp-cudagraph check
+   step "serve-$name" vllm serve Qwen/Qwen3-0.6B -pp 2)
+done
 step check-model vllm-pp-cudagraph check --model qwen3-32b --pp 2
 step check-model-memory vllm-pp-cudagraph check --model qwen3-32b --pp 2 --gpu-memory-gib 141
 step check-bad-arg vllm-pp-cudagraph check --pp
