@@ -66,10 +66,14 @@ def test_a_metrics_dir_that_is_a_file_or_cannot_be_made_is_refused_naming_it(tmp
         assert f"VLLM_PP_CUDAGRAPH_METRICS_DIR='{bad}': expected a directory" in str(err.value)
 
 
-def test_a_metrics_dir_that_does_not_exist_yet_is_made(tmp_path):
+def test_a_metrics_dir_that_does_not_exist_yet_is_accepted_and_reading_it_leaves_nothing(
+        tmp_path):
+    """``check`` reads the settings: a new path is tried, not left behind (the server
+    makes it when it starts)."""
     wanted = tmp_path / "a" / "b"
     settings = PPCudaGraphSettings.from_env({"VLLM_PP_CUDAGRAPH_METRICS_DIR": str(wanted)})
-    assert settings.metrics_dir == str(wanted) and wanted.is_dir()
+    assert settings.metrics_dir == str(wanted)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_replaced_setting_says_what_to_set_instead():

@@ -3,11 +3,13 @@ that reaches every process vLLM starts (API server, engine core, workers, Ray wo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
 from collections.abc import Callable, Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -65,16 +67,24 @@ def _partition_choice(value: Any) -> Any:
 
 
 def _writable_directory(value: Any) -> Any:
-    """Empty, or a directory the engine's processes can write in, made here if missing."""
+    """Empty, or a directory the engine's processes can write in. Tried by making it and a
+    file in it; what the try made is removed, so reading the settings (``check``) leaves
+    nothing behind and the server makes it when it starts."""
     if not isinstance(value, str) or not value.strip():
         return value
+    path = Path(value)
+    missing = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     try:
-        os.makedirs(value, exist_ok=True)
-        tempfile.TemporaryFile(dir=value).close()
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
     except OSError as exc:
-        reason = "it is a file" if os.path.isfile(value) else (exc.strerror or str(exc))
+        reason = "it is a file" if path.is_file() else (exc.strerror or str(exc))
         raise ValueError(f"expected a directory the server can write in ({reason}); "
                          "leave it empty for a temporary one") from None
+    finally:
+        for made in missing:
+            with contextlib.suppress(OSError):
+                made.rmdir()
     return value
 
 
