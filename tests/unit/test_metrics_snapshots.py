@@ -31,7 +31,7 @@ NOW = 1_700_000_000.0
 
 def stage(number: int, **changes) -> StageSnapshot:
     values = dict(stage=number, pp_size=2, tp_size=1, time=NOW, window_s=5.0, steps=400,
-                  busy_fraction=0.93, wait_fraction=0.04, step_ms=11.5, handoff_ms=0.21,
+                  busy_fraction=0.93, wait_fraction=0.04, step_ms=11.5,
                   handoff_bytes_total=10_000, graph_steps_total=998, eager_steps_total=2,
                   layers=14, predicted_step_ms=11.0)
     return StageSnapshot(**{**values, **changes})

@@ -50,7 +50,7 @@ def config(pp: int = 2, dp: int = 1) -> VllmConfig:
 def stage(number: int, **changes) -> StageSnapshot:
     values = dict(stage=number, pp_size=2, tp_size=1, time=time.time(), window_s=5.0,
                   steps=400, busy_fraction=0.93 + number / 25, wait_fraction=0.04 - number / 100,
-                  step_ms=11.5 + number, handoff_ms=0.2 + number / 50,
+                  step_ms=11.5 + number,
                   handoff_bytes_total=10_000 + number, graph_steps_total=998 + number,
                   eager_steps_total=2, layers=14 + number, predicted_step_ms=11.0 + number)
     return StageSnapshot(**{**values, **changes})
@@ -118,7 +118,6 @@ def test_every_series_for_both_stages(env) -> None:
         assert value(samples, "stage_busy_ratio", **s) == pytest.approx(0.93 + n / 25)
         assert value(samples, "stage_wait_ratio", **s) == pytest.approx(0.04 - n / 100)
         assert value(samples, "stage_step_seconds", **s) == pytest.approx((11.5 + n) / 1e3)
-        assert value(samples, "stage_handoff_seconds", **s) == pytest.approx((0.2 + n / 50) / 1e3)
         assert value(samples, "stage_predicted_step_seconds", **s) == pytest.approx((11 + n) / 1e3)
         assert value(samples, "stage_layers", **s) == 14 + n
         assert value(samples, "stage_reporting", **s) == 1
@@ -244,13 +243,13 @@ def test_record_rereads_at_most_once_a_second(env, monkeypatch) -> None:
 
 def test_log_line_for_two_stages() -> None:
     view = PipelineView(engine=0, pp_size=2, stages={
-        0: stage(0, busy_fraction=0.93, wait_fraction=0.04, handoff_ms=0.2),
-        1: stage(1, busy_fraction=0.97, wait_fraction=0.01, handoff_ms=0.22,
+        0: stage(0, busy_fraction=0.93, wait_fraction=0.04),
+        1: stage(1, busy_fraction=0.97, wait_fraction=0.01,
                  graph_steps_total=998, eager_steps_total=2)},
         engine_snapshot=engine())
     assert format_log_line(view) == (
         "Pipeline: stage 0 busy 93%, waits 4%; stage 1 busy 97%, waits 1%; "
-        "hand-off 0.21 ms/step; cadence balance (asked auto, 2 switches, 7 trials of 40 steps), "
+        "cadence balance (asked auto, 2 switches, 7 trials of 40 steps), "
         "groups 128/128; "
         "graphs 99.8% of steps")
     assert format_log_line(PipelineView(engine=0, pp_size=2)) is None

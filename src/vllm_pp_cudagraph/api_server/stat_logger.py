@@ -46,9 +46,6 @@ STAGE_GAUGES: dict[str, tuple[str, Callable[[StageSnapshot], float | None]]] = {
                          "waiting for the previous stage's tensors).", lambda s: s.wait_fraction),
     "stage_step_seconds": ("Mean GPU time of one step of the stage, in seconds.",
                            lambda s: s.step_ms / 1e3 if s.steps else None),
-    "stage_handoff_seconds": ("Mean host time per step receiving intermediate tensors "
-                              "(not measured yet), in seconds.",
-                              lambda s: None if s.handoff_ms is None else s.handoff_ms / 1e3),
     "stage_predicted_step_seconds": (
         "Predicted decode-step time of the stage at the engine's max_num_seqs, in seconds.",
         lambda s: None if s.predicted_step_ms is None else s.predicted_step_ms / 1e3),
@@ -167,8 +164,6 @@ def format_log_line(view: PipelineView) -> str | None:
         parts.append(f"stage {stage} silent" if snap is None else
                      f"stage {stage} idle" if not snap.steps else
                      f"stage {stage} busy {snap.busy_fraction:.0%}, waits {snap.wait_fraction:.0%}")
-    if timed := [s.handoff_ms for s in view.stages.values() if s.handoff_ms is not None]:
-        parts.append(f"hand-off {sum(timed) / len(timed):.2f} ms/step")
     if (snap := view.engine_snapshot) is not None:
         switches = snap.cadence_switches_total
         parts.append(
@@ -189,7 +184,7 @@ def idle_marked(snap: StageSnapshot, now: float) -> StageSnapshot:
     if now - snap.time <= IDLE_AFTER_S:
         return snap
     return replace(snap, window_s=now - snap.time, steps=0, busy_fraction=0.0,
-                   wait_fraction=0.0, handoff_ms=None, predicted_step_ms=None)
+                   wait_fraction=0.0, predicted_step_ms=None)
 
 
 def seconds_since_step(directory: Path, engine: int) -> dict[int, float]:

@@ -109,7 +109,6 @@ class StageSnapshot(_Snapshot):
     busy_fraction: float
     wait_fraction: float
     step_ms: float
-    handoff_ms: float | None = None
     handoff_bytes_total: int
     graph_steps_total: int
     eager_steps_total: int

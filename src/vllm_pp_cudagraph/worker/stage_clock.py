@@ -92,7 +92,7 @@ class StageClock:
             time=time.time(), window_s=now - window.start, steps=steps,
             busy_fraction=busy_ms / gpu_ms if gpu_ms else 1.0,
             wait_fraction=idle_ms / gpu_ms if gpu_ms else 0.0,
-            step_ms=busy_ms / steps, handoff_ms=None,
+            step_ms=busy_ms / steps,
             handoff_bytes_total=self.handoff_bytes_total,
             graph_steps_total=self.graph_steps_total, eager_steps_total=self.eager_steps_total,
             timed_steps_total=self.timed_steps_total, busy_ms_total=self.busy_ms_total,
