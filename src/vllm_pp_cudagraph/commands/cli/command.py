@@ -87,23 +87,21 @@ def _output_held_back(held: list[str]) -> Iterator[None]:
 
 
 class _Report:
-    """The lines ``check`` prints, the exit codes of the problems found in order, and what
+    """The lines ``check`` prints, the problems found (in order, with exit codes), and what
     the imports printed meanwhile (``held``)."""
 
     def __init__(self, out) -> None:
         self.out = out
-        self.problems: list[int] = []
-        self.problem_lines: list[str] = []
+        self.problems: list[tuple[int, str]] = []  # (exit status, line), in order
         self.held: list[str] = []
 
     def say(self, line: str) -> None:
         print(line, file=self.out)
 
     def problem(self, code: int, line: str) -> None:
-        """Print ``line``, which names a problem, and record its exit status."""
+        """Print ``line``, which names a problem, and record it with its exit status."""
         self.say(line)
-        self.problems.append(code)
-        self.problem_lines.append(line.strip())
+        self.problems.append((code, line.strip()))
 
 
 #: vLLM's default ``max_num_seqs`` on GPUs under 70 GiB and A100s (1024 on H100 and H200).
@@ -146,12 +144,12 @@ def check(out=None, engine: EngineShape | None = None, full: bool = False) -> in
         _report_proven(report)
     _report_gpus(report)
     # Repeated last, where a reader of a long report looks first.
-    for line in report.problem_lines:
+    for _, line in report.problems:
         report.say(f"to fix: {line}")
     if "".join(report.held).strip():
         print("\n-- printed by the imports above --\n" + "".join(report.held).rstrip(),
               file=sys.stderr)
-    return report.problems[0] if report.problems else EXIT_OK
+    return report.problems[0][0] if report.problems else EXIT_OK
 
 
 def _report_vllm(report: _Report, versions: vllm_surface.VersionInfo, settings) -> None:
