@@ -56,9 +56,11 @@
 #
 # Every rank on GPU KIT_GPU (0) through shared_gpu/ (test-only; KIT_SHARED_GPU_STAGES: the
 # most ranks an engine has, 2): tokens and behaviour, no speed.
-#   shared-restart  cold then warm start-up (../tools/restart_check.py; KIT_RESTART_ORDER)
+#   shared-restart  cold then warm start-up (../tools/restart_check.py; KIT_RESTART_ORDER;
+#                KIT_RESTART_STARTS=cold: the cold starts alone)
 #   shared-restart-reversed  the same, stock first
-#   shared-stuck-stage  a stage SIGSTOPped under load, plugin beside stock (KIT_STALL_LIMIT_S, 20)
+#   shared-stuck-stage  a stage SIGSTOPped under load, plugin beside stock (KIT_STALL_LIMIT_S, 20;
+#                KIT_STUCK_STOCK=0: the plugin's servers alone)
 #   shared-batch greedy tokens against stock's in FULL_AND_PIECEWISE and PIECEWISE (and direct)
 #   shared-modes the same in FULL_DECODE_ONLY, breakable and eager
 #   shared-soak-32b-pp4  the 32B LoRA soak at PP=4 (KIT_SOAK_REQUESTS, 1000)
@@ -253,7 +255,8 @@ step_shared-modes() {
 }
 
 restart() {
-  shared python3 -m benchmarks.tools.restart_check --out "$RES/$1" --order "$2" --port 9700
+  shared python3 -m benchmarks.tools.restart_check --out "$RES/$1" --order "$2" --port 9700 \
+    --starts "${KIT_RESTART_STARTS:-cold,warm}"
 }
 step_shared-restart() { restart shared-restart "${KIT_RESTART_ORDER:-plugin,stock}"; }
 step_shared-restart-reversed() { restart shared-restart-reversed stock,plugin; }
@@ -262,17 +265,19 @@ step_shared-stuck-stage() {
   install_test_plugins
   local limit=${KIT_STALL_LIMIT_S:-20} rc=0 out="$RES/shared-stuck-stage"
   local check=(python3 -m benchmarks.tools.serve_checks fault --out "$out" --how stop --beside)
-  # Stock is given vLLM's 300 s execute timeout and a minute more to exit.
-  shared "${check[@]}" --runner stock --stage last --exit-within 360 --port 9710 \
-    >"$out-stock.txt" 2>&1 &
-  local stock=$!
-  sleep 5
+  local stock=
+  if [ "${KIT_STUCK_STOCK:-1}" != 0 ]; then
+    # Stock is given vLLM's 300 s execute timeout and a minute more to exit.
+    shared "${check[@]}" --runner stock --stage last --exit-within 360 --port 9710 \
+      >"$out-stock.txt" 2>&1 &
+    stock=$!
+    sleep 5
+  fi
   shared "${check[@]}" --runner plugin --stage last --stall-limit "$limit" \
     --exit-within $((limit + 10)) --port 9720 || rc=1
   KIT_SHARED_GPU_STAGES=4 shared "${check[@]}" --runner plugin --stage first --tp 2 \
     --stall-limit "$limit" --exit-within $((limit + 10)) --port 9730 || rc=1
-  wait $stock
-  cat "$out-stock.txt"
+  if [ -n "$stock" ]; then wait $stock; cat "$out-stock.txt"; fi
   return $rc
 }
 

@@ -6,6 +6,7 @@ from the cache, the compile-cache folders, the first sampled request's latency. 
 ``--order`` both ways round to see order effects.
 
     python -m benchmarks.tools.restart_check --out DIR [--order plugin,stock] [--pp 2]
+        [--starts cold,warm]
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--starts", default="cold,warm", choices=("cold,warm", "cold"),
+                        help="per runner: a cold start then a warm one, or the cold one alone")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for runner in args.order.split(","):
         caches = Path(tempfile.mkdtemp(prefix=f"restart-caches-{runner}-"))
-        for start in ("cold", "warm"):
+        for start in args.starts.split(","):
             report = one_start(runner, caches, model_dir, out / f"{runner}-{start}.log", args)
             reports.append(report)
             print(json.dumps(report), flush=True)

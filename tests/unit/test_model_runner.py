@@ -8,10 +8,14 @@ parent method it calls.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import logging
+import threading
 from types import SimpleNamespace
 
 import pytest
+import torch
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
@@ -334,6 +338,95 @@ def test_loading_under_pp_registers_the_sampling_warm_ups(monkeypatch, sampling_
     runner = bare_runner(use_pp=True, is_last_pp_rank=True, sampler="sampler", plan=plan)
     runner.load_model()
     assert sampling_registrations == [runner]
+
+
+class HeldKernel:
+    """A JIT kernel standing in for vLLM's top-k/top-p kernels (which register only with
+    Triton on a GPU): its compile blocks until released, and says on which thread it ran."""
+
+    def __init__(self, fails: bool = False):
+        self.release = threading.Event()
+        self.compiled_on: list[str] = []
+        self.fails = fails
+
+    def get_warmup_keys(self, vllm_config=None):
+        return ["key"]
+
+    def compile(self, key):  # what vLLM calls per key (up to 0.32, and compile_many's default)
+        assert self.release.wait(10)
+        if self.fails:
+            raise RuntimeError("ptxas died")
+        self.compiled_on.append(threading.current_thread().name)
+
+    def compile_many(self, keys):
+        for key in keys:
+            self.compile(key)
+
+
+@pytest.fixture
+def held_kernel(monkeypatch):
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    kernel = HeldKernel()
+    module_name, name = model_runner.vllm_surface.SAMPLING_WARM_UPS
+    monkeypatch.setattr(importlib.import_module(module_name), name,
+                        lambda: JitWarmupRegistry.register(kernel), raising=False)
+    return kernel
+
+
+def last_stage_runner(speculative_config=None) -> PPCudaGraphModelRunner:
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    return bare_runner(is_last_pp_rank=True, sampler="sampler", vllm_config=None,
+                       device=torch.device("cpu"), jit_warmup_registry=JitWarmupRegistry(None),
+                       speculative_config=speculative_config)
+
+
+def test_the_sampling_kernels_compile_beside_the_profiling_run_and_finish_before_it_samples(
+        monkeypatch, held_kernel):
+    """A cold start compiles the sampler's kernels on a thread while the profiling run
+    compiles the model; the profiling run's sampling waits for that compile, since vLLM's
+    kernel owners hold warm-up state per call that a sampling call would read."""
+    compiled_when_sampling = []
+    monkeypatch.setattr(GPUModelRunner, "_dummy_sampler_run",
+                        lambda self, hidden: compiled_when_sampling.append(
+                            list(held_kernel.compiled_on)))
+    runner = last_stage_runner()
+    runner._register_sampling_warm_ups()
+    assert len(runner.jit_warmup_registry) == 1  # vLLM's warm-up still holds them
+    assert held_kernel.compiled_on == []  # still compiling: the load is not held up
+    threading.Timer(0.2, held_kernel.release.set).start()
+    runner._dummy_sampler_run(None)
+    assert compiled_when_sampling == [["sampling-kernel-compile"]]
+    assert runner.sampling_compile is None
+
+
+def test_with_drafts_the_sampling_kernels_compile_in_vllms_warm_up(held_kernel):
+    """Drafts sample inside the profiling run's forward pass, before its sampler: no thread
+    may compile the kernels then; vLLM's warm-up compiles them, as it does for stock."""
+    runner = last_stage_runner(speculative_config=object())
+    runner._register_sampling_warm_ups()
+    assert runner.sampling_compile is None
+    assert len(runner.jit_warmup_registry) == 1
+
+
+def test_a_failed_early_compile_leaves_the_kernels_to_vllms_warm_up(monkeypatch, caplog):
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    kernel = HeldKernel(fails=True)
+    kernel.release.set()
+    module_name, name = model_runner.vllm_surface.SAMPLING_WARM_UPS
+    monkeypatch.setattr(importlib.import_module(module_name), name,
+                        lambda: JitWarmupRegistry.register(kernel), raising=False)
+    sampled = []
+    monkeypatch.setattr(GPUModelRunner, "_dummy_sampler_run",
+                        lambda self, hidden: sampled.append(True))
+    runner = last_stage_runner()
+    runner._register_sampling_warm_ups()
+    with caplog.at_level(logging.WARNING, logger="vllm.pp_cudagraph.runner"):
+        runner._dummy_sampler_run(None)
+    assert sampled == [True]
+    assert "ptxas died" in caplog.text and "vLLM's warm-up compiles them" in caplog.text
 
 
 def test_a_stage_with_nothing_to_capture_settles_with_the_stages_that_capture(monkeypatch):

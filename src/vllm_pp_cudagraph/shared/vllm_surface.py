@@ -65,7 +65,7 @@ SURFACE: tuple[Needed, ...] = (
     Needed(V2_RUNNER_MODULE, "GPUModelRunner",
            members=("load_model", "profile_run", "profile_cudagraph_memory", "initialize_kv_cache",
                     "capture_model", "execute_model", "prepare_inputs",
-                    "update_pp_decode_requests", "postprocess_sampled"),
+                    "update_pp_decode_requests", "postprocess_sampled", "_dummy_sampler_run"),
            instance_attrs=("intermediate_tensors", "cudagraph_manager", "pp_handler", "req_states",
                            "model", "model_config", "parallel_config", "compilation_config",
                            "vllm_config", "device", "is_first_pp_rank", "is_last_pp_rank",
@@ -116,6 +116,8 @@ SURFACE: tuple[Needed, ...] = (
            instance_attrs=("max_num_seqs", "max_num_batched_tokens")),
     Needed("vllm.config", "CacheConfig",
            instance_attrs=("gpu_memory_utilization", "kv_cache_memory_bytes")),
+    Needed("vllm.model_executor.warmup.jit_warmup", "JitWarmupRegistry",
+           members=("activate", "register", "warmup", "__len__")),
     Needed("vllm.model_executor.models.interfaces", "EagleModelMixin"),
     Needed("vllm.model_executor.models.interfaces", "SupportsPP",
            members=("make_empty_intermediate_tensors",)),
@@ -327,17 +329,35 @@ def stage_reserved_key_prefixes() -> tuple[str, ...]:
     return (prefix,) if prefix else ()
 
 
+def _sampling_registration() -> Callable[[], None] | None:
+    module_name, name = SAMPLING_WARM_UPS
+    try:
+        return getattr(importlib.import_module(module_name), name, None)
+    except ImportError:
+        return None
+
+
 def register_sampling_warm_ups(runner: Any) -> bool:
     """Have vLLM's JIT warm-up compile its top-k/top-p kernels (0.33+); False where it can't."""
     registry = getattr(runner, "jit_warmup_registry", None)
-    module_name, name = SAMPLING_WARM_UPS
-    try:
-        register = getattr(importlib.import_module(module_name), name, None)
-    except ImportError:
-        return False
+    register = _sampling_registration()
     if registry is None or register is None:
         return False
     # vLLM drops a registration it already holds (it makes this one with speculative decoding).
     with registry.activate():
         register()
     return True
+
+
+def sampling_warm_up_registry(vllm_config: VllmConfig) -> Any | None:
+    """A JIT warm-up registry of its own holding only the top-k/top-p kernels (0.33+), for
+    compiling them apart from vLLM's warm-up; None where this release registers none."""
+    register = _sampling_registration()
+    if register is None:
+        return None
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    registry = JitWarmupRegistry(vllm_config)
+    with registry.activate():
+        register()
+    return registry if len(registry) else None

@@ -32,6 +32,7 @@ from vllm_pp_cudagraph.worker.pipeline.stage_failure import (
 from vllm_pp_cudagraph.worker.pipeline.stage_inputs import (
     DECLARED, PRODUCED, Schema, check_handoff_schemas, check_padding_agreement,
     check_stage_inputs, schema_of)
+from vllm_pp_cudagraph.worker.sampling_compile import SamplingCompile
 from vllm_pp_cudagraph.worker.stage_clock import StageClock
 
 if TYPE_CHECKING:
@@ -181,6 +182,7 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         self.replies_to_engine = False  # vLLM's executor reads this rank (a failed step raises)
         self.stage_clock: StageClock | None = None  # step timings (TP rank 0 of each stage)
         self.heartbeat: Heartbeat | None = None  # where this rank is, for the stall watch
+        self.sampling_compile: SamplingCompile | None = None  # until the first sampling
 
     def _choose_handoff(self) -> None:
         """Hand tensors on without per-step metadata where the plan and pipeline group allow."""
@@ -208,9 +210,19 @@ class PPCudaGraphModelRunner(GPUModelRunner):
 
     def _register_sampling_warm_ups(self) -> None:
         """Have vLLM's warm-up compile the last stage's top-k/top-p Triton kernels, which MRV2
-        warms only with drafts; else a new batch size compiles mid-load and every stream waits."""
-        if self.is_last_pp_rank and getattr(self, "sampler", None) is not None:
-            vllm_surface.register_sampling_warm_ups(self)
+        warms only with drafts; else a new batch size compiles mid-load and every stream waits.
+        They compile beside the profiling run, unless drafts (which sample) run in it."""
+        if not self.is_last_pp_rank or getattr(self, "sampler", None) is None:
+            return
+        if vllm_surface.register_sampling_warm_ups(self) and self.speculative_config is None:
+            self.sampling_compile = SamplingCompile.start(self.vllm_config, self.device)
+
+    def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
+        # The profiling run's first sampling: the kernels' compile must be done before it.
+        if self.sampling_compile is not None:
+            self.sampling_compile.wait()
+            self.sampling_compile = None
+        super()._dummy_sampler_run(hidden_states)
 
     def _start_stage_clock(self) -> None:
         if not PPCudaGraphSettings.current().metrics or get_tp_group().rank_in_group != 0:
