@@ -309,7 +309,7 @@ def test_a_stage_hands_on_directly_where_its_plan_and_group_allow(direct, blocke
 
 @pytest.fixture
 def sampling_registrations(monkeypatch):
-    """The runners handed to the vLLM surface's sampling warm-up, recorded."""
+    """The registries handed to the vLLM surface's sampling warm-up, recorded."""
     runners = []
     monkeypatch.setattr(model_runner.vllm_surface, "register_sampling_warm_ups", runners.append)
     return runners
@@ -322,11 +322,11 @@ def sampling_registrations(monkeypatch):
 ], ids=["last-stage", "first-stage", "pooling"])
 def test_the_last_stage_has_vllms_warm_up_compile_the_sampling_kernels(
         sampling_registrations, last, sampler, registered):
-    runner = bare_runner(is_last_pp_rank=last)
+    runner = bare_runner(is_last_pp_rank=last, jit_warmup_registry="the runner's registry")
     if sampler:
         runner.sampler = sampler
     runner._register_sampling_warm_ups()
-    assert sampling_registrations == ([runner] if registered else [])
+    assert sampling_registrations == (["the runner's registry"] if registered else [])
 
 
 def test_loading_under_pp_registers_the_sampling_warm_ups(monkeypatch, sampling_registrations):
@@ -335,9 +335,10 @@ def test_loading_under_pp_registers_the_sampling_warm_ups(monkeypatch, sampling_
         monkeypatch.setattr(PPCudaGraphModelRunner, name, lambda self: None)
     monkeypatch.setattr(model_runner, "write_plan_record", lambda record: None)
     plan = SimpleNamespace(record=dict)
-    runner = bare_runner(use_pp=True, is_last_pp_rank=True, sampler="sampler", plan=plan)
+    runner = bare_runner(use_pp=True, is_last_pp_rank=True, sampler="sampler", plan=plan,
+                         jit_warmup_registry="the runner's registry")
     runner.load_model()
-    assert sampling_registrations == [runner]
+    assert sampling_registrations == ["the runner's registry"]
 
 
 class HeldKernel:
@@ -463,5 +464,5 @@ def test_no_sampling_warm_up_where_the_runner_has_no_registry(monkeypatch):
     called = []
     monkeypatch.setattr(importlib.import_module(module_name), name,
                         lambda: called.append(True), raising=False)
-    assert model_runner.vllm_surface.register_sampling_warm_ups(SimpleNamespace()) is False
+    assert model_runner.vllm_surface.register_sampling_warm_ups(None) is False
     assert called == []

@@ -215,9 +215,9 @@ def test_sampling_warm_ups_are_registered_in_the_runners_registry(monkeypatch):
         # vLLM's kernels register themselves only with Triton on a GPU: one stands in.
         monkeypatch.setattr(module, name, lambda: JitWarmupRegistry.register(kernel))
         registry = JitWarmupRegistry(None)
-        assert vllm_surface.register_sampling_warm_ups(SimpleNamespace(jit_warmup_registry=registry))
+        assert vllm_surface.register_sampling_warm_ups(registry)
         assert len(registry) == 1
-        assert not vllm_surface.register_sampling_warm_ups(SimpleNamespace())  # a runner before 0.33
+        assert not vllm_surface.register_sampling_warm_ups(None)  # a runner without a registry
     else:
         registry = SimpleNamespace(activate=lambda: pytest.fail("nothing to register"))
-        assert not vllm_surface.register_sampling_warm_ups(SimpleNamespace(jit_warmup_registry=registry))
+        assert not vllm_surface.register_sampling_warm_ups(registry)

@@ -329,18 +329,14 @@ def stage_reserved_key_prefixes() -> tuple[str, ...]:
     return (prefix,) if prefix else ()
 
 
-def _sampling_registration() -> Callable[[], None] | None:
+def register_sampling_warm_ups(registry: Any) -> bool:
+    """Register vLLM's top-k/top-p kernels with a JIT warm-up registry (0.33+); False where
+    the release has no such registration, or the runner no registry."""
     module_name, name = SAMPLING_WARM_UPS
     try:
-        return getattr(importlib.import_module(module_name), name, None)
+        register = getattr(importlib.import_module(module_name), name, None)
     except ImportError:
-        return None
-
-
-def register_sampling_warm_ups(runner: Any) -> bool:
-    """Have vLLM's JIT warm-up compile its top-k/top-p kernels (0.33+); False where it can't."""
-    registry = getattr(runner, "jit_warmup_registry", None)
-    register = _sampling_registration()
+        return False
     if registry is None or register is None:
         return False
     # vLLM drops a registration it already holds (it makes this one with speculative decoding).
@@ -349,15 +345,8 @@ def register_sampling_warm_ups(runner: Any) -> bool:
     return True
 
 
-def sampling_warm_up_registry(vllm_config: VllmConfig) -> Any | None:
-    """A JIT warm-up registry of its own holding only the top-k/top-p kernels (0.33+), for
-    compiling them apart from vLLM's warm-up; None where this release registers none."""
-    register = _sampling_registration()
-    if register is None:
-        return None
+def jit_warmup_registry(vllm_config: VllmConfig) -> Any:
+    """A JIT warm-up registry of the plugin's own, apart from the runner's."""
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
 
-    registry = JitWarmupRegistry(vllm_config)
-    with registry.activate():
-        register()
-    return registry if len(registry) else None
+    return JitWarmupRegistry(vllm_config)

@@ -214,8 +214,9 @@ class PPCudaGraphModelRunner(GPUModelRunner):
         They compile beside the profiling run, unless drafts (which sample) run in it."""
         if not self.is_last_pp_rank or getattr(self, "sampler", None) is None:
             return
-        if vllm_surface.register_sampling_warm_ups(self) and self.speculative_config is None:
-            self.sampling_compile = SamplingCompile.start(self.vllm_config, self.device)
+        registry = getattr(self, "jit_warmup_registry", None)
+        if vllm_surface.register_sampling_warm_ups(registry) and self.speculative_config is None:
+            self.sampling_compile = SamplingCompile(self.vllm_config, self.device).start()
 
     def _dummy_sampler_run(self, hidden_states: torch.Tensor) -> None:
         # The profiling run's first sampling: the kernels' compile must be done before it.
