@@ -1,8 +1,5 @@
-"""Pipeline-parallel CUDA graphs for vLLM's Model Runner V2, as a vLLM plugin.
-
-Enable it with ``VLLM_PLUGINS=pp_cudagraph``, or use :func:`build_runner` or the classes
-directly: they load on first access, so an inactive plugin pulls in no vLLM worker code.
-"""
+"""Pipeline-parallel CUDA graphs for vLLM's Model Runner V2: ``VLLM_PLUGINS=pp_cudagraph``, or
+:func:`build_runner` and the classes, loaded on first access (no vLLM worker code before)."""
 
 from __future__ import annotations
 

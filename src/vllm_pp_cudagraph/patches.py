@@ -1,7 +1,5 @@
-"""Every change this plugin makes to vLLM, in one place: the plugin's own subclasses (runner,
-CUDA-graph manager) are reached only through these patches. ``apply_for`` is re-entrant and
-``undo_all`` restores vLLM exactly as it was.
-"""
+"""Every change this plugin makes to vLLM, the only way to its subclasses (runner, CUDA-graph
+manager); ``apply_for`` is re-entrant and ``undo_all`` restores vLLM exactly as it was."""
 
 from __future__ import annotations
 
@@ -137,16 +135,17 @@ def _patch_breakable_env(settings: PPCudaGraphSettings) -> Undo:
 
 
 def _cadence_stands_aside(settings: PPCudaGraphSettings) -> str | None:
-    if settings.decode_cadence is DecodeCadence.VLLM:
-        return "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm"
-    return None
+    vllm = settings.decode_cadence is DecodeCadence.VLLM
+    return "VLLM_PP_CUDAGRAPH_DECODE_CADENCE=vllm" if vllm else None
 
 
-def _patch_scheduler_class(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.api_server.scheduler_choice import wrap_config_post_init
-
-    config_cls = importlib.import_module(vllm_surface.VLLM_CONFIG_MODULE).VllmConfig
-    return _wrap_attr(config_cls, "__post_init__", wrap_config_post_init)
+def _wrapping_config_post_init(module: str) -> Callable[[PPCudaGraphSettings], Undo]:
+    """A patch wrapping ``VllmConfig.__post_init__`` in ``module``'s ``wrap_config_post_init``."""
+    def patch(settings: PPCudaGraphSettings) -> Undo:
+        config_cls = importlib.import_module(vllm_surface.VLLM_CONFIG_MODULE).VllmConfig
+        wrap = importlib.import_module(module).wrap_config_post_init
+        return _wrap_attr(config_cls, "__post_init__", wrap)
+    return patch
 
 
 #: vLLM's frames that load the plugins in a worker and in an engine core: (function, class).
@@ -207,21 +206,13 @@ def _kv_update_stands_aside(settings: PPCudaGraphSettings) -> str | None:
     return None if settings.kv_update_in_graphs else "VLLM_PP_CUDAGRAPH_KV_UPDATE_IN_GRAPHS is off"
 
 
-def _patch_kv_update_in_graphs(settings: PPCudaGraphSettings) -> Undo:
-    from vllm_pp_cudagraph.api_server.piecewise_split import wrap_config_post_init
-
-    config_cls = importlib.import_module(vllm_surface.VLLM_CONFIG_MODULE).VllmConfig
-    return _wrap_attr(config_cls, "__post_init__", wrap_config_post_init)
-
-
 def _message_queue_cls() -> type:
     return importlib.import_module(vllm_surface.MESSAGE_QUEUE_MODULE).MessageQueue
 
 
 def _remote_reply_stands_aside(settings: PPCudaGraphSettings) -> str | None:
-    if callable(getattr(_message_queue_cls(), "shutdown", None)):
-        return None
-    return "this vLLM's MessageQueue cannot be shut down"
+    can_stop = callable(getattr(_message_queue_cls(), "shutdown", None))
+    return None if can_stop else "this vLLM's MessageQueue cannot be shut down"
 
 
 def _patch_remote_reply(settings: PPCudaGraphSettings) -> Undo:
@@ -274,8 +265,8 @@ PATCHES: tuple[Patch, ...] = (
         why="Under PP a request decodes only every pp_size-th step, so uneven groups leave steps "
             "empty; unless the user names one, a subclass of vLLM's async scheduler regroups them.",
         drop_when="vLLM's scheduler lets a request decode on consecutive steps under PP.",
-        processes=frozenset({Process.API_SERVER}), apply=_patch_scheduler_class,
-        stands_aside=_cadence_stands_aside,
+        processes=frozenset({Process.API_SERVER}), stands_aside=_cadence_stands_aside,
+        apply=_wrapping_config_post_init("vllm_pp_cudagraph.api_server.scheduler_choice"),
     ),
     Patch(
         name="engine-core-check",
@@ -292,8 +283,8 @@ PATCHES: tuple[Patch, ...] = (
         why="vLLM splits piecewise graphs at each layer's KV-cache write, a host round trip per "
             "layer; under PP with hoisted layer names and proven backends the write stays in.",
         drop_when="vLLM stops splitting at unified_kv_cache_update for hoisted names (#33267).",
-        processes=frozenset({Process.API_SERVER}), apply=_patch_kv_update_in_graphs,
-        stands_aside=_kv_update_stands_aside,
+        processes=frozenset({Process.API_SERVER}), stands_aside=_kv_update_stands_aside,
+        apply=_wrapping_config_post_init("vllm_pp_cudagraph.api_server.piecewise_split"),
     ),
     Patch(
         name="remote-reply",
@@ -366,7 +357,6 @@ def applied_for() -> frozenset[Process]:
 
 def apply_for(processes: frozenset[Process], settings: PPCudaGraphSettings) -> list[str]:
     """Apply each patch of ``processes`` not applied here yet; return the names applied now.
-
     A forked process first undoes its parent's patches for none of ``processes``; a failing
     patch undoes every patch applied here, so vLLM is never left half-patched."""
     global _processes, _pid

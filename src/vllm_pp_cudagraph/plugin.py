@@ -1,8 +1,5 @@
-"""vLLM general-plugin entry point (``vllm.general_plugins``: ``pp_cudagraph``).
-
-vLLM calls :func:`register` in every process it starts, maybe more than once; each applies the
-patches of its kind. Inert unless ``VLLM_PLUGINS`` names it; imports vLLM internals only then.
-"""
+"""vLLM general-plugin entry point (``vllm.general_plugins``: ``pp_cudagraph``), called in every
+process vLLM starts; inert unless ``VLLM_PLUGINS`` names it; imports vLLM internals only then."""
 
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ def check_version(allow_unsupported: bool) -> vllm_surface.VersionInfo:
 
 
 def check_runner_choice(environ: Mapping[str, str] | None = None) -> None:
-    """Refuse the plugin together with an explicit choice of vLLM's V1 runner, a
-    contradiction that would otherwise silently do nothing."""
+    """Refuse an explicit choice of vLLM's V1 runner, under which the plugin would do nothing."""
     current = environment_value("VLLM_USE_V2_MODEL_RUNNER", environ)
     # vLLM parses this variable with bool(int(value)): "0" is its only "off".
     if current is not None and current.strip() == "0":

@@ -1,8 +1,5 @@
-"""vLLM stat-logger plugin (``vllm.stat_logger_plugins``: ``pp_cudagraph``): pipeline metrics.
-
-In the API server it reads the stages' and engine cores' snapshots at most once a second,
-exports them as ``vllm_pp_cudagraph:*`` Prometheus series, and logs one line.
-"""
+"""vLLM stat-logger plugin (``vllm.stat_logger_plugins``: ``pp_cudagraph``): the stages' and
+engine cores' snapshots as ``vllm_pp_cudagraph:*`` Prometheus series and one log line."""
 
 from __future__ import annotations
 
@@ -188,7 +185,6 @@ def idle_marked(snap: StageSnapshot, now: float) -> StageSnapshot:
 
 
 def seconds_since_step(directory: Path, engine: int) -> dict[int, float]:
-    """Stage -> seconds since its slowest rank on this host last completed a step."""
     now = time.monotonic()
     since: dict[int, float] = {}
     for beat in read_beats(directory, engine):
@@ -226,9 +222,8 @@ def _log_once(key: str, message: str, *args: object) -> None:
 
 
 class PipelineStatLogger(StatLoggerBase):
-    """Exports one engine's pipeline metrics to Prometheus (one collector per registry) and
-    vLLM's stats log. Inert unless ``VLLM_PLUGINS`` names the plugin (vLLM loads every stat
-    logger installed where it is unset) and ``VLLM_PP_CUDAGRAPH_METRICS`` is on."""
+    """One engine's pipeline metrics for Prometheus and vLLM's stats log; inert unless metrics
+    are on and ``VLLM_PLUGINS`` names the plugin (vLLM loads every installed one where unset)."""
 
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0, *,
                  registry: CollectorRegistry | None = None, directory: Path | None = None) -> None:
@@ -257,11 +252,10 @@ class PipelineStatLogger(StatLoggerBase):
                       "log line still shows them.")
             return
         with _registration_lock:
-            if registry not in _collectors:
+            if (collector := _collectors.get(registry)) is None:
                 collector = _PipelineCollector()
                 registry.register(collector)
                 _collectors[registry] = collector
-            collector = _collectors[registry]
         collector.loggers[engine_index] = self
 
     def record(self, scheduler_stats: Any, iteration_stats: Any,
@@ -269,12 +263,10 @@ class PipelineStatLogger(StatLoggerBase):
         self.maybe_refresh()
 
     def maybe_refresh(self) -> None:
-        """Re-read the snapshots where the last read is a second old or more."""
         if self.active and time.monotonic() >= self._next_refresh:
             self.refresh()
 
     def refresh(self) -> None:
-        """Re-read the snapshots now."""
         with self._lock:
             self._next_refresh = time.monotonic() + REFRESH_INTERVAL_S
             now = time.time()

@@ -45,7 +45,6 @@ class Verdict:
 
 
 def _similar_load(decoders: float, reference: float, share: float = SIMILAR_LOAD) -> bool:
-    """Whether ``decoders`` is within ``share`` of ``reference`` (at least one request)."""
     return abs(decoders - reference) <= share * max(reference, 1.0)
 
 
@@ -92,13 +91,12 @@ class _BackOff:
 class CadenceChooser:
     """Picks vLLM's cadence, ``balance`` or ``merge`` for one scheduler: feed :meth:`record_step`
     once per ``schedule()``; :attr:`cadence` is the next step's, :attr:`incumbent` the adopted one.
-
-    The incumbent (vLLM's at first) is measured in windows of ``window_rounds`` rounds; now and
-    then another is tried for a window and adopted only if it beats the incumbent by ``margin``
-    there and in the incumbent's next window (vLLM's cadence too, as its trial starts from the
-    incumbent's groups). Losers are retried ``growth`` times later each time. Back-offs belong to
-    the load they were earned at; when the load moves, the cadence adopted last there resumes, so
-    trials take about the same share of steps at every load."""
+    The incumbent (vLLM's at first) is measured in windows of ``window_rounds`` rounds; another
+    (vLLM's too, its trial starting from the incumbent's groups) is tried for a window now and
+    then, adopted only if it beats the incumbent by ``margin`` there and in the incumbent's next
+    window. Losers are retried ``growth`` times later each time, at the load they lost at; when
+    the load moves, the cadence adopted last there resumes, so trials take about the same share
+    of steps at every load."""
 
     window_rounds = 3
     margin = MARGIN
@@ -232,12 +230,10 @@ class CadenceChooser:
             self._use(due[0])
 
     def _wins(self, interval: float, incumbent: float) -> bool:
-        """Whether a trial at ``interval`` beats the incumbent's ``incumbent`` by the margin."""
         return interval < incumbent * (1 - self.margin)
 
     def _reference(self) -> tuple[float, float] | None:
-        """The incumbent's interval to beat (median of recent windows near the latest load), and
-        that load; None before any window."""
+        """The incumbent's interval to beat (recent median near the latest load), and that load."""
         if not self._recent:
             return None
         latest = self._recent[-1][1]

@@ -1,9 +1,5 @@
-"""A reply awaited from a worker on another node ends when the executor shuts down.
-
-A remote reader's ``MessageQueue.dequeue`` polls its zmq socket with no deadline and no look
-at ``shutting_down``: when a worker on another node dies, the engine core's step waits out
-``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300 s), serving nothing. The wrapper polls in short
-slices and raises at shutdown as a shared-memory reader does; vLLM's ``dequeue`` reads replies."""
+"""A remote reader's ``MessageQueue.dequeue`` ignores ``shutting_down``, so a dead worker on another
+node stalls the engine for ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``; this wait ends at shutdown."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The engine core's watch over its pipeline: a stage that hangs with work in flight is named
-and stopped in seconds, not after ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300 s). Once a step in
-the batch queue is out past the stall limit, the stuck rank (from this host's heartbeats) dumps
-its stacks and is killed, so vLLM stops the server as when a worker dies."""
+"""The engine core's watch over its pipeline: a stage that hangs with work in flight is named and
+stopped in seconds, as when a worker dies, not after ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``."""
 
 from __future__ import annotations
 
@@ -9,14 +7,14 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_pp_cudagraph.shared.heartbeats import STACKS_SIGNAL, Beat, process_state, read_beats
+from vllm_pp_cudagraph.shared.heartbeats import (STACKS_SIGNAL, Beat, flush_logs, process_state,
+                                                 read_beats)
 
 logger = logging.getLogger("vllm.pp_cudagraph.stall_watch")
 
@@ -48,10 +46,9 @@ class Verdict:
 
 def stuck_rank(beats: list[Beat], pp_size: int, tp_size: int, now: float,
                state: Callable[[int], str | None] = process_state) -> Verdict:
-    """The rank that holds the pipeline up, from this host's ranks' heartbeats: one whose
-    process is stopped or gone; else, as a stage finishes a step only after those before it,
-    the first (by stage, then TP rank) with the fewest steps done, within a stage one that has
-    not begun the step (a TP peer that never joined a collective) before one inside it."""
+    """The rank holding the pipeline up, from this host's heartbeats: one whose process is stopped
+    or gone; else, as a stage finishes a step only after those before it, the first with the fewest
+    steps done, within a stage one not in the step (a TP peer missing a collective) if any."""
     for beat in beats:
         if (letter := state(beat.pid)) in ("T", "t"):
             return Verdict(beat.stage, beat.tp_rank, beat,
@@ -71,13 +68,6 @@ def stuck_rank(beats: list[Beat], pp_size: int, tp_size: int, now: float,
     first_stage = [b for b in behind if b.stage == behind[0].stage]
     beat = next((b for b in first_stage if b.begun == b.done), first_stage[0])
     return Verdict(beat.stage, beat.tp_rank, beat, beat.where(now) + note)
-
-
-def _flush_logs() -> None:
-    for out in [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers,
-                sys.stdout, sys.stderr]:
-        with contextlib.suppress(Exception):  # best effort before stopping
-            out.flush()
 
 
 def _send(pid: int, sig: int) -> None:
@@ -103,14 +93,13 @@ def stop_engine(verdict: Verdict, beats: Iterable[Beat], *,
     logger.critical("The engine core ends itself (exit %d): vLLM had not stopped the server "
                     "%.0f s after the stuck stage was killed, or that stage runs on another "
                     "host.", EXIT_CODE, STOP_GRACE_S)
-    _flush_logs()
+    flush_logs()
     exit_process(EXIT_CODE)
 
 
 class StallWatch:
-    """Watches the steps an engine core has handed out (``in_flight``: vLLM's batch queue
-    entries, each a step's future first); ``act`` gets the verdict and heartbeats once one is out
-    past the limit."""
+    """Watches the steps handed out (``in_flight``: vLLM's batch queue entries, a step's future
+    first); ``act`` gets the verdict and heartbeats once one is out past the limit."""
 
     def __init__(self, in_flight: Callable[[], list[tuple]], directory: Path, engine: int,
                  pp_size: int, tp_size: int, limit_s: float,
@@ -163,7 +152,7 @@ class StallWatch:
             if (verdict := self.check()) is not None:
                 self.fired = verdict
                 logger.critical("%s", self.report(verdict, self.clock() - self._out[0][1]))
-                _flush_logs()
+                flush_logs()
                 self.act(verdict, read_beats(self.directory, self.engine))
                 return
 

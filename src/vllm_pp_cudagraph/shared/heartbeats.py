@@ -3,11 +3,14 @@ call), so another process of the host sees how far it got even while stopped. St
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import mmap
 import os
 import signal
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from enum import IntEnum
@@ -86,12 +89,10 @@ class Heartbeat:
         return self.begun > self.done
 
     def begin(self) -> None:
-        """The rank begins a serving step, with its forward pass."""
         self.begun += 1
         self.enter(Phase.FORWARD)
 
     def enter(self, phase: Phase) -> None:
-        """The rank enters ``phase`` of the step it began last."""
         self.phase, self.phase_since = phase, self.clock()
         self._write()
 
@@ -123,3 +124,11 @@ def process_state(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rpartition(")")[2].split()[0]
+
+
+def flush_logs() -> None:
+    """Flush the log handlers and standard streams, best effort, before this process ends."""
+    for out in [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers,
+                sys.stdout, sys.stderr]:
+        with contextlib.suppress(Exception):  # the reader may be gone
+            out.flush()

@@ -67,9 +67,8 @@ def _partition_choice(value: Any) -> Any:
 
 
 def _writable_directory(value: Any) -> Any:
-    """Empty, or a directory the engine's processes can write in. Tried by making it and a
-    file in it; what the try made is removed, so reading the settings (``check``) leaves
-    nothing behind and the server makes it when it starts."""
+    """Empty, or a directory the engine's processes can write in, tried by making it and a file
+    in it; what the try made is removed, so reading the settings leaves nothing behind."""
     if not isinstance(value, str) or not value.strip():
         return value
     path = Path(value)

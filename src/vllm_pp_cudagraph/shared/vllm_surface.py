@@ -330,8 +330,7 @@ def stage_reserved_key_prefixes() -> tuple[str, ...]:
 
 
 def register_sampling_warm_ups(registry: Any) -> bool:
-    """Register vLLM's top-k/top-p kernels with a JIT warm-up registry (0.33+); False where
-    the release has no such registration, or the runner no registry."""
+    """Register vLLM's top-k/top-p kernels with ``registry`` (0.33+); False where either lacks."""
     module_name, name = SAMPLING_WARM_UPS
     try:
         register = getattr(importlib.import_module(module_name), name, None)

@@ -99,8 +99,7 @@ def check_refusal(plan: EnginePlan) -> EnginePlan:
 
 
 def write_plan_record(record: dict) -> None:
-    """Leave this rank's plan (what ran, and which process runs the rank) where ``bench``
-    and ``check`` read it (shared/snapshots.py), with the per-stage metrics on or off."""
+    """Leave this rank's plan and pid where ``bench`` and ``check`` read it, metrics on or off."""
     stage, tp_rank = get_pp_group().rank_in_group, get_tp_group().rank_in_group
     write_snapshot(PlanRecord(f"{stage}-{tp_rank}", {**record, "stage": stage,
                                                      "tp_rank": tp_rank, "pid": os.getpid()}))

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: torch.distributed's point-to-point, broadcast, object and barrier functions.
 GUARDED_TORCH_FUNCTIONS = (
     "send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",

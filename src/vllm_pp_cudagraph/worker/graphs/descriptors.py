@@ -45,7 +45,6 @@ def replacement(desc: BatchExecutionDescriptor,
 
 
 def _retain(table: dict, keep) -> None:
-    """Keep only the descriptors ``keep`` accepts in each list; drop emptied keys."""
     for key in list(table):
         table[key] = [d for d in table[key] if keep(d)]
         if not table[key]:
@@ -62,17 +61,10 @@ def prune_invalid(capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescript
         return []
     _retain(capture_descs, lambda d: is_valid(d, max_num_reqs))
     valid = [d for descs in capture_descs.values() for d in descs]
-    for key in list(candidates):
-        new: list[BatchExecutionDescriptor] = []
-        for desc in candidates[key]:
-            if not is_valid(desc, max_num_reqs):
-                desc = replacement(desc, valid)
-            if desc is not None and desc not in new:
-                new.append(desc)
-        if new:
-            candidates[key] = new
-        else:
-            del candidates[key]
+    for key, descs in candidates.items():
+        kept = (d if is_valid(d, max_num_reqs) else replacement(d, valid) for d in descs)
+        candidates[key] = list(dict.fromkeys(d for d in kept if d is not None))
+    _retain(candidates, lambda d: True)  # drops the keys left empty
     return dropped
 
 

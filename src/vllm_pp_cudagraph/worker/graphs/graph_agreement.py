@@ -15,7 +15,6 @@ class CaptureOutcome:
     error: str | None = None
 
 
-#: What a user can change when capture fails on some rank.
 CAPTURE_FAILED_ADVICE = (
     "To keep CUDA graphs, give capture more room (lower gpu_memory_utilization, or "
     "fewer or smaller compilation_config.cudagraph_capture_sizes), or set "

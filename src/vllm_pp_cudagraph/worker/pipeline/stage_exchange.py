@@ -34,9 +34,8 @@ def check_peer_runners(peers: dict[int, str], store: Any = None,
     runner; raise naming those that did not within ``timeout_s`` (:data:`PEER_WAIT_S`)."""
     store = store or _default_store()
     timeout_s = PEER_WAIT_S if timeout_s is None else timeout_s
-    keys = [_key(rank) for rank in peers]
     try:
-        store.wait(keys, timedelta(seconds=timeout_s))
+        store.wait([_key(rank) for rank in peers], timedelta(seconds=timeout_s))
         return
     except RuntimeError:  # torch's DistStoreError on a timeout
         missing = [what for rank, what in peers.items() if not store.check([_key(rank)])]
@@ -76,8 +75,7 @@ def gather_from_tp_peers(obj: Any) -> list[Any]:
 
 
 def exchange_peers() -> dict[int, str]:
-    """The global ranks this rank exchanges with (its pipeline and tensor-parallel groups),
-    each named by its stage and TP rank."""
+    """The global ranks of this rank's pipeline and TP groups, named by stage and TP rank."""
     from vllm.distributed.parallel_state import get_pp_group, get_tp_group
     pp, tp = get_pp_group(), get_tp_group()
     peers = {rank: f"pipeline stage {stage}" for stage, rank in enumerate(pp.ranks)}

@@ -1,12 +1,9 @@
-"""A pipeline stage that fails while serving stops its worker, so vLLM stops the server.
-
-vLLM reads step results from the last stage's first rank only: an error there reaches the
-engine and the worker ends soon after; elsewhere every stage would wait, so it ends at once.
-Under the mp executor workers also end with the engine core: NCCL waits miss its shutdown."""
+"""A pipeline stage that fails while serving ends its worker, so vLLM stops the server rather
+than every stage waiting; under the mp executor workers also end with the engine core (NCCL
+waits miss its shutdown)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -15,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from vllm.logger import init_logger
+
+from vllm_pp_cudagraph.shared.heartbeats import flush_logs
 
 logger = init_logger("vllm.pp_cudagraph.stage_failure")
 
@@ -26,18 +25,8 @@ EXIT_CODE = 70
 EXIT_GRACE_S = 2.0
 
 
-def _flush_logs() -> None:
-    for stream in [*logging.getLogger().handlers, *logging.getLogger("vllm").handlers,
-                   sys.stdout, sys.stderr]:
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - best effort before exiting (the reader may be gone)
-            pass
-
-
 def is_output_rank(last_stage: bool, tp_rank: int, pcp_rank: int) -> bool:
-    """Whether vLLM's executors read this rank's step results: the first rank of the
-    last stage (``MultiprocExecutor._get_output_rank``)."""
+    """Whether vLLM reads this rank's step results (``MultiprocExecutor._get_output_rank``)."""
     return last_stage and tp_rank == 0 and pcp_rank == 0
 
 
@@ -65,7 +54,7 @@ def end_with_parent(exit_process: Callable[[int], None] = os._exit,
             logger.warning("The process that started this pipeline worker (pid %d) is gone; "
                            "ending the worker (exit %d) so that it does not hold its GPU.",
                            parent_pid, EXIT_CODE)
-            _flush_logs()
+            flush_logs()
         finally:
             exit_process(EXIT_CODE)
 
@@ -89,13 +78,13 @@ def stopping_worker_on_error(
             logger.critical("Pipeline stage %d failed in %s; vLLM's executor receives the "
                             "error from this rank and shuts the server down.", stage, what)
             # Other stages block on this rank past vLLM's shutdown until this process is gone.
-            _flush_logs()
+            flush_logs()
             start_timer(EXIT_GRACE_S, lambda: exit_process(EXIT_CODE))
             raise
         logger.critical("Pipeline stage %d failed in %s. Stopping this worker (exit %d) so vLLM "
                         "shuts the server down; under pipeline parallelism it would otherwise "
                         "wait for this stage forever.", stage, what, EXIT_CODE, exc_info=True)
-        _flush_logs()
+        flush_logs()
         ray = sys.modules.get("ray")
         if ray is not None and ray.is_initialized():  # Ray forwards the log line separately
             sleep(EXIT_GRACE_S)

@@ -76,7 +76,6 @@ def _tp_share(group: Any, key: str, tensor: torch.Tensor, all_gather_group: Any,
 
 
 def _comm_group(group: Any, tensor: torch.Tensor) -> Any:
-    """The process group vLLM moves ``tensor`` over: gloo for CPU tensors, else the device's."""
     return group.cpu_group if tensor.is_cpu else group.device_group
 
 

@@ -1,5 +1,4 @@
-"""Checking what a pipeline stage receives against its persistent input buffers, from tensor
-metadata alone, so no check waits on the transfer."""
+"""Checking a stage's received tensors against its input buffers, from metadata alone."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ class StageInputMismatchError(RuntimeError):
 
 
 def _key_problems(expected: Mapping, got: Mapping) -> list[str]:
-    """Keys ``got`` lacks and keys it has beyond ``expected``, as messages."""
     problems = []
     if missing := sorted(expected.keys() - got.keys()):
         problems.append(f"missing keys {missing}")
@@ -113,9 +111,8 @@ PRODUCED = "returned by the model's forward in the profiling run"
 
 def check_handoff_schemas(sends: list[Schema | None], expects: list[Schema | None],
                           sent_as: str = DECLARED, reserved_prefixes: tuple[str, ...] = ()) -> None:
-    """At start-up, raise unless what each stage sends (``sends[i]``, None for none) equals
-    what the next expects (``expects[i + 1]``);
-    ``reserved_prefixes``: keys a :data:`DECLARED` schema may lack."""
+    """At start-up, raise unless what each stage sends (``sends[i]``, None for none) equals what
+    the next expects (``expects[i + 1]``); ``reserved_prefixes``: keys DECLARED ones may lack."""
     problems = []
     for stage in range(len(sends) - 1):
         out, want = sends[stage], expects[stage + 1]
