@@ -357,6 +357,7 @@ def applied_for() -> frozenset[Process]:
 
 def apply_for(processes: frozenset[Process], settings: PPCudaGraphSettings) -> list[str]:
     """Apply each patch of ``processes`` not applied here yet; return the names applied now.
+
     A forked process first undoes its parent's patches for none of ``processes``; a failing
     patch undoes every patch applied here, so vLLM is never left half-patched."""
     global _processes, _pid
