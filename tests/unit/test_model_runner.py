@@ -402,6 +402,23 @@ def test_the_sampling_kernels_compile_beside_the_profiling_run_and_finish_before
     assert runner.sampling_compile is None
 
 
+def test_the_sampling_kernels_compile_for_the_stages_own_gpu(monkeypatch, held_kernel):
+    """Triton compiles for, and caches under, the calling thread's current device, which a
+    new thread starts at GPU 0: on a host where the last stage runs on another GPU, the
+    thread must move to the stage's, or vLLM's warm-up finds nothing and compiles again."""
+    set_on = []
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda device: set_on.append((device, threading.current_thread().name)))
+    monkeypatch.setattr(GPUModelRunner, "_dummy_sampler_run", lambda self, hidden: None)
+    runner = last_stage_runner()
+    runner.device = torch.device("cuda", 1)
+    held_kernel.release.set()
+    runner._register_sampling_warm_ups()
+    runner._dummy_sampler_run(None)
+    assert set_on == [(torch.device("cuda", 1), "sampling-kernel-compile")]
+    assert held_kernel.compiled_on == ["sampling-kernel-compile"]
+
+
 def test_with_drafts_the_sampling_kernels_compile_in_vllms_warm_up(held_kernel):
     """Drafts sample inside the profiling run's forward pass, before its sampler: no thread
     may compile the kernels then; vLLM's warm-up compiles them, as it does for stock."""
