@@ -61,10 +61,12 @@ def prune_invalid(capture_descs: dict[CUDAGraphMode, list[BatchExecutionDescript
         return []
     _retain(capture_descs, lambda d: is_valid(d, max_num_reqs))
     valid = [d for descs in capture_descs.values() for d in descs]
-    for key, descs in candidates.items():
-        kept = (d if is_valid(d, max_num_reqs) else replacement(d, valid) for d in descs)
-        candidates[key] = list(dict.fromkeys(d for d in kept if d is not None))
-    _retain(candidates, lambda d: True)  # drops the keys left empty
+    for key in list(candidates):
+        kept = (d if is_valid(d, max_num_reqs) else replacement(d, valid) for d in candidates[key])
+        if unique := list(dict.fromkeys(d for d in kept if d is not None)):
+            candidates[key] = unique
+        else:
+            del candidates[key]
     return dropped
 
 
