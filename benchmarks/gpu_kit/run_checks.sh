@@ -67,7 +67,8 @@
 #   shared-lora  the GPU test of 3 LoRA adapters at --gpu-memory-utilization 0.95
 #   shared-gpu-tests  gpu-tests (KIT_TESTS)
 #   shared-layouts  tests/e2e/test_layouts.py in up to four pytest runs side by side, as one
-#                would take hours (KIT_LAYOUT_STREAM_1..4, set but empty: no run; KIT_LAYOUT_GPUS)
+#                would take hours (KIT_LAYOUT_STREAM_1..4, set but empty: no run; KIT_LAYOUT_GPUS;
+#                KIT_LAYOUT_KV_GIB: each stage's KV cache here alone, so the streams fit together)
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 here=$(dirname "$self")
@@ -392,6 +393,7 @@ step_shared-layouts() {
     [ -d "$site-layouts-$i" ] || cp -a "$site" "$site-layouts-$i"
     # shellcheck disable=SC2086
     (site="$site-layouts-$i" KIT_SHARED_GPU_STAGES=4 KIT_GPU=${gpus[$i]:-0} \
+      KIT_SHARED_GPU_KV_GIB=${KIT_LAYOUT_KV_GIB:-${KIT_SHARED_GPU_KV_GIB:-4}} \
       shared python3 -m pytest -m gpu -rs -v -p no:cacheprovider \
       --basetemp "$RES/gpu-tests/layouts-$i" --junitxml "$RES/layouts-$i.xml" ${streams[$i]} \
       >"$RES/layouts-$i.txt" 2>&1) &
