@@ -365,7 +365,19 @@ def test_a_table_between_batch_sizes_is_interpolated(tmp_path):
 
     costs = stage_costs(shape, 51, tmp_path)
     assert costs.layer_s == pytest.approx(0.15e-3) and costs.head_s == pytest.approx(0.7e-3)
-    assert stage_costs(shape, 1000, tmp_path).layer_s == pytest.approx(0.2e-3)
+    assert stage_costs(shape, 1, tmp_path).layer_s == pytest.approx(0.1e-3)
+
+
+def test_a_table_grows_past_its_largest_batch_as_the_model_does(tmp_path):
+    """Past the largest measured batch the step computes more than it reads: its cost grows
+    with the batch, not held at the last row (which priced 1,024 requests as 256)."""
+    shape = ModelShape.from_config(SHAPES["qwen3-32b"])
+    rows = [{"batch": 256, "layer_ms": 0.5, "embedding_ms": 0, "lm_head_ms": 0.4}]
+    (tmp_path / "t.json").write_text(json.dumps({"signature": shape.signature(),
+                                                 "batches": rows}))
+    assert stage_costs(shape, 256, tmp_path).layer_s == pytest.approx(0.5e-3)
+    # Compute-bound at 256 already: four times the requests, about four times the time.
+    assert 3.2 * 0.5e-3 < stage_costs(shape, 1024, tmp_path).layer_s < 4 * 0.5e-3
 
 
 def test_an_unreadable_table_is_refused_naming_its_file(tmp_path):

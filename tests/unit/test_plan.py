@@ -29,7 +29,8 @@ def test_two_gpus_compare_plugin_pp_stock_pp_and_tp(clean_env, capsys):
     assert {"plugin PP=2", "stock PP=2", "stock TP=2"} <= rows
     assert "recommended: " in out
     assert "rests on: the cost table qwen3-h5120-l64-a64kv8d128-i25600-v151936-b2.json " \
-           "(measured)" in out
+           "(measured); TP=2's shard on the cost table " \
+           "qwen3-h5120-l64-a32kv4d128-i12800-v75968-b2.json (measured on H100 SXM" in out
 
 
 def test_four_gpus_add_tp_times_pp(clean_env, capsys):
@@ -255,6 +256,39 @@ def test_cells_measured_level_leave_the_choice_open_and_name_what_was_not_measur
     assert "recommended: plugin PP=2" not in out
     [command] = bench_commands_in(out)
     assert command[-1] == "plugin:full_and_piecewise,tp:full_and_piecewise"
+
+
+def test_a_layout_predicted_beyond_the_errors_of_those_measured_level_is_recommended(
+        monkeypatch):
+    """PP=2 measured level with stock PP=2, TP=2 not measured: TP=2 predicted ahead by
+    more than both rows' errors is the recommendation; within them, too close to call;
+    behind by more, the measured pair is what is left to decide."""
+    from vllm_pp_cudagraph.commands.planning import plan
+
+    monkeypatch.setattr(plan, "row_error", lambda kind, workload, host_paced: 0.10)
+
+    def rows(tp_req_per_s):
+        return [Row(Prediction(layout, pp, tp, 0.02, value, value * 256, (1.0,)),
+                    kv_tokens=10**6, fits=True)
+                for layout, pp, tp, value in (("plugin PP=2", 2, 1, 28.7),
+                                              ("stock PP=2", 2, 1, 28.7),
+                                              ("stock TP=2", 1, 2, tp_req_per_s))]
+
+    cell = MeasuredCell("qwen3-32b", 2, "nvlink", "serve", 256, 64, 256, 1024, "2x H100",
+                        "0.33.0", {"plugin PP=2": 27.6, "stock PP=2": 27.9}, None,
+                        "two passes", "results/x")
+    work = Workload(concurrency=256, input_len=64, output_len=256, max_num_seqs=1024)
+    [line] = recommendation(rows(34.8), work, "qwen3-32b", [cell])
+    assert line.startswith("recommended: stock TP=2 (predicted 21% faster than plugin PP=2, "
+                           "beyond both rows' errors; stock TP=2 not measured at this load")
+    line, command = recommendation(rows(31.0), work, "qwen3-32b", [cell])
+    assert line.startswith("recommended: too close to call (plugin PP=2 and stock PP=2 "
+                           "measured level on 2x H100; stock TP=2 not measured")
+    assert command.endswith("--modes plugin:full_and_piecewise,tp:full_and_piecewise")
+    # TP=2 predicted behind beyond both errors: the choice is between the two measured.
+    line, command = recommendation(rows(20.0), work, "qwen3-32b", [cell])
+    assert "stock TP=2 predicted 30% slower, beyond both rows' errors" in line
+    assert command.endswith("--modes plugin:full_and_piecewise,stock:full_and_piecewise")
 
 
 def test_a_clear_prediction_is_recommended_as_it_is(clean_env, capsys):

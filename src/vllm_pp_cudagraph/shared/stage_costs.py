@@ -246,17 +246,19 @@ def _interpolate(rows: list[dict], batch: int, field: str) -> float:
 def table_costs(shape: ModelShape, path: Path, table: dict, batch: int,
                 rates: Rates = FITTED) -> StageCosts:
     """A measured ``table``'s costs at ``batch``, converted to ``rates``' GPU where the table's
-    is another: each part by the model's ratio between the two GPUs at this batch, so what
-    reads memory scales by bandwidth, what computes by FLOPs and fixed launch costs not at all."""
-    ms = {field: _interpolate(table["batches"], batch, field) / 1e3 for field in TABLE_FIELDS}
+    is another and beyond its largest batch, each part by the model's ratio: what reads memory
+    scales by bandwidth, what computes by FLOPs, fixed launch costs not at all."""
+    at = min(batch, max(int(row["batch"]) for row in table["batches"]))
+    ms = {field: _interpolate(table["batches"], at, field) / 1e3 for field in TABLE_FIELDS}
     device = table.get("measured", {}).get("device", "")
     measured_on = rates.table_rates(device) if rates.table_rates else None
-    scale, how = {"layer_s": 1.0, "embedding_s": 1.0, "head_s": 1.0}, ""
-    if measured_on is not None:
-        here, there = modelled_costs(shape, batch, rates), modelled_costs(shape, batch, measured_on)
-        scale = {part: getattr(here, part) / getattr(there, part) for part in scale}
-        how = (f" on {measured_on.name}, converted to {rates.name}: by bandwidth what reads"
-               " memory, by FLOPs what computes")
+    here = modelled_costs(shape, batch, rates)
+    there = modelled_costs(shape, at, measured_on or rates)
+    scale = {part: getattr(here, part) / getattr(there, part)
+             for part in ("layer_s", "embedding_s", "head_s")}
+    how = "" if measured_on is None else (
+        f" on {measured_on.name}, converted to {rates.name}: by bandwidth what reads"
+        " memory, by FLOPs what computes")
     return StageCosts(batch=batch, layer_s=scale["layer_s"] * ms["layer_ms"],
                       embedding_s=scale["embedding_s"] * ms["embedding_ms"],
                       head_s=scale["head_s"] * ms["lm_head_ms"],

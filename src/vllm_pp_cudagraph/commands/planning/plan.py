@@ -187,8 +187,8 @@ def bench_commands(model: str, work: Workload, layouts: list[Prediction]) -> lis
 def recommendation(rows: list[Row], work: Workload, model: str,
                    measured: list[MeasuredCell]) -> list[str]:
     """What ``plan`` recommends: a measured winner where a committed cell is this question,
-    "too close to call" where the cells were level or the best two layouts are predicted
-    within the model's measured error (with the ``bench`` command that decides), else the
+    "too close to call" where the model cannot tell the best two layouts apart within their
+    rows' errors, measured level or not (with the ``bench`` command that decides), else the
     fastest predicted layout."""
     best = recommended(rows, work)
     if best is None:
@@ -204,9 +204,12 @@ def recommendation(rows: list[Row], work: Workload, model: str,
         if not contenders:
             note = "" if won[0].winner == predicted else f"; the model predicted {predicted}"
             return [f"recommended: {won[0].winner} (measured on {won[0].gpu}{note})"]
+    elif measured:
+        why, contenders = _measured_level(choices, measured, work.kind)
+        if len(contenders) == 1:
+            return [f"recommended: {contenders[0].layout} ({why})"]
     else:
-        why, contenders = (_measured_level(choices, measured) if measured
-                           else _predicted_close(choices, work.kind))
+        why, contenders = _predicted_close(choices, work.kind)
     if len(contenders) < 2:
         return [f"recommended: {predicted}"]
     first, second = sorted(contenders, key=lambda p: p.req_per_s, reverse=True)[:2]
@@ -260,17 +263,26 @@ def _unmeasured_rival(cell: MeasuredCell, choices: list[Prediction],
             f"it"), [winner, rival]
 
 
-def _measured_level(choices: list[Prediction],
-                    measured: list[MeasuredCell]) -> tuple[str, list[Prediction]]:
-    """Why cells where every layout was level leave the choice open, and the two layouts
-    to measure: the best predicted of those measured against the best of those not."""
+def _measured_level(choices: list[Prediction], measured: list[MeasuredCell],
+                    workload: str) -> tuple[str, list[Prediction]]:
+    """Why cells where every layout was level leave the choice open, and the layouts to
+    measure: the best predicted of those measured against the best of those not, unless the
+    model tells them apart beyond both rows' errors (then the faster, or the level pair)."""
     seen = list(dict.fromkeys(layout for cell in measured for layout in cell.req_per_s))
     tried = [p for p in choices if p.layout in seen]
     untried = [p for p in choices if p.layout not in seen]
     why = f"{' and '.join(seen)} measured level on {measured[0].gpu}"
-    if untried:
-        why += f"; {', '.join(p.layout for p in untried)} not measured at this load"
-    return why, (tried[:1] + untried[:1]) if tried and untried else choices[:2]
+    if not (tried and untried):
+        return why, choices[:2]
+    best, rival = tried[0], untried[0]
+    unmeasured = f"{', '.join(p.layout for p in untried)} not measured at this load"
+    if not _within_error(best, rival, workload):
+        return (f"predicted {rival.req_per_s / best.req_per_s - 1:.0%} faster than "
+                f"{best.layout}, beyond both rows' errors; {unmeasured}; {why}"), [rival]
+    if not _within_error(rival, best, workload):
+        return (f"{why}; {rival.layout} predicted {1 - rival.req_per_s / best.req_per_s:.0%} "
+                f"slower, beyond both rows' errors"), tried[:2]
+    return f"{why}; {unmeasured}", [best, rival]
 
 
 def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
@@ -305,10 +317,8 @@ def render(rows: list[Row], work: Workload, source: str, model: str = "MODEL",
     lines.append("off by: the model's median error on req/s over the measured cells of that "
                  f"layout and workload ({work.kind}), apart where the host, not the GPUs, "
                  "sets the step")
-    lines.append(f"rests on: {source}; TP's shard on its own measured table where one "
-                 "ships, else on the bytes/FLOPs model scaled to the full shape's. "
-                 "How far such predictions were off on measured cells: docs/performance.md, "
-                 "'Predicting PP against TP'")
+    lines.append(f"rests on: {source}. How far such predictions were off on measured "
+                 "cells: docs/performance.md, 'Predicting PP against TP'")
     return lines
 
 
