@@ -416,9 +416,9 @@ def plan(parser: ArgumentParser, args: argparse.Namespace) -> int:
     from vllm_pp_cudagraph.commands.planning.gpus import rates
     from vllm_pp_cudagraph.shared.layer_partition import Memory
     from vllm_pp_cudagraph.commands.planning.measured import matching, stock_calibration
-    from vllm_pp_cudagraph.commands.planning.pipeline_model import Workload, tp_shard
+    from vllm_pp_cudagraph.commands.planning.pipeline_model import Workload, shard_costs
     from vllm_pp_cudagraph.commands.planning.plan import PlanError, make_plan, recommended, render
-    from vllm_pp_cudagraph.shared.stage_costs import ModelShape, find_table, stage_costs
+    from vllm_pp_cudagraph.shared.stage_costs import ModelShape, stage_costs
 
     _check_ranges(parser, args, ("gpus", "concurrency", "prompts", "input_len", "output_len",
                                  "max_num_seqs", "api_server_count"))
@@ -447,10 +447,9 @@ def plan(parser: ArgumentParser, args: argparse.Namespace) -> int:
     shape = ModelShape.from_config(config)
     source = stage_costs(shape, work.running, rates=gpu_rates).source
     if args.gpus > 1:
-        shard = tp_shard(shape, args.gpus)
-        source += (f"; TP={args.gpus}'s shard on " + (
-            stage_costs(shard, work.running, rates=gpu_rates).source if find_table(shard)
-            else "the bytes/FLOPs model scaled to the full shape's"))
+        shard = shard_costs(shape, args.gpus, work.running,
+                            lambda batch: stage_costs(shape, batch, rates=gpu_rates), gpu_rates)
+        source += f"; TP={args.gpus}'s shard on {shard.source}"
     print(f"{args.model} on {args.gpus} GPUs ({gpu_bytes / 2**30:.0f} GiB x "
           f"{args.gpu_memory_utilization}), {args.interconnect}; {work.running} requests "
           f"decoding, {args.input_len} in / {args.output_len} out")

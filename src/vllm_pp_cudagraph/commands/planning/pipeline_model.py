@@ -306,7 +306,8 @@ def shard_costs(shape: ModelShape, tp: int, batch: int, costs_at: CostsAt,
     shard, full, model = (modelled_costs(shard_shape, batch, rates), costs_at(batch),
                           modelled_costs(shape, batch, rates))
     return replace(shard, layer_s=shard.layer_s * full.layer_s / model.layer_s,
-                   head_s=shard.head_s * full.head_s / model.head_s, source=full.source)
+                   head_s=shard.head_s * full.head_s / model.head_s,
+                   source=f"the bytes/FLOPs model scaled to {full.source}")
 
 
 def tensor_parallel(shape: ModelShape, tp: int, work: Workload, link: Link,
